@@ -1,0 +1,33 @@
+"""exonet: low-communication distributed training on one machine, with a simulated network.
+
+Names are loaded lazily so that ``import exonet`` (and the CLI) stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from exonet.errors import NodeFailure, ScenarioError, TraceError
+from exonet.trace import Trace
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "LocalTrainer": "exonet.trainer",
+    "Trainer": "exonet.trainer",
+    "FitResult": "exonet.result",
+    "Scenario": "exonet.scenario",
+    "simulate": "exonet.netsim",
+    "SimResult": "exonet.netsim",
+    "compare": "exonet.compare",
+}
+
+__all__ = ["NodeFailure", "ScenarioError", "Trace", "TraceError", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'exonet' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m exonet.bench NAME`` runs ``exonet/bench/NAME.py``'s ``main(argv)``."""

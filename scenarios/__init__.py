@@ -1,0 +1,1 @@
+"""Network scenario presets (TOML), loadable by name with ``Scenario.load(name)``."""
