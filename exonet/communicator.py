@@ -1,0 +1,276 @@
+"""Communicator: the only door from a strategy to torch.distributed.
+
+Every call performs the real collective, counts the payload this rank passed in,
+and appends the node's trace: the compute span since the last communication, then
+the collective (and, for async calls, a Wait when the handle is waited on; an async
+collective's end is the Wait, so its ``end_s`` stays None). That
+is what makes byte counting, tracing and simulation automatic for every strategy.
+
+Bookkeeping traffic (start-up broadcast, evaluation averaging, the final model)
+goes through ``bookkeeping()``: the clock is paused, nothing is recorded or counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from exonet.trace import Collective, Compute, Event, Step, Wait
+
+GroupArg = Sequence[int] | None
+
+
+class Handle:
+    """An async collective in flight; ``wait()`` blocks until it ends and returns its result."""
+
+    def __init__(self, comm: "Communicator", cid: int, work: Any, finish: Callable[[], Any]) -> None:
+        self._comm, self._cid, self._work, self._finish = comm, cid, work, finish
+        self._result: Any = None
+        self._done = False
+
+    def wait(self) -> Any:
+        if not self._done:
+            self._comm._flush_compute()
+            self._comm.events.append(Wait(self._cid))
+            if self._work is not None:
+                self._work.wait()
+            self._result = self._finish()
+            self._comm._restart_clock()
+            self._done = True
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._done or self._work is None or self._work.is_completed()
+
+
+class Communicator:
+    """Collectives for one rank, counted and traced.
+
+    Args:
+        rank: this node's global rank.
+        world_size: number of nodes.
+        device: where the strategy's tensors live (MPS tensors are staged through CPU).
+        backend: the process group backend in use ("gloo" or "nccl").
+    """
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, backend: str = "gloo") -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.backend = backend
+        self.events: list[Event] = []
+        self._groups: dict[tuple[int, ...], Any] = {}
+        self._next_cid = 0
+        self._pending_flops = 0.0
+        self._t0 = time.perf_counter()
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else None
+        self._running = False
+        self._restart_clock()
+
+    # ---------------------------------------------------------------- clock
+    def now(self) -> float:
+        """Seconds since this communicator started (real time, for the trace's start/end stamps)."""
+        return time.perf_counter() - self._t0
+
+    def begin(self) -> None:
+        """Start timing compute: work before this (set-up, data loading warm-up) is not the run's."""
+        self._running = True
+        self._restart_clock()
+
+    def _restart_clock(self) -> None:
+        self._wall = time.perf_counter()
+        self._cpu = time.thread_time()
+
+    def _flush_compute(self) -> None:
+        if self._sync is not None:
+            self._sync()
+        wall, cpu = time.perf_counter(), time.thread_time()
+        if self._running and (wall > self._wall or self._pending_flops):
+            self.events.append(Compute(wall - self._wall, max(0.0, cpu - self._cpu), self._pending_flops))
+            self._pending_flops = 0.0
+        self._wall, self._cpu = wall, cpu
+
+    def add_flops(self, flops: float) -> None:
+        """Attribute FLOPs to the compute span in progress."""
+        self._pending_flops += flops
+
+    def mark_step(self) -> list[Event]:
+        """End of a training step: close the compute span, record the boundary, hand over the step's events."""
+        self._flush_compute()
+        self.events.append(Step())
+        events, self.events = self.events, []
+        return events
+
+    def take_events(self) -> list[Event]:
+        """Events since the last step boundary (e.g. communication a strategy finished after its last step)."""
+        self._flush_compute()
+        events, self.events = self.events, []
+        return events
+
+    @contextlib.contextmanager
+    def bookkeeping(self) -> Iterator[None]:
+        """Traffic and work that are not the algorithm's: neither traced, counted nor timed."""
+        self._flush_compute()
+        try:
+            yield
+        finally:
+            self._restart_clock()
+
+    # ---------------------------------------------------------------- groups
+    def group_of(self, ranks: GroupArg) -> Any:
+        """The process group for ``ranks`` (None = everyone), created on first use and cached.
+
+        Only the members call this (local synchronisation), so nodes outside a group
+        never block on its creation.
+        """
+        if ranks is None:
+            return None
+        key = tuple(sorted(int(r) for r in ranks))
+        if len(key) == self.world_size:
+            return None
+        if self.rank not in key:
+            raise ValueError(f"rank {self.rank} is not a member of group {key}")
+        if key not in self._groups:
+            self._groups[key] = dist.new_group(list(key), use_local_synchronization=True)
+        return self._groups[key]
+
+    def _members(self, ranks: GroupArg) -> tuple[int, ...] | None:
+        if ranks is None:
+            return None
+        key = tuple(sorted(int(r) for r in ranks))
+        return None if len(key) == self.world_size else key
+
+    def group_size(self, ranks: GroupArg) -> int:
+        return self.world_size if ranks is None else len(set(ranks))
+
+    # ------------------------------------------------------------- plumbing
+    def _run(self, op: str, payload: torch.Tensor, group: GroupArg, async_op: bool,
+             launch: Callable[[bool], Any], finish: Callable[[], Any]) -> Any:
+        """Record the compute span, issue ``launch`` and record the collective (sync or async)."""
+        self._flush_compute()
+        cid = self._next_cid
+        self._next_cid += 1
+        nbytes = payload.numel() * payload.element_size()
+        dtype = str(payload.dtype).removeprefix("torch.")
+        members = self._members(group)
+        start = self.now()
+        work = launch(async_op)
+        if async_op:
+            self.events.append(Collective(cid, op, nbytes, members, True, dtype, start, None))
+            handle = Handle(self, cid, work, finish)
+            self._restart_clock()
+            return handle
+        result = finish()
+        if self._sync is not None:
+            self._sync()
+        self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, self.now()))
+        self._restart_clock()
+        return result
+
+    def _staged(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], None]]:
+        """Backends cannot read MPS memory: stage through CPU and copy back afterwards."""
+        if tensor.device.type != "mps":
+            return tensor, lambda _: None
+        host = tensor.detach().to("cpu")
+        return host, lambda out: tensor.copy_(out.to(tensor.device))
+
+    # ----------------------------------------------------------- collectives
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: GroupArg = None, async_op: bool = False) -> Any:
+        """Reduce ``tensor`` in place across the group (``op`` "sum" or "avg").
+
+        Returns the tensor, or a Handle whose ``wait()`` returns it.
+        """
+        if op not in ("sum", "avg"):
+            raise ValueError(f"all_reduce: op must be 'sum' or 'avg', got {op!r}")
+        buf, copy_back = self._staged(tensor)
+        pg, n = self.group_of(group), self.group_size(group)
+
+        def finish() -> torch.Tensor:
+            if op == "avg":
+                buf.div_(n)
+            copy_back(buf)
+            return tensor
+
+        return self._run("all_reduce", tensor, group, async_op,
+                         lambda a: dist.all_reduce(buf, dist.ReduceOp.SUM, group=pg, async_op=a), finish)
+
+    def all_gather(self, tensor: torch.Tensor, group: GroupArg = None, async_op: bool = False) -> Any:
+        """Gather every member's ``tensor`` (same shape on all); returns a tensor of shape (n, *tensor.shape)."""
+        buf, _ = self._staged(tensor)
+        pg, n = self.group_of(group), self.group_size(group)
+        out = buf.new_empty((n, *buf.shape))
+        return self._run("all_gather", tensor, group, async_op,
+                         lambda a: dist.all_gather(list(out.unbind(0)), buf.contiguous(), group=pg, async_op=a),
+                         lambda: out.to(tensor.device))
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, group: GroupArg = None, async_op: bool = False) -> Any:
+        """Overwrite ``tensor`` on every member with global rank ``src``'s copy."""
+        buf, copy_back = self._staged(tensor)
+        pg = self.group_of(group)
+
+        def finish() -> torch.Tensor:
+            copy_back(buf)
+            return tensor
+
+        return self._run("broadcast", tensor, group, async_op,
+                         lambda a: dist.broadcast(buf, src, group=pg, async_op=a), finish)
+
+    def all_to_all(self, tensor: torch.Tensor, group: GroupArg = None, async_op: bool = False) -> Any:
+        """Split ``tensor`` along dim 0 into n equal chunks; chunk j goes to the j-th member.
+
+        Returns a tensor of the same shape whose chunk j came from the j-th member.
+        """
+        n = self.group_size(group)
+        if tensor.shape[0] % n:
+            raise ValueError(f"all_to_all: dim 0 ({tensor.shape[0]}) must divide by the group size {n}")
+        buf, _ = self._staged(tensor)
+        buf = buf.contiguous()
+        pg = self.group_of(group)
+        out = torch.empty_like(buf)
+        return self._run("all_to_all", tensor, group, async_op,
+                         lambda a: dist.all_to_all_single(out, buf, group=pg, async_op=a),
+                         lambda: out.to(tensor.device))
+
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", group: GroupArg = None, async_op: bool = False) -> Any:
+        """Reduce ``tensor`` across the group; member j receives the j-th of n equal chunks along dim 0.
+
+        On gloo it runs as an all-to-all plus a local sum (the same bytes on the wire as a
+        direct reduce-scatter, and portable across torch versions).
+        """
+        if op not in ("sum", "avg"):
+            raise ValueError(f"reduce_scatter: op must be 'sum' or 'avg', got {op!r}")
+        n = self.group_size(group)
+        if tensor.shape[0] % n:
+            raise ValueError(f"reduce_scatter: dim 0 ({tensor.shape[0]}) must divide by the group size {n}")
+        buf, _ = self._staged(tensor)
+        buf = buf.contiguous()
+        pg = self.group_of(group)
+        chunk = buf.shape[0] // n
+        if self.backend == "nccl":
+            out = buf.new_empty((chunk, *buf.shape[1:]))
+
+            def launch(a: bool) -> Any:
+                return dist.reduce_scatter_tensor(out, buf, group=pg, async_op=a)
+
+            def reduced() -> torch.Tensor:
+                return out
+        else:
+            recv = torch.empty_like(buf)
+
+            def launch(a: bool) -> Any:
+                return dist.all_to_all_single(recv, buf, group=pg, async_op=a)
+
+            def reduced() -> torch.Tensor:
+                return recv.view(n, chunk, *buf.shape[1:]).sum(0)
+
+        def finish() -> torch.Tensor:
+            out = reduced()
+            if op == "avg":
+                out = out / n
+            return out.to(tensor.device)
+
+        return self._run("reduce_scatter", tensor, group, async_op, launch, finish)

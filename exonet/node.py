@@ -1,0 +1,336 @@
+"""TrainNode: one rank's life, from rendezvous to the final averaged model.
+
+The parent (``exonet.trainer``) starts one process per node with ``node_main``.
+The training step reads top to bottom: batch → loss → backward → strategy.step().
+Everything the parent needs (losses, evaluations, the trace, the final model)
+travels back through a queue; nothing here draws progress or writes logs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from exonet.communicator import Communicator
+from exonet.strategies.base import NodeContext, Strategy
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a node needs to know, resolved and validated by the parent."""
+
+    num_nodes: int
+    max_steps: int
+    batch_size: int
+    minibatch_size: int
+    device_type: str
+    devices: tuple[int, ...] | None
+    backend: str
+    seed: int
+    shuffle: bool = True
+    autocast: str | None = None
+    val_interval: int = 0
+    val_size: int = 256
+    threads: int = 1
+    count_flops: bool = True
+    dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
+    store_host: str = "127.0.0.1"
+    store_port: int = 0
+    parent_pid: int = 0
+    timeout_s: float = 1800.0
+
+
+def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> Dataset:
+    """A Dataset is used as given (split later by a sampler); a factory builds this rank's shard."""
+    if isinstance(data, Dataset) or hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        return data
+    return data(rank, num_nodes, train)
+
+
+def is_factory(data: Any) -> bool:
+    return not (isinstance(data, Dataset) or hasattr(data, "__getitem__") and hasattr(data, "__len__"))
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def split_batch(batch: Any, size: int) -> list[tuple[Any, int]]:
+    """Split a batch into micro-batches of at most ``size`` rows; returns (micro, rows) pairs."""
+    if isinstance(batch, torch.Tensor):
+        parts = batch.split(size)
+        return [(p, p.shape[0]) for p in parts]
+    if isinstance(batch, (list, tuple)):
+        cols = [split_batch(b, size) for b in batch]
+        return [(type(batch)(c[i][0] for c in cols), cols[0][i][1]) for i in range(len(cols[0]))]
+    if isinstance(batch, dict):
+        cols = {k: split_batch(v, size) for k, v in batch.items()}
+        first = next(iter(cols.values()))
+        return [({k: v[i][0] for k, v in cols.items()}, first[i][1]) for i in range(len(first))]
+    raise TypeError(f"minibatch_size: cannot split a batch of type {type(batch).__name__}; use tensors, tuples or dicts")
+
+
+class TrainNode:
+    """One rank: data, model, strategy and the step loop."""
+
+    def __init__(self, rank: int, cfg: NodeConfig, model: torch.nn.Module, train_data: Any, val_data: Any,
+                 strategy: Strategy, send: Callable[[tuple], None]) -> None:
+        self.rank, self.cfg, self.send = rank, cfg, send
+        self.device = self._device()
+        self.model = model.to(self.device)
+        self.comm = Communicator(rank, cfg.num_nodes, self.device, cfg.backend)
+        self.strategy = strategy
+        self.train_data, self.val_data = train_data, val_data
+        self.autocast_dtype = getattr(torch, cfg.autocast) if cfg.autocast else None
+
+    def _device(self) -> torch.device:
+        kind = self.cfg.device_type
+        if kind == "cuda":
+            ids = self.cfg.devices or tuple(range(torch.cuda.device_count()))
+            index = ids[self.rank % len(ids)]
+            torch.cuda.set_device(index)
+            return torch.device("cuda", index)
+        return torch.device(kind)
+
+    # ----------------------------------------------------------------- data
+    def _loader(self, data: Any, train: bool) -> DataLoader:
+        cfg = self.cfg
+        ds = resolve_dataset(data, self.rank, cfg.num_nodes, train)
+        kwargs = dict(cfg.dataloader_kwargs)
+        if not train:
+            ds = Subset(ds, range(min(cfg.val_size, len(ds))))
+            return DataLoader(ds, batch_size=cfg.batch_size, shuffle=False, **kwargs)
+        if is_factory(data):
+            g = torch.Generator().manual_seed(cfg.seed + self.rank)
+            return DataLoader(ds, batch_size=cfg.batch_size, shuffle=cfg.shuffle, drop_last=True, generator=g, **kwargs)
+        sampler = DistributedSampler(ds, num_replicas=cfg.num_nodes, rank=self.rank, shuffle=cfg.shuffle,
+                                     seed=cfg.seed, drop_last=True)
+        return DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=True, **kwargs)
+
+    def _batches(self, loader: DataLoader) -> Iterator[Any]:
+        epoch = 0
+        while True:
+            if isinstance(loader.sampler, DistributedSampler):
+                loader.sampler.set_epoch(epoch)
+            for batch in loader:
+                yield to_device(batch, self.device)
+            epoch += 1
+
+    # ----------------------------------------------------------------- loop
+    def run(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self._broadcast_initial_weights()
+        batches = self._batches(self._loader(self.train_data, train=True))
+        val_loader = self._loader(self.val_data, train=False) if self.val_data is not None and self.rank == 0 else None
+        self.strategy.setup(self.model, self.comm, NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
+        first = next(batches)
+        flops = self._count_flops(first) if cfg.count_flops else 0.0
+        self.comm.begin()
+
+        for step in range(cfg.max_steps):
+            batch = first if step == 0 else next(batches)
+            self.model.train()
+            self.strategy.zero_grad()
+            loss = self._forward_backward(batch)
+            self.comm.add_flops(flops)
+            self.strategy.step()
+            self.send(("step", self.rank, step, loss, self.comm.mark_step()))
+            done = step + 1
+            if cfg.val_interval and self.val_data is not None and (done % cfg.val_interval == 0 or done == cfg.max_steps):
+                self._evaluate(done, val_loader)
+
+        self.strategy.finish()
+        tail = self.comm.take_events()
+        state = self._final_state()
+        self.send(("done", self.rank, tail, state))
+
+    def _forward_backward(self, batch: Any) -> float:
+        rows = _rows(batch)
+        total = 0.0
+        for micro, n in split_batch(batch, self.cfg.minibatch_size) if self.cfg.minibatch_size < rows else [(batch, rows)]:
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                loss = self.model(micro)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise ValueError(f"model(batch) must return a scalar loss tensor, got {shape}")
+            if not loss.requires_grad:
+                raise ValueError("model(batch) returned a loss with no grad (requires_grad=False); "
+                                 "is the forward pass detached or run under no_grad?")
+            (loss * (n / rows)).backward()
+            total += loss.item() * n / rows
+        return total
+
+    def _count_flops(self, batch: Any) -> float:
+        """FLOPs of one forward+backward, counted once; buffers and grads are restored after."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        with self.comm.bookkeeping():
+            buffers = [b.detach().clone() for b in self.model.buffers()]
+            counter = FlopCounterMode(display=False)
+            with counter:
+                self.model.train()
+                self._forward_backward(batch)
+            self.strategy.zero_grad()
+            with torch.no_grad():
+                for b, saved in zip(self.model.buffers(), buffers):
+                    b.copy_(saved)
+        return float(counter.get_total_flops())
+
+    # ------------------------------------------------------- bookkeeping
+    def _float_tensors(self) -> list[torch.Tensor]:
+        return [t for t in (*self.model.parameters(), *self.model.buffers()) if t.is_floating_point()]
+
+    def _broadcast_initial_weights(self) -> None:
+        if self.cfg.num_nodes == 1:
+            return
+        with self.comm.bookkeeping(), torch.no_grad():
+            for t in (*self.model.parameters(), *self.model.buffers()):
+                dist.broadcast(t.data, 0)
+
+    def _averaged_flat(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This node's flat floating state and the node average (all ranks take part)."""
+        with torch.no_grad():
+            local = torch.cat([t.detach().reshape(-1).float() for t in self._float_tensors()])
+            avg = local.clone()
+            if self.cfg.num_nodes > 1:
+                dist.all_reduce(avg)
+                avg /= self.cfg.num_nodes
+        return local, avg
+
+    def _evaluate(self, step: int, val_loader: DataLoader | None) -> None:
+        """Loss of the node-averaged model and of rank 0's own, plus how far nodes have drifted apart."""
+        k = self.cfg.num_nodes
+        with self.comm.bookkeeping(), torch.no_grad():
+            local, avg = self._averaged_flat()
+            params = torch.cat([p.detach().reshape(-1).float() for p in self.model.parameters()])
+            z = (params - params.mean()) / (params.std(unbiased=False) * params.numel() ** 0.5 + 1e-12)
+            stats = torch.cat([((local - avg).norm()).reshape(1), z])
+            if k > 1:
+                dist.all_reduce(stats)
+            if self.rank != 0:
+                return
+            divergence = float(stats[0]) / k
+            zsum = stats[1:]
+            correlation = 1.0 if k == 1 else float((zsum.dot(zsum) - k) / (k * (k - 1)))
+            local_loss = self._eval_loss(val_loader)
+            saved = local.clone()
+            self._load_flat(avg)
+            loss = self._eval_loss(val_loader)
+            self._load_flat(saved)
+            self.send(("eval", 0, step, {"step": step, "loss": loss, "local_loss": local_loss,
+                                         "divergence": divergence, "correlation": correlation}))
+
+    def _load_flat(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for t in self._float_tensors():
+            n = t.numel()
+            t.data.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
+
+    def _eval_loss(self, loader: DataLoader | None) -> float:
+        if loader is None:
+            return float("nan")
+        self.model.eval()
+        total, rows = 0.0, 0
+        for batch in loader:
+            batch = to_device(batch, self.device)
+            n = _rows(batch)
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                total += float(self.model(batch)) * n
+            rows += n
+        return total / max(rows, 1)
+
+    def _final_state(self) -> bytes | None:
+        """The node-averaged model (integer buffers from rank 0), serialised on rank 0."""
+        with self.comm.bookkeeping():
+            _, avg = self._averaged_flat()
+            if self.rank != 0:
+                return None
+            self._load_flat(avg)
+            buf = io.BytesIO()
+            torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
+            return buf.getvalue()
+
+
+def _rows(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, (list, tuple)):
+        return _rows(batch[0])
+    if isinstance(batch, dict):
+        return _rows(next(iter(batch.values())))
+    raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
+
+
+# --------------------------------------------------------------- process entry
+def _watch_parent(parent_pid: int) -> None:
+    """Exit if the parent disappears, so no node outlives the run."""
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+
+
+def _loopback_interface() -> str | None:
+    import socket
+
+    names = [name for _, name in socket.if_nameindex()]
+    for candidate in ("lo", "lo0"):
+        if candidate in names:
+            return candidate
+    return next((n for n in names if n.startswith("lo")), None)
+
+
+def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, val_data: Any,
+              strategy: Strategy, queue: Any) -> None:
+    """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    if cfg.parent_pid:
+        threading.Thread(target=_watch_parent, args=(cfg.parent_pid,), daemon=True).start()
+    torch.set_num_threads(cfg.threads)
+    if "GLOO_SOCKET_IFNAME" not in os.environ and cfg.store_host in ("127.0.0.1", "localhost"):
+        iface = _loopback_interface()
+        if iface:
+            os.environ["GLOO_SOCKET_IFNAME"] = iface
+    code = 0
+    try:
+        from datetime import timedelta
+
+        store = dist.TCPStore(cfg.store_host, cfg.store_port, cfg.num_nodes, is_master=False,
+                              timeout=timedelta(seconds=60))
+        dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes,
+                                timeout=timedelta(seconds=cfg.timeout_s))
+        model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+        TrainNode(rank, cfg, model, train_data, val_data, strategy, queue.put).run()
+    except BaseException:
+        queue.put(("error", rank, traceback.format_exc()))
+        code = 1
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        queue.close()
+        queue.join_thread()
+    sys.exit(code)

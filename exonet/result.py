@@ -1,0 +1,52 @@
+"""FitResult: what a training run returns (model, history, trace) and the door to simulation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from exonet.trace import Trace
+
+if TYPE_CHECKING:
+    from exonet.netsim import SimResult
+
+
+@dataclass
+class FitResult:
+    """The outcome of ``LocalTrainer.fit``.
+
+    Attributes:
+        model: the node-averaged model (floating parameters and buffers averaged; integer buffers from rank 0).
+        history: ``train_loss`` (mean over nodes, one per step) and ``eval`` (dicts with step, loss,
+            local_loss, divergence, correlation).
+        trace: every node's compute spans and collectives, for simulation.
+        config: the resolved configuration of the run (also in the run directory's config.json).
+        run_dir: where the run's artifacts were written, or None.
+        real_time_s: wall-clock seconds the run took on this machine.
+        sim: the SimResult when ``fit`` was given a scenario.
+    """
+
+    model: torch.nn.Module
+    history: dict[str, list]
+    trace: Trace
+    config: dict[str, Any] = field(default_factory=dict)
+    run_dir: Path | None = None
+    real_time_s: float = 0.0
+    sim: "SimResult | None" = None
+
+    def payload_bytes(self, rank: int) -> int:
+        """Total tensor payload bytes ``rank`` passed to the strategy's collectives."""
+        return self.trace.payload_bytes(rank)
+
+    def payload_bytes_per_step(self, rank: int) -> list[int]:
+        """Payload bytes ``rank`` passed to the strategy's collectives, step by step."""
+        return self.trace.payload_bytes_per_step(rank)
+
+    def simulate(self, scenario: Any) -> "SimResult":
+        """Replay this run's trace in ``scenario`` (a Scenario, preset name, path or dict)."""
+        from exonet.netsim import simulate
+
+        return simulate(self.trace, scenario, history=self.history.get("train_loss"))

@@ -1,0 +1,188 @@
+"""LocalTrainer: validate a run, start K node processes, gather results, surface failures.
+
+Nodes are started from a forkserver that has torch preloaded (torch is imported
+once, not K times; the forkserver never touches CUDA, so CUDA stays safe).
+Rendezvous uses a TCP store the parent opens on port 0, so concurrent runs never
+collide. The parent watches every node: the first failure stops them all and
+raises NodeFailure with that node's traceback; nothing is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from exonet.node import NodeConfig, is_factory, resolve_dataset
+from exonet.result import FitResult
+from exonet.strategies.base import Strategy
+
+DEVICES = ("cpu", "cuda", "mps")
+AUTOCAST = {True: "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+
+
+def _check_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"fit: {name} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"fit: {name} must be >= {low}, got {value}")
+    return value
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class LocalTrainer:
+    """Train one model with K virtual nodes on this machine.
+
+    Args:
+        model: an ``nn.Module`` whose ``model(batch)`` returns a scalar loss.
+        train_dataset: a ``Dataset`` (split across nodes) or a factory ``f(rank, num_nodes, train) -> Dataset``.
+        val_dataset: the same kinds, or None.
+        start_port: accepted for compatibility and ignored (rendezvous is race-free).
+    """
+
+    def __init__(self, model: torch.nn.Module, train_dataset: Any, val_dataset: Any = None,
+                 start_port: int | None = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"LocalTrainer: model must be a torch.nn.Module, got {type(model).__name__}")
+        for name, data in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
+            if data is None and name == "val_dataset":
+                continue
+            if is_factory(data) and not callable(data):
+                raise TypeError(f"LocalTrainer: {name} must be a Dataset or a factory f(rank, num_nodes, train), "
+                                f"got {type(data).__name__}")
+        if start_port is not None:
+            warnings.warn("LocalTrainer: start_port is ignored; exonet's rendezvous picks a free port itself",
+                          stacklevel=2)
+        self.model = model
+        self.train_dataset = train_dataset
+        self.val_dataset = val_dataset
+
+    def fit(
+        self,
+        strategy: Strategy,
+        num_nodes: int = 1,
+        *,
+        max_steps: int | None = None,
+        num_epochs: int | None = None,
+        batch_size: int = 32,
+        minibatch_size: int | None = None,
+        shuffle: bool = True,
+        device: str | None = None,
+        devices: list[int] | None = None,
+        autocast: bool | str = False,
+        val_interval: int = 0,
+        val_size: int = 256,
+        seed: int = 0,
+        dataloader_kwargs: dict[str, Any] | None = None,
+        count_flops: bool = True,
+        progress: bool = True,
+        scenario: Any = None,
+        timeout_s: float = 1800.0,
+        **legacy: Any,
+    ) -> FitResult:
+        """Run the training and return a FitResult.
+
+        Args:
+            strategy: how nodes communicate (a ``exonet.strategies.Strategy``).
+            num_nodes: K, the number of node processes.
+            max_steps: optimizer steps per node; with ``num_epochs`` the smaller wins.
+            num_epochs: passes over each node's shard (default 1 when max_steps is None).
+            batch_size: per node, per step.
+            minibatch_size: split each batch into micro-batches of this size (gradient accumulation).
+            device: "cpu", "cuda" or "mps"; auto-detected when None.
+            devices: CUDA device indices to spread nodes over (default: all visible).
+            autocast: False, True (bf16), "bf16" or "fp16".
+            val_interval: evaluate every this many steps (and at the end); 0 = never.
+            val_size: validation samples per evaluation.
+            seed: seeds model-side randomness and data order; same seed, same curves.
+            count_flops: count forward+backward FLOPs once, for FLOPs-based simulation.
+            progress: draw a progress bar (in this process only).
+            scenario: a scenario (name, path or Scenario) to simulate the run in at the end.
+            timeout_s: a collective waiting longer than this fails the run.
+            **legacy: ``save_dir``/``run_dir`` are accepted for seed compatibility.
+        """
+        unknown = set(legacy) - {"save_dir", "run_dir"}
+        if unknown:
+            raise TypeError(f"fit: unexpected argument(s) {', '.join(sorted(unknown))}")
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"fit: strategy must be an exonet.strategies.Strategy instance, got {type(strategy).__name__}")
+        k = _check_int("num_nodes", num_nodes, 1)
+        batch_size = _check_int("batch_size", batch_size, 1)
+        minibatch = batch_size if minibatch_size is None else _check_int("minibatch_size", minibatch_size, 1)
+        if minibatch > batch_size:
+            raise ValueError(f"fit: minibatch_size ({minibatch}) must be <= batch_size ({batch_size})")
+        _check_int("val_interval", val_interval or 0, 0)
+        _check_int("val_size", val_size, 1)
+        _check_int("seed", seed, 0)
+        device_type, backend, device_ids = self._resolve_device(device, devices, k)
+        if autocast not in (False, None) and autocast not in AUTOCAST:
+            raise ValueError(f"fit: autocast must be False, True, 'bf16' or 'fp16', got {autocast!r}")
+        steps = self._resolve_steps(max_steps, num_epochs, k, batch_size)
+
+        cfg = NodeConfig(
+            num_nodes=k, max_steps=steps, batch_size=batch_size, minibatch_size=minibatch, device_type=device_type,
+            devices=device_ids, backend=backend, seed=seed, shuffle=shuffle,
+            autocast=AUTOCAST[autocast] if autocast not in (False, None) else None,
+            val_interval=val_interval or 0, val_size=val_size, threads=max(1, _cores() // k),
+            count_flops=count_flops, dataloader_kwargs=dict(dataloader_kwargs or {}), parent_pid=os.getpid(),
+            timeout_s=timeout_s,
+        )
+        from exonet.run import launch
+
+        return launch(self, strategy, cfg, progress=progress, scenario=scenario,
+                      run_dir=legacy.get("run_dir") or legacy.get("save_dir"))
+
+    # ------------------------------------------------------------ resolution
+    @staticmethod
+    def _resolve_device(device: str | None, devices: list[int] | None, k: int) -> tuple[str, str, tuple[int, ...] | None]:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+        if device not in DEVICES:
+            raise ValueError(f"fit: device must be one of {', '.join(DEVICES)} (or None to auto-detect), got {device!r}")
+        if device == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError("fit: device='cuda' but CUDA is not available on this machine")
+            ids = tuple(devices) if devices else tuple(range(torch.cuda.device_count()))
+            bad = [i for i in ids if not 0 <= i < torch.cuda.device_count()]
+            if bad:
+                raise ValueError(f"fit: devices {bad} do not exist (this machine has {torch.cuda.device_count()} GPUs)")
+            backend = "nccl" if len(set(ids)) >= k and dist.is_nccl_available() else "gloo"
+            return device, backend, ids
+        if devices:
+            raise ValueError(f"fit: devices is only meaningful with device='cuda', got devices={devices!r}")
+        if device == "mps" and not torch.backends.mps.is_available():
+            raise ValueError("fit: device='mps' but MPS is not available on this machine")
+        return device, "gloo", None
+
+    def _resolve_steps(self, max_steps: int | None, num_epochs: int | None, k: int, batch_size: int) -> int:
+        shard = self._shard_len(k)
+        per_epoch = shard // batch_size
+        if per_epoch < 1:
+            raise ValueError(f"fit: train_dataset gives each of the {k} nodes {shard} samples, fewer than one batch "
+                             f"(batch_size={batch_size}); use a smaller batch_size or fewer nodes")
+        if max_steps is not None:
+            _check_int("max_steps", max_steps, 1)
+        if num_epochs is not None:
+            _check_int("num_epochs", num_epochs, 1)
+        by_epochs = per_epoch * num_epochs if num_epochs is not None else None
+        if max_steps is None:
+            return by_epochs if by_epochs is not None else per_epoch
+        return max_steps if by_epochs is None else min(max_steps, by_epochs)
+
+    def _shard_len(self, k: int) -> int:
+        data = self.train_dataset
+        if is_factory(data):
+            return len(resolve_dataset(data, 0, k, True))
+        return len(data) // k
+
+
+Trainer = LocalTrainer

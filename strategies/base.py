@@ -1,0 +1,254 @@
+"""Strategy and OptimSpec: the base every algorithm builds on.
+
+A Strategy is constructed in the parent (where every argument is validated), pickled
+to each node, then ``setup`` gives it the node's model and Communicator. The node's
+loop is: ``zero_grad()``, forward/backward, ``step()``. ``step`` owns the optimizer
+step and all communication, and talks to the network only through ``self.comm``.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+
+if TYPE_CHECKING:
+    from exonet.communicator import Communicator
+
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "adagrad": torch.optim.Adagrad,
+    "adadelta": torch.optim.Adadelta,
+    "adamax": torch.optim.Adamax,
+    "asgd": torch.optim.ASGD,
+    "nadam": torch.optim.NAdam,
+    "radam": torch.optim.RAdam,
+    "rmsprop": torch.optim.RMSprop,
+    "rprop": torch.optim.Rprop,
+}
+
+
+class OptimSpec:
+    """A torch optimizer class (or its name) plus keyword arguments, built per node.
+
+    Keyword arguments are checked against the optimizer's signature here, in the
+    parent, so a misspelt argument is an error rather than silently ignored.
+
+    Args:
+        cls_or_name: a ``torch.optim.Optimizer`` subclass or a name such as "adamw".
+        **kwargs: passed to the optimizer's constructor (``lr``, ``weight_decay`` ...).
+    """
+
+    def __init__(self, cls_or_name: str | type[torch.optim.Optimizer] = "adamw", **kwargs: Any) -> None:
+        if isinstance(cls_or_name, str):
+            key = cls_or_name.lower()
+            if key not in OPTIMIZERS:
+                raise ValueError(
+                    f"OptimSpec: unknown optimizer {cls_or_name!r}; valid names: {', '.join(sorted(OPTIMIZERS))}"
+                    " (or pass a torch.optim.Optimizer subclass)"
+                )
+            cls = OPTIMIZERS[key]
+        elif isinstance(cls_or_name, type) and issubclass(cls_or_name, torch.optim.Optimizer):
+            cls = cls_or_name
+        else:
+            raise TypeError(f"OptimSpec: expected an optimizer name or torch.optim.Optimizer subclass, got {cls_or_name!r}")
+        params = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            unknown = sorted(set(kwargs) - set(params) - {"self", "params"})
+            if unknown:
+                valid = [p for p in params if p not in ("self", "params")]
+                raise TypeError(f"OptimSpec: {cls.__name__} has no argument {', '.join(unknown)}; valid: {', '.join(valid)}")
+        self.cls = cls
+        self.kwargs = dict(kwargs)
+
+    @classmethod
+    def coerce(cls, value: "OptimSpec | str | type | None", argument: str, default: "OptimSpec") -> "OptimSpec":
+        """Accept an OptimSpec, an optimizer name or class; ``argument`` names the caller's parameter in errors."""
+        if value is None:
+            return default
+        if isinstance(value, OptimSpec):
+            return value
+        try:
+            return cls(value)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{argument}: {exc}") from None
+
+    @property
+    def lr(self) -> float | None:
+        return self.kwargs.get("lr")
+
+    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return self.cls(params, **self.kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.cls.__name__, **{k: _jsonable(v) for k, v in self.kwargs.items()}}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"OptimSpec({self.cls.__name__}{', ' if args else ''}{args})"
+
+
+def _jsonable(v: Any) -> Any:
+    return v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else repr(v)
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a strategy may know about its node: rank, world, step budget, seed, device."""
+
+    rank: int
+    num_nodes: int
+    max_steps: int
+    seed: int
+    device: torch.device
+
+
+def check_range(name: str, value: Any, *, low: float | None = None, high: float | None = None,
+                low_open: bool = False, integer: bool = False) -> None:
+    """Raise ValueError/TypeError naming ``name`` unless ``value`` is a number within the bounds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise TypeError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value!r}")
+
+
+class Strategy(abc.ABC):
+    """Base class: owns the node's optimizer, gradient clipping and learning-rate schedule.
+
+    Subclasses implement ``step()`` (called after backward) and talk to other nodes
+    only through ``self.comm``.
+
+    Args:
+        optim_spec: the (inner) optimizer; a name, class or OptimSpec. Default AdamW lr 1e-3.
+        max_norm: clip the gradient norm to this value before the optimizer step (None = no clipping).
+        lr_scheduler: None, "cosine", or a ``torch.optim.lr_scheduler.LRScheduler`` subclass.
+        lr_scheduler_kwargs: keyword arguments for a scheduler class.
+        warmup_steps: linear warm-up length (with None or "cosine").
+        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+    """
+
+    name = "strategy"
+
+    def __init__(
+        self,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
+        max_norm: float | None = None,
+        lr_scheduler: str | type | None = None,
+        lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0,
+        cosine_min_ratio: float = 0.0,
+    ) -> None:
+        self.optim_spec = OptimSpec.coerce(optim_spec, "optim_spec", OptimSpec("adamw", lr=1e-3))
+        if max_norm is not None:
+            check_range("max_norm", max_norm, low=0, low_open=True)
+        if lr_scheduler is not None and lr_scheduler != "cosine" and not (
+            isinstance(lr_scheduler, type) and issubclass(lr_scheduler, torch.optim.lr_scheduler.LRScheduler)
+        ):
+            raise ValueError(f"lr_scheduler must be None, 'cosine' or a torch LRScheduler class, got {lr_scheduler!r}")
+        check_range("warmup_steps", warmup_steps, low=0, integer=True)
+        check_range("cosine_min_ratio", cosine_min_ratio, low=0, high=1)
+        self.max_norm = max_norm
+        self.lr_scheduler = lr_scheduler
+        self.lr_scheduler_kwargs = dict(lr_scheduler_kwargs or {})
+        self.warmup_steps = warmup_steps
+        self.cosine_min_ratio = cosine_min_ratio
+
+    # ------------------------------------------------------------ node side
+    def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:
+        """Bind to this node's model and communicator; build the optimizer and schedule."""
+        self.model = model
+        self.comm = comm
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.num_nodes = ctx.num_nodes
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.local_step = 0
+        self.optimizer = self.optim_spec.build(self.params)
+        self.scheduler = self._build_scheduler(self.optimizer, ctx.max_steps)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """Apply one training step after backward (optimizer step plus communication)."""
+
+    def finish(self) -> None:
+        """Complete any communication still in flight at the end of training."""
+
+    def optimizer_step(self) -> None:
+        """Clip, step the optimizer and the schedule: the purely local part every strategy shares."""
+        if self.max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"local_step": self.local_step, "optimizer": self.optimizer.state_dict()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.local_step = state["local_step"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    # ---------------------------------------------------------- description
+    def config(self) -> dict[str, Any]:
+        """JSON-able description of the strategy and its hyperparameters (for config.json)."""
+        out: dict[str, Any] = {"strategy": type(self).__name__}
+        for k, v in vars(self).items():
+            if k.startswith("_") or k in ("model", "comm", "ctx", "params", "optimizer", "scheduler"):
+                continue
+            if isinstance(v, OptimSpec):
+                out[k] = v.to_dict()
+            elif isinstance(v, (int, float, str, bool, type(None))):
+                out[k] = v
+            elif isinstance(v, type):
+                out[k] = v.__name__
+        return out
+
+    def _build_scheduler(self, optimizer: torch.optim.Optimizer, max_steps: int):
+        if isinstance(self.lr_scheduler, type):
+            return self.lr_scheduler(optimizer, **self.lr_scheduler_kwargs)
+        if self.lr_scheduler is None and self.warmup_steps == 0:
+            return None
+        warmup, floor, cosine = self.warmup_steps, self.cosine_min_ratio, self.lr_scheduler == "cosine"
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if not cosine:
+                return 1.0
+            progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """One contiguous 1-D buffer holding every tensor (one collective instead of one per tensor)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unflatten_into(flat: torch.Tensor, tensors: Iterable[torch.Tensor]) -> None:
+    """Copy a buffer made by ``flatten`` back into the tensors, in place."""
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
