@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from exonet.strategies.base import Strategy
+
 
 class Classifier(nn.Module):
     """Wraps a network so that ``model((x, y))`` returns the cross-entropy loss, as exonet expects."""
@@ -111,3 +113,39 @@ class FailingModel(nn.Module):
                 if self.how == "hang":
                     time.sleep(3600)
         return self.inner(batch)
+
+
+class ProbeStrategy(Strategy):
+    """Exercises every Communicator operation once per step and checks the results (for tests).
+
+    Each rank contributes tensors filled with its rank, so every result is known in
+    closed form; a wrong result raises inside the node and fails the run.
+    """
+
+    name = "probe"
+
+    def step(self) -> None:
+        n, r = self.num_nodes, self.rank
+        world = float(sum(range(n)))
+        x = torch.full((n * 2,), float(r))
+        _expect("all_reduce sum", self.comm.all_reduce(x.clone()), torch.full((n * 2,), world))
+        _expect("all_reduce avg", self.comm.all_reduce(x.clone(), op="avg"), torch.full((n * 2,), world / n))
+        gathered = self.comm.all_gather(torch.full((3,), float(r)))
+        _expect("all_gather", gathered, torch.arange(n, dtype=torch.float32)[:, None].expand(n, 3))
+        b = self.comm.broadcast(torch.full((5,), float(r)), src=n - 1)
+        _expect("broadcast", b, torch.full((5,), float(n - 1)))
+        rs = self.comm.reduce_scatter(torch.arange(n * 2, dtype=torch.float32) + r)
+        _expect("reduce_scatter", rs, torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) * n + world)
+        a2a = self.comm.all_to_all(torch.arange(n, dtype=torch.float32) + 10 * r)
+        _expect("all_to_all", a2a, torch.arange(n, dtype=torch.float32) * 10 + r)
+        handle = self.comm.all_reduce(torch.ones(4), async_op=True)
+        _expect("async all_reduce", handle.wait(), torch.full((4,), float(n)))
+        if n >= 3 and r < 2:
+            _expect("subgroup all_reduce", self.comm.all_reduce(torch.ones(2), group=[0, 1]), torch.full((2,), 2.0))
+        self.optimizer_step()
+        self.local_step += 1
+
+
+def _expect(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    if not torch.allclose(got, want):
+        raise AssertionError(f"{what}: got {got.tolist()}, expected {want.tolist()}")

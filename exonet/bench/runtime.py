@@ -1,0 +1,88 @@
+"""Runtime overhead: exonet DDP against a bare-torch floor doing the same work.
+
+Both sides train the bench MLP (64→256→256→10, batch 32 per node, AdamW) for the
+same number of steps with K gloo processes and one flattened all-reduce per step.
+The floor has nothing else: no tracing, no loss reporting, no evaluation. Times
+include process start-up, as a user waits for it.
+
+    python -m exonet.bench runtime [--nodes 4] [--steps 200] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from exonet.toy import bench_mlp, synthetic_classification
+
+
+def _floor_node(rank: int, k: int, port: int, steps: int, batch: int) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // k))
+    store = dist.TCPStore("127.0.0.1", port, k, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=k)
+    data = synthetic_classification(4096)
+    x, y = data.tensors
+    shard = torch.arange(rank, len(x), k)
+    model = bench_mlp()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    per_epoch = len(shard) // batch
+    for step in range(steps):
+        idx = shard[(step % per_epoch) * batch:(step % per_epoch + 1) * batch]
+        opt.zero_grad(set_to_none=True)
+        model((x[idx], y[idx])).backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        flat /= k
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+        opt.step()
+    dist.destroy_process_group()
+
+
+def run_floor(k: int, steps: int, batch: int) -> float:
+    """Seconds for K bare spawned gloo processes to train ``steps`` steps (start-up included)."""
+    t0 = time.perf_counter()
+    store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
+    mp.start_processes(_floor_node, args=(k, store.port, steps, batch), nprocs=k, start_method="spawn")
+    return time.perf_counter() - t0
+
+
+def run_exonet(k: int, steps: int, batch: int) -> float:
+    """Seconds for exonet's DDP to train the same run (start-up included)."""
+    from exonet import LocalTrainer
+    from exonet.strategies import DDPStrategy, OptimSpec
+
+    t0 = time.perf_counter()
+    LocalTrainer(bench_mlp(), synthetic_classification(4096)).fit(
+        DDPStrategy(OptimSpec("adamw", lr=1e-3)), num_nodes=k, max_steps=steps, batch_size=batch, device="cpu",
+        progress=False)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exonet.bench runtime", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=1, help="alternate the two this many times, report medians")
+    args = parser.parse_args(argv)
+    ours, floor = [], []
+    for _ in range(args.repeat):
+        ours.append(run_exonet(args.nodes, args.steps, args.batch))
+        floor.append(run_floor(args.nodes, args.steps, args.batch))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print(f"runtime bench: K={args.nodes}, {args.steps} steps, batch {args.batch}, bench MLP, AdamW, gloo")
+    print(f"  exonet DDP        {med(ours):7.2f} s   (runs: {', '.join(f'{t:.2f}' for t in ours)})")
+    print(f"  bare-torch floor  {med(floor):7.2f} s   (runs: {', '.join(f'{t:.2f}' for t in floor)})")
+    print(f"  ratio exonet/floor {med(ours) / med(floor):.2f}")
+    return 0
