@@ -149,3 +149,28 @@ class ProbeStrategy(Strategy):
 def _expect(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
     if not torch.allclose(got, want):
         raise AssertionError(f"{what}: got {got.tolist()}, expected {want.tolist()}")
+
+
+def digits(train: bool = True, val_fraction: float = 0.2, seed: int = 0) -> TensorDataset:
+    """scikit-learn's 8×8 digits (shipped with the package, no download), scaled to [0, 1].
+
+    A fixed, seeded split: ``train=False`` gives the held-out ``val_fraction``.
+    """
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ImportError("the digits data set needs scikit-learn: pip install 'exonet[examples]'") from None
+    data = load_digits()
+    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(data.target, dtype=torch.long)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    cut = int(len(x) * (1 - val_fraction))
+    idx = order[:cut] if train else order[cut:]
+    return TensorDataset(x[idx], y[idx])
+
+
+def digits_mlp(hidden: int = 128, seed: int = 0) -> Classifier:
+    """A small MLP for digits: 64 → hidden → hidden → 10."""
+    torch.manual_seed(seed)
+    return Classifier(nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                    nn.Linear(hidden, 10)))

@@ -1,0 +1,134 @@
+"""The ``exonet`` command line: quickstart, simulate, compare, scenarios, estimate."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from exonet.errors import NodeFailure, ScenarioError, TraceError
+
+
+def _cmd_quickstart(args: argparse.Namespace) -> int:
+    from exonet.quickstart import quickstart
+
+    quickstart(out_dir=Path(args.out), steps=args.steps, nodes=args.nodes, scenarios=args.scenario or None)
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from exonet.compare import Run
+    from exonet.netsim import simulate
+
+    run = Run.coerce(Path(args.run).name, args.run)
+    for name in args.scenario:
+        sim = simulate(run.trace, name, history=run.history.get("train_loss"))
+        print(sim.summary())
+        if args.chrome_trace:
+            path = Path(args.chrome_trace)
+            if len(args.scenario) > 1:
+                path = path.with_name(f"{path.stem}-{sim.scenario_name}{path.suffix}")
+            sim.to_chrome_trace(path)
+            print(f"chrome trace: {path}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from exonet.compare import compare
+
+    runs = {}
+    for item in args.runs:
+        name, eq, path = item.partition("=")
+        runs[name if eq else Path(item).name] = path if eq else item
+    table = compare(runs, args.scenario, target_loss=args.target_loss)
+    print(table.to_markdown())
+    if args.plot:
+        print(f"plot: {table.plot(args.plot)}")
+    return 0
+
+
+def _cmd_scenarios(args: argparse.Namespace) -> int:
+    from exonet.scenario import Scenario, list_presets
+
+    if args.name:
+        print(Scenario.load(args.name).describe())
+        return 0
+    for name in list_presets():
+        print(f"{name:18s} {Scenario.load(name).description}")
+    return 0
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from exonet.estimate import estimate
+    from exonet.netsim import simulate
+    from exonet.units import format_bytes, format_time
+
+    est = estimate(args.strategy, params=args.model_params, nodes=args.nodes, steps=args.steps,
+                   step_time=args.step_time, tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu,
+                   dtype=args.dtype)
+    print(f"estimate: {args.strategy} with K={args.nodes}, {args.steps} steps, {est.params:,} parameters")
+    print("assumptions:")
+    for a in est.assumptions:
+        print(f"  - {a}")
+    print(f"payload per node: {format_bytes(est.trace.payload_bytes(0))}")
+    for name in args.scenario:
+        sim = simulate(est.trace, name)
+        print(f"{sim.scenario_name}: simulated wall-clock {format_time(sim.wall_clock_s)}, "
+              f"compute utilisation {sim.utilization:.1%}, wire bytes per node {format_bytes(sum(sim.wire_bytes) / args.nodes)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="exonet", description="Low-communication distributed training, simulated networks.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("quickstart", help="train DDP, DiLoCo, SPARTA and DeMo on digits (K=4) and compare them on three networks")
+    p.add_argument("--out", default="exonet_quickstart", help="folder for the runs, plot and traces")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--scenario", action="append", help="scenario to compare in (repeatable); default: three presets")
+    p.set_defaults(func=_cmd_quickstart)
+
+    p = sub.add_parser("simulate", help="replay a run directory or trace file in a scenario")
+    p.add_argument("run", help="run directory or trace.jsonl")
+    p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
+    p.add_argument("--chrome-trace", help="also write a Perfetto/chrome://tracing JSON here")
+    p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("compare", help="compare runs across scenarios")
+    p.add_argument("runs", nargs="+", help="run directories or traces, optionally NAME=PATH")
+    p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
+    p.add_argument("--target-loss", type=float, help="report the simulated time to reach this loss")
+    p.add_argument("--plot", help="write loss vs simulated time to this PNG")
+    p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("scenarios", help="list the preset scenarios, or describe one")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(func=_cmd_scenarios)
+
+    p = sub.add_parser("estimate", help="estimate a run's time without training (strategy logic on meta tensors)")
+    p.add_argument("--model-params", type=float, required=True, help="parameter count, e.g. 7e9")
+    p.add_argument("--strategy", required=True, help="e.g. ddp, diloco:H=500, sparta:p_sparta=0.005")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
+    p.add_argument("--step-time", type=float, help="compute seconds per step per node")
+    p.add_argument("--tokens-per-step", type=float, help="tokens per node per step (with --tflops, --mfu)")
+    p.add_argument("--tflops", type=float, help="device peak TFLOP/s")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (default 0.4)")
+    p.add_argument("--dtype", default="fp32", help="parameter/transfer dtype: fp32, bf16, fp16")
+    p.set_defaults(func=_cmd_estimate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ScenarioError, TraceError, NodeFailure, ValueError, TypeError, ImportError) as exc:
+        print(f"exonet {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""compare: strategies against scenarios, from recorded runs, without retraining.
+
+Each run (a FitResult, a Trace, or a run directory) is replayed in each scenario;
+one row per (run, scenario) holds the simulated wall-clock, the time to a target
+loss, bytes per node, utilisation and how far nodes drifted apart.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from exonet.result import FitResult
+from exonet.trace import Trace
+
+
+@dataclass
+class Run:
+    """What compare needs of a run: its trace and, when known, its loss history."""
+
+    name: str
+    trace: Trace
+    history: dict[str, list] = field(default_factory=dict)
+
+    @classmethod
+    def coerce(cls, name: str, obj: Any) -> "Run":
+        if isinstance(obj, FitResult):
+            return cls(name, obj.trace, obj.history)
+        if isinstance(obj, Trace):
+            return cls(name, obj)
+        if isinstance(obj, (str, os.PathLike)):
+            from exonet.rundir import load_run
+
+            path = Path(obj)
+            if path.is_dir():
+                _, history, trace = load_run(path)
+                return cls(name, trace, history)
+            return cls(name, Trace.load(path))
+        raise TypeError(f"compare: run {name!r} must be a FitResult, a Trace or a run directory, got {type(obj).__name__}")
+
+
+def time_to_loss(history: Mapping[str, list], step_end_times: Sequence[float], target: float) -> float | None:
+    """Simulated seconds until the loss first reaches ``target``.
+
+    Uses the node-averaged evaluation loss when the run evaluated, else the mean
+    training loss of each step. None when the run never reached it.
+    """
+    evals = history.get("eval") or []
+    if evals:
+        points = [(e["step"], e["loss"]) for e in evals]
+    else:
+        points = [(i + 1, loss) for i, loss in enumerate(history.get("train_loss") or [])]
+    for step, loss in points:
+        if loss <= target and 1 <= step <= len(step_end_times):
+            return step_end_times[step - 1]
+    return None
+
+
+@dataclass
+class Comparison:
+    """The table compare returns: ``rows`` (one dict per run × scenario) plus the SimResults behind them."""
+
+    rows: list[dict[str, Any]]
+    results: dict[tuple[str, str], Any]
+    runs: dict[str, Run]
+    target_loss: float | None = None
+
+    COLUMNS = (
+        ("run", "run", "{}"),
+        ("scenario", "scenario", "{}"),
+        ("wall_clock_s", "sim time", "{}"),
+        ("time_to_target_s", "to target", "{}"),
+        ("final_loss", "final loss", "{:.4f}"),
+        ("payload_bytes_per_node", "payload/node", "{}"),
+        ("wire_bytes_per_node", "wire/node", "{}"),
+        ("utilization", "compute util", "{:.1%}"),
+        ("divergence", "divergence", "{:.3g}"),
+    )
+
+    def to_markdown(self) -> str:
+        from exonet.units import format_bytes, format_time
+
+        def cell(key: str, fmt: str, value: Any) -> str:
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                return "—" if key != "time_to_target_s" else "not reached"
+            if key in ("wall_clock_s", "time_to_target_s"):
+                return format_time(value)
+            if key.endswith("bytes_per_node"):
+                return format_bytes(value)
+            return fmt.format(value)
+
+        cols = [c for c in self.COLUMNS if c[0] != "time_to_target_s" or self.target_loss is not None]
+        header = "| " + " | ".join(title for _, title, _ in cols) + " |"
+        rule = "|" + "|".join("---" for _ in cols) + "|"
+        body = ["| " + " | ".join(cell(k, f, row.get(k)) for k, _, f in cols) + " |" for row in self.rows]
+        return "\n".join([header, rule, *body])
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+    def plot(self, path: str | os.PathLike) -> Path:
+        """Loss vs simulated wall-clock: one panel per scenario, one line per run (needs matplotlib)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise ImportError("compare.plot needs matplotlib: pip install 'exonet[examples]'") from None
+        scenarios = list(dict.fromkeys(s for _, s in self.results))
+        fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
+        for ax, scen in zip(axes[0], scenarios):
+            for (run_name, s), sim in self.results.items():
+                if s != scen:
+                    continue
+                curve = _smooth(sim.loss_vs_time())
+                if curve:
+                    ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=run_name)
+            ax.set_xscale("log")
+            ax.set_title(scen)
+            ax.set_xlabel("simulated wall-clock (s)")
+            ax.set_ylabel("train loss")
+            if self.target_loss is not None:
+                ax.axhline(self.target_loss, color="grey", linestyle=":", linewidth=1)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize="small")
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def _smooth(points: list[tuple[float, float]], window: int = 10) -> list[tuple[float, float]]:
+    """A trailing mean over ``window`` steps, so noisy per-step losses read as curves."""
+    out, acc = [], []
+    for t, loss in points:
+        acc.append(loss)
+        if len(acc) > window:
+            acc.pop(0)
+        out.append((t, sum(acc) / len(acc)))
+    return out
+
+
+def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: float | None = None) -> Comparison:
+    """Replay every run in every scenario.
+
+    Args:
+        runs: name → FitResult, Trace or run directory.
+        scenarios: Scenario objects, preset names or paths.
+        target_loss: report the simulated time at which each run first reached this loss.
+
+    Returns:
+        A Comparison with ``rows``, ``to_markdown()`` and ``plot(path)``.
+    """
+    from exonet.netsim import simulate
+    from exonet.scenario import Scenario
+
+    if not runs:
+        raise ValueError("compare: runs is empty; pass a mapping of name -> FitResult, Trace or run directory")
+    if isinstance(scenarios, (str, os.PathLike, Scenario)):
+        scenarios = [scenarios]
+    loaded = {name: Run.coerce(name, obj) for name, obj in runs.items()}
+    scens = [Scenario.coerce(s) for s in scenarios]
+    rows, results = [], {}
+    for scen in scens:
+        for name, run in loaded.items():
+            sim = simulate(run.trace, scen, history=run.history.get("train_loss"))
+            results[(name, scen.name)] = sim
+            k = run.trace.num_nodes
+            evals = run.history.get("eval") or []
+            losses = run.history.get("train_loss") or []
+            final = evals[-1]["loss"] if evals else (sum(losses[-10:]) / len(losses[-10:]) if losses else None)
+            rows.append({
+                "run": name,
+                "scenario": scen.name,
+                "nodes": k,
+                "steps": run.trace.num_steps(0),
+                "wall_clock_s": sim.wall_clock_s,
+                "time_to_target_s": None if target_loss is None else time_to_loss(run.history, sim.step_end_times, target_loss),
+                "final_loss": final,
+                "payload_bytes_per_node": sum(run.trace.payload_bytes(r) for r in range(k)) / k,
+                "wire_bytes_per_node": sum(sim.wire_bytes) / k,
+                "utilization": sim.utilization,
+                "divergence": evals[-1].get("divergence") if evals else None,
+                "correlation": evals[-1].get("correlation") if evals else None,
+            })
+    return Comparison(rows, results, loaded, target_loss)
