@@ -3,11 +3,56 @@
 ``Scenario`` is the user-facing description (units as strings, presets by name);
 ``Resolved`` is the same scenario made concrete for a given node count, in SI base
 units, which is all the simulator reads.
+
+Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
+
+* Defaults are ideal: ``latency`` "0 s", efficiency 1, no TCP window, no jitter,
+  sharing "max-min", collective "ring", compute mode "measured", speed 1, mfu 1.
+  ``network.bandwidth`` is required unless both ``uplink`` and ``downlink`` are given.
+  A link's ``latency`` defaults to ``network.latency``. ``efficiency`` scales every
+  bandwidth: NICs, per-node overrides and inter-region links.
+* ``share`` picks a contiguous block of ranks, whatever the node count. Regions are
+  laid from rank 0 in the order listed: with cumulative shares C, region i holds
+  ranks [round(C[i-1]·n), round(C[i]·n)) (round half up), so shares summing to 1
+  partition the ranks exactly and a region may be empty when n is small. For
+  ``[[nodes]]`` and ``[[events]]`` a share means the *last* max(1, round(share·n))
+  ranks, so a share > 0 always touches at least one node.
+* ``[[nodes]]`` entries apply in order; a later entry overrides an earlier one.
+* A parameter of an option that is left at its default is an error, because it
+  would silently do nothing: ``sigma`` without ``jitter``, ``tflops``/``mfu``
+  without ``compute.mode``. With the option set explicitly (say ``jitter = "none"``)
+  the parameter is kept, so a sweep can switch the option off and on.
+* ``replace(**changes)``: ``name``/``description`` and the network keys by name
+  (``bandwidth=``, ``latency=``, ``collective=`` ...); ``network``, ``compute`` and
+  ``stragglers`` take a dict merged into that table; ``regions``, ``links``,
+  ``nodes`` and ``events`` take a list that replaces the array. ``None`` removes a key.
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import partial
+from importlib import resources
+from itertools import groupby
+from pathlib import Path
+from typing import Any
+
+from exonet import units
+from exonet.errors import ScenarioError
+from exonet.trace import OPS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
 
 
 @dataclass(frozen=True)
@@ -73,3 +118,555 @@ class Resolved:
         if a == b:
             return self.latency
         return self.links[tuple(sorted((a, b)))].latency
+
+
+# The algorithms the simulator implements, per op, and the family each `network.collective` picks.
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "halving_doubling", "tree", "star", "direct"),
+    "all_gather": ("ring", "halving_doubling", "star", "direct"),
+    "reduce_scatter": ("ring", "halving_doubling", "star", "direct"),
+    "broadcast": ("chain", "binomial", "star", "direct"),
+    "all_to_all": ("direct", "star"),
+}
+FAMILIES: dict[str, dict[str, str]] = {
+    name: dict(zip(OPS, algos))
+    for name, algos in {
+        "ring": ("ring", "ring", "ring", "chain", "direct"),
+        "halving_doubling": ("halving_doubling", "halving_doubling", "halving_doubling", "binomial", "direct"),
+        "tree": ("tree", "ring", "ring", "binomial", "direct"),
+        "star": ("star",) * 5,
+        "direct": ("direct",) * 5,
+    }.items()
+}
+SHARING = ("max-min", "fifo")
+COMPUTE_MODES = ("measured", "wall", "flops")
+JITTERS = ("none", "lognormal", "normal", "exponential")
+EVENT_KINDS = ("slow", "down")
+DEFAULT_REGION = "default"
+
+# ---------------------------------------------------------------- field checks
+# A check takes (value, where) and returns the value in SI base units or raises ScenarioError.
+Check = Callable[[Any, str], Any]
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ScenarioError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _number(low: float, high: float | None = None, *, closed: bool = False) -> Check:
+    """A finite number above ``low`` (or equal when ``closed``), at most ``high``."""
+    expected = f"{'[' if closed else '('}{low:g}, {'inf)' if high is None else f'{high:g}]'}"
+
+    def check(value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ScenarioError(f"{where}: expected a number in {expected}, got {value!r}")
+        number = float(value) if isinstance(value, float) or abs(value) < 2**63 else math.inf
+        ok = math.isfinite(number) and (number >= low if closed else number > low) and (high is None or number <= high)
+        if not ok:
+            raise ScenarioError(f"{where}: {value!r} is out of range; expected a number in {expected}")
+        return number
+
+    return check
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ScenarioError(f"{where}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _enum(choices: tuple[str, ...]) -> Check:
+    def check(value: Any, where: str) -> str:
+        if value not in choices or not isinstance(value, str):
+            hint = _did_you_mean(value, choices) if isinstance(value, str) else ""
+            raise ScenarioError(f"{where}: unknown value {value!r}{hint}; expected one of: {', '.join(choices)}")
+        return value
+
+    return check
+
+
+_rate: Check = units.parse_rate
+_time: Check = units.parse_time
+_window: Check = partial(units.parse_size, allow_zero=False)
+
+
+def _seconds(value: Any, where: str) -> float:
+    """A point in simulated time: a number of seconds (the key says so) or a time string."""
+    if isinstance(value, str):
+        return units.parse_time(value, where)
+    return _number(0, closed=True)(value, where)
+
+
+def _ranks(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ScenarioError(f"{where}: expected a non-empty list of ranks such as [0, 1], got {value!r}")
+    ranks = tuple(_count(r, f"{where}[{i}]") for i, r in enumerate(value))
+    if len(set(ranks)) != len(ranks):
+        raise ScenarioError(f"{where}: rank listed twice in {list(ranks)}")
+    return ranks
+
+
+def _between(value: Any, where: str) -> tuple[str, str]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(isinstance(v, str) and v for v in value):
+        raise ScenarioError(f'{where}: expected two region names such as ["us", "eu"], got {value!r}')
+    if value[0] == value[1]:
+        raise ScenarioError(f"{where}: a link joins two different regions, got {value!r}")
+    return (value[0], value[1])
+
+
+def _did_you_mean(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _table(spec: Mapping[str, Check], label: str) -> Check:
+    """A TOML table whose keys are all in ``spec``; ``label`` names it in the list of valid keys."""
+
+    def check(value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ScenarioError(f"{where}: expected a table ({label}), got {type(value).__name__}")
+        out = {}
+        for key, item in value.items():
+            child = f"{where}{key}" if where.endswith(": ") else f"{where}.{key}"  # "file: " is the top level
+            if not isinstance(key, str) or key not in spec:
+                hint = _did_you_mean(key, spec) if isinstance(key, str) else ""
+                raise ScenarioError(f"{child}: unknown key{hint}; valid keys in {label}: {', '.join(spec)}")
+            out[key] = spec[key](item, child)
+        return out
+
+    return check
+
+
+def _array(spec: Mapping[str, Check], label: str) -> Check:
+    """A TOML array of tables, each checked against ``spec``."""
+
+    def check(value: Any, where: str) -> list[dict[str, Any]]:
+        if not isinstance(value, (list, tuple)):
+            raise ScenarioError(f"{where}: expected an array of tables ({label}), got {type(value).__name__}")
+        return [_table(spec, label)(item, f"{where}[{i}]") for i, item in enumerate(value)]
+
+    return check
+
+
+_ALGORITHMS = {op: _enum(choices) for op, choices in ALGORITHMS.items()}
+_NETWORK = {
+    "collective": _enum(tuple(FAMILIES)), "bandwidth": _rate, "uplink": _rate, "downlink": _rate, "latency": _time,
+    "sharing": _enum(SHARING), "efficiency": _number(0, 1), "tcp_window": _window,
+    "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
+}
+_COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
+_REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
+_LINK = {"between": _between, "bandwidth": _rate, "latency": _time}
+_NODE = {
+    "ranks": _ranks, "share": _number(0, 1), "speed": _number(0), "bandwidth": _rate, "uplink": _rate, "downlink": _rate,
+}
+_STRAGGLERS = {"jitter": _enum(JITTERS), "sigma": _number(0, closed=True), "seed": _count}
+_EVENT = {
+    "kind": _enum(EVENT_KINDS), "ranks": _ranks, "share": _number(0, 1), "from_step": _count, "to_step": _count,
+    "from_s": _seconds, "to_s": _seconds, "factor": _number(0),
+}
+_TABLES = {"network": _NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS}
+_ARRAYS = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
+_TOP = _table(
+    {
+        "name": _string,
+        "description": lambda value, where: value if value == "" else _string(value, where),
+        **{key: _table(spec, f"[{key}]") for key, spec in _TABLES.items()},
+        **{key: _array(spec, f"[[{key}]]") for key, spec in _ARRAYS.items()},
+    },
+    "the top level",
+)
+
+
+def _validate(raw: Any, source: str) -> dict[str, Any]:
+    """Check every key and value of ``raw``, then the rules that span fields; return it in SI units."""
+    if not isinstance(raw, Mapping):
+        got = type(raw).__name__
+        raise ScenarioError(f"{source}: expected a table (dict) with at least `name` and [network], got {got}")
+    p = _TOP(raw, f"{source}: ")
+    where = f"{source}:"
+    if "name" not in p:
+        raise ScenarioError(f'{where} missing required key `name` (e.g. name = "two-regions")')
+    net = p.get("network")
+    if net is None:
+        raise ScenarioError(f'{where} missing required table [network] (e.g. [network] bandwidth = "1 Gbit/s")')
+    if "bandwidth" not in net and not ("uplink" in net and "downlink" in net):
+        raise ScenarioError(
+            f'{where} network.bandwidth is required (e.g. bandwidth = "1 Gbit/s") unless both uplink and downlink are given'
+        )
+    compute = p.get("compute", {})
+    if compute.get("mode") == "flops" and "tflops" not in compute:
+        raise ScenarioError(f'{where} compute.tflops is required when compute.mode = "flops" (e.g. tflops = 989.0)')
+    for key in ("tflops", "mfu"):
+        if key in compute and "mode" not in compute:
+            raise ScenarioError(f'{where} compute.{key} only applies with compute.mode = "flops"; set mode')
+    strag = p.get("stragglers", {})
+    if strag.get("jitter", "none") != "none" and "sigma" not in strag:
+        jitter = strag["jitter"]
+        raise ScenarioError(f"{where} stragglers.sigma is required when stragglers.jitter = {jitter!r} (e.g. sigma = 0.1)")
+    if "sigma" in strag and "jitter" not in strag:
+        raise ScenarioError(f"{where} stragglers.sigma needs stragglers.jitter ({', '.join(JITTERS)})")
+    names: list[str] = []
+    for i, region in enumerate(p.get("regions", [])):
+        _need(region, "name", f"{where} regions[{i}]", 'name = "us"')
+        _one_of_ranks_share(region, f"{where} regions[{i}]")
+        if region["name"] in names:
+            raise ScenarioError(f"{where} regions[{i}].name: region {region['name']!r} is listed twice")
+        names.append(region["name"])
+    if sum(Fraction(r.get("share", 0)) for r in p.get("regions", [])) > 1 + Fraction(1, 10**9):
+        raise ScenarioError(f"{where} regions: the shares add up to more than 1")
+    pairs: set[tuple[str, ...]] = set()
+    for i, link in enumerate(p.get("links", [])):
+        _need(link, "between", f"{where} links[{i}]", 'between = ["us", "eu"]')
+        _need(link, "bandwidth", f"{where} links[{i}]", 'bandwidth = "10 Gbit/s"')
+        for name in link["between"]:
+            if name not in names and name != DEFAULT_REGION:
+                hint, valid = _did_you_mean(name, names), ", ".join([*names, DEFAULT_REGION])
+                raise ScenarioError(f"{where} links[{i}].between: unknown region {name!r}{hint}; regions: {valid}")
+        pair = tuple(sorted(link["between"]))
+        if pair in pairs:
+            joined = f"regions {pair[0]!r} and {pair[1]!r}"
+            raise ScenarioError(f"{where} links[{i}].between: {joined} are already joined by another link")
+        pairs.add(pair)
+    for i, node in enumerate(p.get("nodes", [])):
+        _one_of_ranks_share(node, f"{where} nodes[{i}]")
+        if not {"speed", "bandwidth", "uplink", "downlink"} & node.keys():
+            raise ScenarioError(f"{where} nodes[{i}]: sets nothing; give speed, bandwidth, uplink or downlink")
+    for i, event in enumerate(p.get("events", [])):
+        _check_event(event, f"{where} events[{i}]")
+    return p
+
+
+def _need(table: Mapping[str, Any], key: str, where: str, example: str) -> None:
+    if key not in table:
+        raise ScenarioError(f"{where}: missing required key `{key}` (e.g. {example})")
+
+
+def _one_of_ranks_share(table: Mapping[str, Any], where: str) -> None:
+    if ("ranks" in table) == ("share" in table):
+        raise ScenarioError(f"{where}: give exactly one of `ranks` (e.g. ranks = [0, 1]) or `share` (e.g. share = 0.5)")
+
+
+def _check_event(event: Mapping[str, Any], where: str) -> None:
+    _need(event, "kind", where, 'kind = "slow"')
+    _one_of_ranks_share(event, where)
+    steps, secs = ("from_step" in event or "to_step" in event), ("from_s" in event or "to_s" in event)
+    if steps and secs:
+        raise ScenarioError(f"{where}: give a window in steps (from_step/to_step) or seconds (from_s/to_s), not both")
+    if not steps and not secs:
+        raise ScenarioError(f"{where}: needs a window: from_step/to_step or from_s/to_s")
+    lo, hi = ("from_step", "to_step") if steps else ("from_s", "to_s")
+    if hi in event and event[hi] <= event.get(lo, 0):
+        raise ScenarioError(f"{where}.{hi}: must be after {lo} ({event.get(lo, 0)!r}), got {event[hi]!r}")
+    if event["kind"] == "down" and hi not in event:
+        raise ScenarioError(f"{where}: a 'down' event needs an end ({hi}), or the node never returns")
+    if event["kind"] == "slow" and "factor" not in event:
+        raise ScenarioError(f"{where}: a 'slow' event needs `factor` (compute time multiplier, e.g. factor = 4.0)")
+    if event["kind"] == "down" and "factor" in event:
+        raise ScenarioError(f"{where}.factor: applies only to kind = 'slow'")
+
+
+# ---------------------------------------------------------------- presets and files
+def list_presets() -> list[str]:
+    """Names of the scenario presets shipped in ``exonet.scenarios``."""
+    root = resources.files("exonet.scenarios")
+    return sorted(entry.name[: -len(".toml")] for entry in root.iterdir() if entry.name.endswith(".toml"))
+
+
+def _parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:  # its message carries "(at line N, column M)"
+        message = str(err)
+        if "line" not in message:  # "(at end of document)": say which line that is
+            message += f" (the document ends at line {max(1, len(text.splitlines()))})"
+        raise ScenarioError(f"{source}: malformed TOML: {message}") from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such scenario file (presets: {', '.join(list_presets())})") from None
+    except UnicodeDecodeError as err:
+        raise ScenarioError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise ScenarioError(f"{path}: cannot read scenario file: {err.strerror or err}") from None
+    return _parse_toml(text, str(path))
+
+
+# ---------------------------------------------------------------- the Scenario
+class Scenario:
+    """A validated network and compute environment; immutable (``replace`` returns a copy).
+
+    Args:
+        data: the scenario as a dict with the TOML schema (see DESIGN.md).
+        source: where it came from, for error messages (a file path, or "<dict>").
+    """
+
+    def __init__(self, data: Mapping[str, Any], source: str = "<dict>") -> None:
+        self._parsed = _validate(data, source)
+        self._data: dict[str, Any] = copy.deepcopy(dict(data))
+        self._source = source
+
+    @classmethod
+    def load(cls, path_or_name: str | os.PathLike[str]) -> Scenario:
+        """A TOML file, or a preset by name (``Scenario.load("home-broadband")``).
+
+        A string ending in ".toml" or holding a path separator is a path; otherwise a
+        preset name, or failing that an existing file.
+        """
+        if isinstance(path_or_name, os.PathLike):
+            path = Path(path_or_name)
+            return cls(_read_file(path), str(path))
+        if not isinstance(path_or_name, str):
+            raise TypeError(f"Scenario.load: expected a preset name or a path, got {type(path_or_name).__name__}")
+        text = path_or_name
+        presets = list_presets()
+        if not text.endswith(".toml") and "/" not in text and os.sep not in text:
+            if text in presets:
+                resource = resources.files("exonet.scenarios").joinpath(f"{text}.toml")
+                return cls.from_toml(resource.read_text(encoding="utf-8"), f"scenarios/{text}.toml")
+            if not Path(text).is_file():
+                raise ScenarioError(
+                    f"unknown scenario preset {text!r}{_did_you_mean(text, presets)}; presets: {', '.join(presets)} "
+                    "(to load a file, give a path ending in .toml)"
+                )
+        return cls(_read_file(Path(text)), text)
+
+    @classmethod
+    def from_toml(cls, text: str, source: str = "<toml>") -> Scenario:
+        """A scenario from TOML text (what ``load`` reads from a file)."""
+        return cls(_parse_toml(text, source), source)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> Scenario:
+        """A scenario from a dict with the same shape as the TOML."""
+        return cls(d, source)
+
+    @classmethod
+    def coerce(cls, obj: Scenario | str | os.PathLike[str] | Mapping[str, Any]) -> Scenario:
+        """Whatever a user passed as ``scenario=``: a Scenario, a preset name, a path or a dict."""
+        if isinstance(obj, Scenario):
+            return obj
+        if isinstance(obj, (str, os.PathLike)):
+            return cls.load(obj)
+        if isinstance(obj, Mapping):
+            return cls.from_dict(obj)
+        raise TypeError(f"scenario: expected a Scenario, preset name, path or dict, got {type(obj).__name__}")
+
+    @property
+    def name(self) -> str:
+        return self._parsed["name"]
+
+    @property
+    def description(self) -> str:
+        return self._parsed.get("description", "")
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def to_dict(self) -> dict[str, Any]:
+        """The scenario as a plain dict (strings with units, as written); ``from_dict`` reads it back."""
+        return copy.deepcopy(self._data)
+
+    def replace(self, **changes: Any) -> Scenario:
+        """A modified copy, for sweeps: ``s.replace(bandwidth="100 Mbit/s", compute={"mode": "wall"})``.
+
+        Network keys go by name; ``network``/``compute``/``stragglers`` take a dict merged
+        into that table; ``regions``/``links``/``nodes``/``events`` take a list that replaces
+        the array; ``name``/``description`` a string. A value of None removes the key.
+        """
+        data = copy.deepcopy(self._data)
+        for key, value in changes.items():
+            if key in _TABLES and value is not None:
+                if not isinstance(value, Mapping):
+                    got = type(value).__name__
+                    raise ScenarioError(f"replace({key}=...): expected a dict of [{key}] keys, got {got}")
+                section = dict(data.get(key, {}))
+                for sub, item in value.items():
+                    _assign(section, sub, item)
+                data[key] = section
+            elif key in ("name", "description", *_TABLES, *_ARRAYS):
+                _assign(data, key, value)
+            elif key in _NETWORK:
+                data["network"] = dict(data.get("network", {}))
+                _assign(data["network"], key, value)
+            else:
+                valid = ["name", "description", *_TABLES, *_ARRAYS, *_NETWORK]
+                hint = _did_you_mean(key, valid)
+                raise ScenarioError(f"replace(): unknown key {key!r}{hint}; valid: {', '.join(valid)}")
+        return Scenario(data, f"{self._source} + replace({', '.join(changes)})")
+
+    def resolve(self, num_nodes: int) -> Resolved:
+        """The scenario made concrete for ``num_nodes`` ranks, in SI base units, for the simulator."""
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"Scenario.resolve: num_nodes must be an integer >= 1, got {num_nodes!r}")
+        p, n, where = self._parsed, num_nodes, f"{self._source}:"
+        net = p["network"]
+        efficiency = net.get("efficiency", 1.0)
+        latency = net.get("latency", 0.0)
+        region = self._regions(n)
+        links = {
+            tuple(sorted(link["between"])): LinkSpec(link["bandwidth"] * efficiency, link.get("latency", latency))
+            for link in p.get("links", [])
+        }
+        present = sorted(set(region), key=region.index)
+        for i, a in enumerate(present):
+            for b in present[i + 1 :]:
+                if tuple(sorted((a, b))) not in links:
+                    raise ScenarioError(
+                        f"{where} regions {a!r} and {b!r} both hold nodes (num_nodes={n}) but no [[links]] entry "
+                        f'joins them; add [[links]] between = ["{a}", "{b}"] with a bandwidth'
+                    )
+        up = [net.get("uplink", net.get("bandwidth"))] * n
+        down = [net.get("downlink", net.get("bandwidth"))] * n
+        speed = [1.0] * n
+        for i, node in enumerate(p.get("nodes", [])):
+            for r in self._ranks(node, f"nodes[{i}]", n):
+                up[r] = node.get("uplink", node.get("bandwidth", up[r]))
+                down[r] = node.get("downlink", node.get("bandwidth", down[r]))
+                speed[r] = node.get("speed", speed[r])
+        algorithms = {**FAMILIES[net.get("collective", "ring")], **net.get("algorithms", {})}
+        events = tuple(
+            EventSpec(e["kind"], self._ranks(e, f"events[{i}]", n), e.get("from_step"), e.get("to_step"),
+                      e.get("from_s"), e.get("to_s"), e.get("factor", 1.0))
+            for i, e in enumerate(p.get("events", []))
+        )
+        compute, strag = p.get("compute", {}), p.get("stragglers", {})
+        return Resolved(
+            num_nodes=n,
+            uplink=tuple(x * efficiency for x in up),
+            downlink=tuple(x * efficiency for x in down),
+            region=tuple(region),
+            latency=latency,
+            links=links,
+            speed=tuple(speed),
+            algorithms=algorithms,
+            sharing=net.get("sharing", "max-min"),
+            tcp_window=net.get("tcp_window"),
+            compute_mode=compute.get("mode", "measured"),
+            tflops=compute.get("tflops"),
+            mfu=compute.get("mfu", 1.0),
+            jitter=strag.get("jitter", "none"),
+            sigma=strag.get("sigma", 0.0),
+            seed=strag.get("seed", 0),
+            events=events,
+        )
+
+    def _ranks(self, entry: Mapping[str, Any], path: str, n: int) -> tuple[int, ...]:
+        """An entry's explicit ranks (range-checked), or the last max(1, round(share·n)) ranks."""
+        if "ranks" in entry:
+            for r in entry["ranks"]:
+                if r >= n:
+                    where = f"{self._source}: {path}.ranks"
+                    raise ScenarioError(f"{where}: rank {r} is out of range for {n} nodes (ranks 0..{n - 1})")
+            return entry["ranks"]
+        k = max(1, _round_half_up(Fraction(entry["share"]) * n))
+        return tuple(range(n - k, n))
+
+    def _regions(self, n: int) -> list[str]:
+        """Each rank's region: share blocks laid from rank 0 in order, explicit ranks as given, the rest "default"."""
+        owner: dict[int, int] = {}
+        regions = self._parsed.get("regions", [])
+        cumulative = Fraction(0)
+        for i, region in enumerate(regions):
+            if "share" in region:
+                start = min(n, _round_half_up(cumulative * n))
+                cumulative += Fraction(region["share"])
+                members: tuple[int, ...] = tuple(range(start, min(n, _round_half_up(cumulative * n))))
+            else:
+                members = self._ranks(region, f"regions[{i}]", n)
+            for r in members:
+                if r in owner:
+                    other = regions[owner[r]]["name"]
+                    raise ScenarioError(
+                        f"{self._source}: regions[{i}] ({region['name']!r}) and regions[{owner[r]}] ({other!r}) "
+                        f"both contain rank {r} (num_nodes={n}); a node belongs to one region"
+                    )
+                owner[r] = i
+        return [regions[owner[r]]["name"] if r in owner else DEFAULT_REGION for r in range(n)]
+
+    def describe(self, num_nodes: int | None = None) -> str:
+        """A readable summary; with ``num_nodes``, also the per-rank layout it resolves to."""
+        p = self._parsed
+        net, compute, strag = p["network"], p.get("compute", {}), p.get("stragglers", {})
+        rate, secs = units.format_rate, units.format_time
+        up, down = net.get("uplink", net.get("bandwidth")), net.get("downlink", net.get("bandwidth"))
+        lines = [f"{self.name}: {self.description}" if self.description else self.name, f"  source      {self._source}"]
+        nic = rate(up) if up == down else f"{rate(up)} up / {rate(down)} down"
+        latency, sharing = secs(net.get("latency", 0.0)), net.get("sharing", "max-min")
+        lines.append(f"  network     {nic} per node, latency {latency} one-way, sharing {sharing}")
+        extras = [f"efficiency {net.get('efficiency', 1.0):g}"]
+        if "tcp_window" in net:
+            extras.append(f"TCP window {units.format_bytes(net['tcp_window'], binary=True)}")
+        lines.append(f"              {', '.join(extras)}")
+        algos = {**FAMILIES[net.get("collective", "ring")], **net.get("algorithms", {})}
+        per_op = ", ".join(f"{op}={algo}" for op, algo in algos.items())
+        lines.append(f"  collective  {net.get('collective', 'ring')}: {per_op}")
+        mode = compute.get("mode", "measured")
+        flops = f" ({compute['tflops']:g} TFLOP/s x mfu {compute.get('mfu', 1.0):g})" if mode == "flops" else ""
+        lines.append(f"  compute     {mode}{flops}")
+        for r in p.get("regions", []):
+            where = f"share {r['share']:g}" if "share" in r else f"ranks {list(r['ranks'])}"
+            lines.append(f"  region      {r['name']}: {where}")
+        for link in p.get("links", []):
+            lat = secs(link.get("latency", net.get("latency", 0.0)))
+            a, b = link["between"]
+            lines.append(f"  link        {a} <-> {b}: {rate(link['bandwidth'])}, latency {lat}")
+        for node in p.get("nodes", []):
+            sets = [f"{k} {f'{v:g}' if k == 'speed' else rate(v)}" for k, v in node.items() if k not in ("ranks", "share")]
+            lines.append(f"  nodes       {_who(node)}: {', '.join(sets)}")
+        if strag.get("jitter", "none") != "none":
+            jitter, sigma, seed = strag["jitter"], strag["sigma"], strag.get("seed", 0)
+            lines.append(f"  stragglers  {jitter} jitter, sigma {sigma:g}, seed {seed}")
+        for e in p.get("events", []):
+            by_step = "from_step" in e or "to_step" in e
+            lo, hi, fmt = ("from_step", "to_step", str) if by_step else ("from_s", "to_s", secs)
+            span = f"{fmt(e.get(lo, 0))} to {fmt(e[hi]) if hi in e else 'end'}"
+            what = f"slow x{e['factor']:g}" if e["kind"] == "slow" else "down"
+            lines.append(f"  event       {what}, {_who(e)}, {'steps' if by_step else 'time'} {span}")
+        if num_nodes is not None:
+            lines.append(f"  resolved for {num_nodes} nodes:")
+            lines.extend(_layout(self.resolve(num_nodes)))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Scenario(name={self.name!r}, source={self._source!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Scenario) and self._data == other._data
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self._data, sort_keys=True, default=str))
+
+
+def _assign(table: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``table[key]``, or remove it when ``value`` is None."""
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = copy.deepcopy(value)
+
+
+def _round_half_up(x: Fraction) -> int:
+    return math.floor(x + Fraction(1, 2))
+
+
+def _who(entry: Mapping[str, Any]) -> str:
+    return f"ranks {list(entry['ranks'])}" if "ranks" in entry else f"last {entry['share'] * 100:g}% of ranks"
+
+
+def _layout(r: Resolved) -> list[str]:
+    """Per-rank rows of a resolved scenario, consecutive identical ranks folded into one row."""
+    out = []
+    per_rank = zip(range(r.num_nodes), zip(r.region, r.uplink, r.downlink, r.speed))
+    for (region, up, down, speed), group in groupby(per_rank, key=lambda item: item[1]):
+        ranks = [rank for rank, _ in group]
+        span = str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+        rates = f"up {units.format_rate(up):<12} down {units.format_rate(down):<12}"
+        out.append(f"    ranks {span:<8} {region:<12} {rates} speed {speed:g}")
+    return out
