@@ -1,0 +1,13 @@
+"""The network simulator: replay a Trace through a SimPy model of links, collectives and compute.
+
+``simulate(trace, scenario)`` returns a ``SimResult``; ``Simulation`` is the same
+replay fed event by event. Modules: ``topology`` (NICs, regions, paths),
+``flows`` (fluid max-min / FIFO sharing), ``collectives`` (algorithms as phases and
+their closed forms), ``compute`` (speed, jitter, slowdowns, outages), ``fastpath``
+(lone collectives timed without events), ``engine`` (the SimPy replay), ``result``.
+"""
+
+from exonet.netsim.engine import Simulation, simulate
+from exonet.netsim.result import NodeTimes, SimResult
+
+__all__ = ["NodeTimes", "SimResult", "Simulation", "simulate"]

@@ -1,0 +1,276 @@
+"""Collective algorithms as phases of point-to-point messages.
+
+A collective among n members ``g[0] < g[1] < ... < g[n-1]`` (positions 0..n-1) is a
+list of *phases*; a phase is a set of messages ``(src, dst, bytes)`` that start
+together. Phases are not pipelined: phase k+1 starts when every message of phase k
+has been delivered. Chunks are real-valued (S/n need not divide). A group of one
+member has no phases and takes no time.
+
+Sizes: S is the buffer (all_reduce, broadcast) or the full input (reduce_scatter,
+all_to_all); s is each rank's contribution (all_gather). The formulas below are the
+times on an uncontended network where every NIC has rate B each way and every pair
+latency α. With equal messages in a phase, max-min sharing makes a phase cost
+α + m·c/B, where c is the message size and m the most messages any NIC sends or
+receives in that phase (its flows all get B/m, and no flow anywhere gets less).
+
+all_reduce
+  ring              2(n−1) phases, g[i] → g[i+1 mod n], S/n each:  2(n−1)α + 2(n−1)/n·S/B
+  halving_doubling  recursive-halving reduce-scatter then recursive-doubling
+                    all-gather (Rabenseifner). n = 2^k:  2·log2(n)·α + 2(n−1)/n·S/B.
+                    Otherwise, with p = 2^⌊log2 n⌋ and r = n − p: positions 2i+1 < 2r
+                    first send S to 2i (which reduce), the p survivors run the
+                    power-of-two algorithm, and 2i sends S back to 2i+1:
+                    2(α + S/B) + 2·log2(p)·α + 2(p−1)/p·S/B
+  tree              double binary tree (NCCL-style): tree A is the heap over
+                    positions (parent of i is (i−1)//2), tree B its mirror
+                    (i ↔ n−1−i), so a node is interior in at most one tree; each
+                    tree carries S/2. Not pipelined: D = ⌊log2 n⌋ reduce levels
+                    (deepest first, every node at depth d sends S/2 to its parent in
+                    each tree) then D broadcast levels: Σ over the 2D levels of
+                    (α + m·S/(2B)), m ≤ 2, so at most 2D(α + S/B); n = 2: 2α + S/B,
+                    n = 4: 4α + 3S/B
+  star              hub = g[0]; everyone sends S to the hub (incast on its
+                    downlink), the hub reduces after all arrivals, sends S back:
+                    2α + 2(n−1)·S/B
+  direct            direct reduce-scatter (everyone sends S/n to everyone) then
+                    direct all-gather:  2α + 2(n−1)/n·S/B
+
+all_gather (s per rank)
+  ring              n−1 phases of s:  (n−1)α + (n−1)·s/B
+  halving_doubling  recursive doubling: at distance 2^j a rank sends all it holds.
+                    n = 2^k:  log2(n)·α + (n−1)·s/B. Otherwise fold as above
+                    (2i+1 sends s to 2i, which then holds 2s), double among the p
+                    survivors, unfold (2i sends the (n−1)·s that 2i+1 lacks):
+                    (α + s/B) + Σ_j (α + w_j/B) + (α + (n−1)·s/B), w_j the largest
+                    block sent at distance 2^j
+  star              everyone sends s to the hub, the hub sends each the (n−1)·s it
+                    lacks:  2α + (n−1)·s/B + (n−1)²·s/B
+  direct            everyone sends s to everyone:  α + (n−1)·s/B
+
+reduce_scatter (S full input, S/n result per rank)
+  ring              n−1 phases of S/n:  (n−1)α + (n−1)/n·S/B
+  halving_doubling  recursive halving: at distance p/2^(j+1) a rank sends the part
+                    its partner's half owns. n = 2^k:  log2(n)·α + (n−1)/n·S/B.
+                    Otherwise fold (2i+1 sends S to 2i, which owns both chunks),
+                    halve among the p survivors, then 2i sends S/n to 2i+1:
+                    (α + S/B) + Σ_j (α + w_j/B) + (α + S/(nB))
+  star              everyone sends S to the hub, which sends each its S/n:
+                    2α + (n−1)·S/B + (n−1)/n·S/B
+  direct            everyone sends S/n to everyone:  α + (n−1)/n·S/B
+
+broadcast (S; the trace does not record the source: it is taken to be g[0])
+  chain             pipelined chain g[0] → g[1] → ... in c chunks of S/c; phase q moves
+                    chunk q−h over hop h:  (c + n − 2)·(α + S/(c·B)). Chunking rule:
+                    c = 1 for n ≤ 2 or S = 0, else c = round(√((n−2)·S/(α·B))) clamped
+                    to [1, 64] (the optimum of that formula), with α the largest hop
+                    latency and B the slowest hop rate; c = 64 when α = 0
+  binomial          at phase j every holder i < 2^j sends S to i + 2^j:
+                    ⌈log2 n⌉·(α + S/B)
+  star              the source sends S to everyone:  α + (n−1)·S/B
+  direct            scatter then direct all-gather (Van de Geijn): the source sends
+                    S/n to each rank, then every rank sends its chunk to every rank
+                    that lacks it:  2α + 2(n−1)/n·S/B
+
+all_to_all (S full input; each rank sends S/n to each other member)
+  direct            α + (n−1)/n·S/B
+  star              everyone sends the hub the (n−1)·S/n meant for others, the hub
+                    forwards to each the (n−1)·S/n meant for it:  2α + 2(n−1)²/n·S/B
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from exonet.errors import ScenarioError
+from exonet.netsim.topology import Phase, Topology
+from exonet.scenario import FAMILIES
+
+CHAIN_MAX_CHUNKS = 64
+
+Members = Sequence[int]
+
+
+def _ring(g: Members, size: float, count: int) -> list[Phase]:
+    n = len(g)
+    phase = tuple((g[i], g[(i + 1) % n], size) for i in range(n))
+    return [phase] * count
+
+
+def _pairs(g: Members, size: float) -> Phase:
+    """Every member sends ``size`` to every other member."""
+    return tuple((a, b, size) for a in g for b in g if a != b)
+
+
+def _to_hub(g: Members, size: float) -> Phase:
+    return tuple((r, g[0], size) for r in g[1:])
+
+
+def _from_hub(g: Members, size: float) -> Phase:
+    return tuple((g[0], r, size) for r in g[1:])
+
+
+def _fold(g: Members) -> tuple[int, int, list[int]]:
+    """Halving/doubling on any n: p = 2^⌊log2 n⌋ survivors; ``real[v]`` is survivor v's rank.
+
+    Positions 2i and 2i+1 for i < r = n − p are folded into survivor i (at 2i).
+    """
+    n = len(g)
+    p = 1 << (n.bit_length() - 1)
+    r = n - p
+    real = [g[2 * v] if v < r else g[v + r] for v in range(p)]
+    return p, r, real
+
+
+def _block(weights: list[float], v: int, size: int) -> float:
+    """Total weight of the aligned block of ``size`` survivors that contains survivor ``v``."""
+    start = v - v % size
+    return sum(weights[start : start + size])
+
+
+def _fold_in(g: Members, r: int, size: float) -> list[Phase]:
+    return [tuple((g[2 * i + 1], g[2 * i], size) for i in range(r))] if r else []
+
+
+def _fold_out(g: Members, r: int, size: float) -> list[Phase]:
+    return [tuple((g[2 * i], g[2 * i + 1], size) for i in range(r))] if r else []
+
+
+def _all_reduce_hd(g: Members, S: float) -> list[Phase]:
+    p, r, real = _fold(g)
+    halving = [
+        tuple((real[v], real[v ^ (p >> (j + 1))], S / (2 << j)) for v in range(p))
+        for j in range(p.bit_length() - 1)
+    ]
+    return [*_fold_in(g, r, S), *halving, *reversed(halving), *_fold_out(g, r, S)]
+
+
+def _all_gather_hd(g: Members, s: float) -> list[Phase]:
+    n = len(g)
+    p, r, real = _fold(g)
+    held = [2 * s if v < r else s for v in range(p)]
+    doubling = []
+    for j in range(p.bit_length() - 1):
+        block = 1 << j
+        doubling.append(tuple((real[v], real[v ^ block], _block(held, v, block)) for v in range(p)))
+    return [*_fold_in(g, r, s), *doubling, *_fold_out(g, r, (n - 1) * s)]
+
+
+def _reduce_scatter_hd(g: Members, S: float) -> list[Phase]:
+    n = len(g)
+    p, r, real = _fold(g)
+    owns = [(2 if v < r else 1) * S / n for v in range(p)]
+    halving = []
+    for j in range(p.bit_length() - 1):
+        d = p >> (j + 1)
+        halving.append(tuple((real[v], real[v ^ d], _block(owns, v ^ d, d)) for v in range(p)))
+    return [*_fold_in(g, r, S), *halving, *_fold_out(g, r, S / n)]
+
+
+def _all_reduce_tree(g: Members, S: float) -> list[Phase]:
+    n = len(g)
+
+    def depth(i: int) -> int:
+        """Depth of position i in tree A (the heap); i's depth in tree B is depth(n−1−i)."""
+        return (i + 1).bit_length() - 1
+
+    def level(d: int) -> Phase:
+        """Every position at depth d sends S/2 to its parent, in tree A and in tree B."""
+        msgs = []
+        for i in range(n):
+            if i and depth(i) == d:
+                msgs.append((g[i], g[(i - 1) // 2], S / 2))
+            m = n - 1 - i
+            if m and depth(m) == d:
+                msgs.append((g[i], g[n - 1 - (m - 1) // 2], S / 2))
+        return tuple(msgs)
+
+    up = [level(d) for d in range(depth(n - 1), 0, -1)]
+    down = [tuple((dst, src, size) for src, dst, size in phase) for phase in reversed(up)]
+    return [*up, *down]
+
+
+def _chain_chunks(g: Members, S: float, topo: Topology) -> int:
+    n = len(g)
+    if n <= 2 or S == 0:
+        return 1
+    hops = [topo.path(g[h], g[h + 1]) for h in range(n - 1)]
+    alpha = max(p.latency for p in hops)
+    if alpha == 0:
+        return CHAIN_MAX_CHUNKS
+    rate = min(p.rate for p in hops)
+    return max(1, min(CHAIN_MAX_CHUNKS, round(math.sqrt((n - 2) * S / (alpha * rate)))))
+
+
+def _broadcast_chain(g: Members, S: float, topo: Topology) -> list[Phase]:
+    n = len(g)
+    c = _chain_chunks(g, S, topo)
+    return [
+        tuple((g[h], g[h + 1], S / c) for h in range(n - 1) if 0 <= q - h < c)
+        for q in range(c + n - 2)
+    ]
+
+
+def _broadcast_binomial(g: Members, S: float) -> list[Phase]:
+    n = len(g)
+    return [
+        tuple((g[i], g[i + (1 << j)], S) for i in range(min(1 << j, n - (1 << j))))
+        for j in range((n - 1).bit_length())
+    ]
+
+
+def _broadcast_direct(g: Members, S: float) -> list[Phase]:
+    n = len(g)
+    rest = tuple((a, b, S / n) for a in g for b in g[1:] if a != b)
+    return [_from_hub(g, S / n), rest]
+
+
+Builder = Callable[[Members, float, Topology], list[Phase]]
+
+BUILDERS: dict[str, dict[str, Builder]] = {
+    "all_reduce": {
+        "ring": lambda g, S, t: _ring(g, S / len(g), 2 * (len(g) - 1)),
+        "halving_doubling": lambda g, S, t: _all_reduce_hd(g, S),
+        "tree": lambda g, S, t: _all_reduce_tree(g, S),
+        "star": lambda g, S, t: [_to_hub(g, S), _from_hub(g, S)],
+        "direct": lambda g, S, t: [_pairs(g, S / len(g))] * 2,
+    },
+    "all_gather": {
+        "ring": lambda g, s, t: _ring(g, s, len(g) - 1),
+        "halving_doubling": lambda g, s, t: _all_gather_hd(g, s),
+        "star": lambda g, s, t: [_to_hub(g, s), _from_hub(g, (len(g) - 1) * s)],
+        "direct": lambda g, s, t: [_pairs(g, s)],
+    },
+    "reduce_scatter": {
+        "ring": lambda g, S, t: _ring(g, S / len(g), len(g) - 1),
+        "halving_doubling": lambda g, S, t: _reduce_scatter_hd(g, S),
+        "star": lambda g, S, t: [_to_hub(g, S), _from_hub(g, S / len(g))],
+        "direct": lambda g, S, t: [_pairs(g, S / len(g))],
+    },
+    "broadcast": {
+        "chain": _broadcast_chain,
+        "binomial": lambda g, S, t: _broadcast_binomial(g, S),
+        "star": lambda g, S, t: [_from_hub(g, S)],
+        "direct": lambda g, S, t: _broadcast_direct(g, S),
+    },
+    "all_to_all": {
+        "direct": lambda g, S, t: [_pairs(g, S / len(g))],
+        "star": lambda g, S, t: [_to_hub(g, (len(g) - 1) * S / len(g)), _from_hub(g, (len(g) - 1) * S / len(g))],
+    },
+}
+
+
+def choose(algorithms: dict[str, str]) -> dict[str, Builder]:
+    """Each op's builder for a scenario's ``algorithms``; ops it leaves out take the ring family."""
+    out = {}
+    for op, table in BUILDERS.items():
+        name = algorithms.get(op, FAMILIES["ring"][op])
+        if name not in table:
+            raise ScenarioError(f"scenario: algorithm {name!r} is not offered for {op}; choose one of {', '.join(table)}")
+        out[op] = table[name]
+    return out
+
+
+def phases(builder: Builder, members: Members, nbytes: float, topo: Topology) -> list[Phase]:
+    """The phases of one collective; none for a group of one."""
+    return builder(members, float(nbytes), topo) if len(members) > 1 else []

@@ -1,0 +1,113 @@
+"""Fast path: the duration of a collective that has the network to itself, without events.
+
+When no other collective is in flight, a collective's phases see an otherwise idle
+network, so each phase is an isolated fluid problem: its messages start together,
+share links max-min fairly (or FIFO), and the phase ends when the last is delivered,
+i.e. max over its messages of (finish time + α of its path). The finish times come
+from running the same ``FluidNetwork`` the event engine uses, on its own, so the two
+agree to rounding. Multi-region paths, heterogeneous NICs and TCP caps are all in
+the flows; nothing is assumed uniform.
+
+Phase times are cached by the phase's messages and whole plans by (op, members,
+bytes), so a run that repeats one collective thousands of times solves it once.
+
+If something else starts while a fast collective is in flight (another collective,
+an outage of a member), ``state_at`` replays the current phase up to that instant,
+so the engine can take the collective over message by message.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exonet.netsim.collectives import choose, phases
+from exonet.netsim.flows import Flow, FluidNetwork
+from exonet.netsim.topology import Phase, Topology
+
+_CACHE_LIMIT = 4096
+
+
+@dataclass(slots=True, eq=False)
+class Plan:
+    """One collective as phases, with the bytes each rank puts on the wire.
+
+    ``offsets`` (set by ``Planner.duration``) are the phase start times relative to
+    the collective's start, followed by its total duration.
+    """
+
+    phases: list[Phase]
+    sent: tuple[tuple[int, float], ...]
+    offsets: list[float] | None = None
+
+
+class Planner:
+    """Builds, caches and times collective plans for one topology.
+
+    Args:
+        topology: links and paths of the scenario.
+        algorithms: op -> algorithm name.
+        sharing: "max-min" or "fifo".
+    """
+
+    def __init__(self, topology: Topology, algorithms: dict[str, str], sharing: str) -> None:
+        self._topo = topology
+        self._builders = choose(algorithms)
+        self._sharing = sharing
+        self._plans: dict[tuple[str, tuple[int, ...], int], Plan] = {}
+        self._phase_times: dict[Phase, float] = {}
+
+    def plan(self, op: str, members: tuple[int, ...], nbytes: int) -> Plan:
+        """The phases of ``op`` among ``members`` on ``nbytes`` (cached)."""
+        key = (op, members, nbytes)
+        plan = self._plans.get(key)
+        if plan is None:
+            steps = phases(self._builders[op], members, nbytes, self._topo)
+            sent: dict[int, float] = {}
+            for phase in steps:
+                for src, _, size in phase:
+                    sent[src] = sent.get(src, 0.0) + size
+            if len(self._plans) >= _CACHE_LIMIT:
+                self._plans.clear()
+            plan = self._plans[key] = Plan(steps, tuple(sent.items()))
+        return plan
+
+    def duration(self, plan: Plan) -> float:
+        """How long ``plan`` takes alone on the network."""
+        if plan.offsets is None:
+            offsets = [0.0]
+            for phase in plan.phases:
+                offsets.append(offsets[-1] + self._phase_time(phase))
+            plan.offsets = offsets
+        return plan.offsets[-1]
+
+    def _phase_time(self, phase: Phase) -> float:
+        t = self._phase_times.get(phase)
+        if t is None:
+            _, done = self._solve(phase, None, math.inf)
+            t = max(at + f.latency for f, at in done)
+            if len(self._phase_times) >= _CACHE_LIMIT:
+                self._phase_times.clear()
+            self._phase_times[phase] = t
+        return t
+
+    def _solve(self, phase: Phase, tag: object, until: float) -> tuple[FluidNetwork, list[tuple[Flow, float]]]:
+        net = FluidNetwork(self._topo.capacity, self._sharing)
+        for f in self._topo.flows(phase, tag):
+            net.add(f)
+        return net, net.settle(until)
+
+    def state_at(self, plan: Plan, tau: float, tag: object) -> tuple[int, float, list[tuple[Flow, float]], Sequence[Flow]]:
+        """Where a lone ``plan`` stands ``tau`` seconds after it started.
+
+        Returns the current phase index, that phase's start (relative), the messages
+        whose bytes have all left with the time they did (relative to the phase start),
+        and the flows still in transit with their remaining bytes. Flows carry ``tag``.
+        """
+        offsets = plan.offsets
+        assert offsets is not None, "state_at needs a timed plan"
+        p = min(bisect_right(offsets, tau) - 1, len(plan.phases) - 1)
+        net, done = self._solve(plan.phases[p], tag, tau - offsets[p])
+        return p, offsets[p], done, list(net.flows)

@@ -1,0 +1,98 @@
+"""Topology: which links a message crosses, its latency and its rate cap.
+
+Every rank has a NIC with an uplink and a downlink (bytes/s). A message from rank a
+to rank b crosses a's uplink, then the inter-region link in the a→b direction when
+the two ranks sit in different regions (shared by every flow crossing it that way),
+then b's downlink. Latency α is one-way and paid once per message, end to end.
+
+Links are numbered so a flow is a tuple of small integers: uplinks ``0..n-1``,
+downlinks ``n..2n-1``, then two ids per inter-region link (one per direction).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from exonet.errors import ScenarioError
+from exonet.netsim.flows import Flow
+from exonet.scenario import Resolved
+
+# A point-to-point message of a collective phase: (source rank, destination rank, bytes).
+Message = tuple[int, int, float]
+Phase = tuple[Message, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Path:
+    """What a message from one rank to another goes through."""
+
+    links: tuple[int, ...]
+    latency: float  # one-way seconds
+    cap: float  # per-flow rate cap in bytes/s (TCP window / RTT); inf when uncapped
+    rate: float  # the rate this path gives a lone flow: min(cap, every link's capacity)
+
+
+class Topology:
+    """Links, capacities and paths of a resolved scenario.
+
+    Args:
+        resolved: the scenario made concrete for the trace's node count.
+    """
+
+    def __init__(self, resolved: Resolved) -> None:
+        n = resolved.num_nodes
+        for name, rates in (("uplink", resolved.uplink), ("downlink", resolved.downlink)):
+            if len(rates) != n:
+                raise ScenarioError(f"scenario: {name} lists {len(rates)} ranks, expected num_nodes={n}")
+            bad = [r for r, x in enumerate(rates) if not x > 0 or math.isinf(x)]
+            if bad:
+                raise ScenarioError(f"scenario: {name} of rank {bad[0]} must be a positive finite rate, got {rates[bad[0]]!r}")
+        if len(resolved.region) != n:
+            raise ScenarioError(f"scenario: region lists {len(resolved.region)} ranks, expected num_nodes={n}")
+        if resolved.tcp_window is not None and not resolved.tcp_window > 0:
+            raise ScenarioError(f"scenario: tcp_window must be > 0 bytes, got {resolved.tcp_window!r}")
+        self.num_nodes = n
+        self._resolved = resolved
+        self.capacity: list[float] = [*resolved.uplink, *resolved.downlink]
+        self._link_ids: dict[tuple[str, str], int] = {}
+        for (a, b), spec in sorted(resolved.links.items()):
+            if not spec.bandwidth > 0:
+                raise ScenarioError(f"scenario: link between {a!r} and {b!r} needs a positive bandwidth, got {spec.bandwidth!r}")
+            for direction in ((a, b), (b, a)):
+                self._link_ids[direction] = len(self.capacity)
+                self.capacity.append(spec.bandwidth)
+        self._paths: dict[tuple[int, int], Path] = {}
+
+    def path(self, src: int, dst: int) -> Path:
+        """The path of a message from ``src`` to ``dst`` (cached)."""
+        key = (src, dst)
+        p = self._paths.get(key)
+        if p is None:
+            p = self._paths[key] = self._build(src, dst)
+        return p
+
+    def _build(self, src: int, dst: int) -> Path:
+        r = self._resolved
+        a, b = r.region[src], r.region[dst]
+        links: tuple[int, ...] = (src, self.num_nodes + dst)
+        if a != b:
+            link = self._link_ids.get((a, b))
+            if link is None:
+                raise ScenarioError(
+                    f"scenario: ranks {src} ({a!r}) and {dst} ({b!r}) exchange data but no link joins regions {a!r} and {b!r}"
+                )
+            links = (src, link, self.num_nodes + dst)
+        latency = r.path_latency(src, dst)
+        window = r.tcp_window
+        cap = window / (2.0 * latency) if window is not None and latency > 0 else math.inf
+        rate = min(cap, *(self.capacity[i] for i in links))
+        return Path(links, latency, cap, rate)
+
+    def flows(self, phase: Phase, tag: object) -> list[Flow]:
+        """One flow per message of ``phase``, each tagged with ``tag`` (the collective that owns it)."""
+        out = []
+        for src, dst, size in phase:
+            p = self.path(src, dst)
+            out.append(Flow(src, dst, p.links, size, p.cap, p.latency, tag))
+        return out
