@@ -20,7 +20,7 @@ _LAZY = {
     "Scenario": "exonet.scenario",
     "simulate": "exonet.netsim",
     "SimResult": "exonet.netsim",
-    "compare": "exonet.compare",
+    "compare": "exonet.comparison",
 }
 
 __all__ = ["NodeFailure", "ScenarioError", "Trace", "TraceError", *_LAZY]

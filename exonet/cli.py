@@ -17,7 +17,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from exonet.compare import Run
+    from exonet.comparison import Run
     from exonet.netsim import simulate
 
     run = Run.coerce(Path(args.run).name, args.run)
@@ -34,7 +34,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from exonet.compare import compare
+    from exonet.comparison import compare
 
     runs = {}
     for item in args.runs:

@@ -111,6 +111,7 @@ class Resolved:
     sigma: float = 0.0
     seed: int = 0
     events: tuple[EventSpec, ...] = ()
+    name: str = ""
 
     def path_latency(self, src: int, dst: int) -> float:
         """One-way latency between two ranks (the inter-region link's when they are in different regions)."""
@@ -555,6 +556,7 @@ class Scenario:
             sigma=strag.get("sigma", 0.0),
             seed=strag.get("seed", 0),
             events=events,
+            name=self.name,
         )
 
     def _ranks(self, entry: Mapping[str, Any], path: str, n: int) -> tuple[int, ...]:

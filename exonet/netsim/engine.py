@@ -516,7 +516,7 @@ def simulate(trace: Trace, scenario: object, *, history: Sequence[float] | None 
         fast_path: time lone collectives analytically (exact; off only to cross-check).
     """
     if isinstance(scenario, Resolved):
-        resolved, name = scenario, str(getattr(scenario, "name", "") or "")
+        resolved, name = scenario, scenario.name
     else:
         from exonet.scenario import Scenario
 
