@@ -1,0 +1,232 @@
+"""Streaming DiLoCo (Douillard et al., arXiv 2501.18512): DiLoCo in fragments, overlapped, optionally 4-bit.
+
+DiLoCo (arXiv 2311.08105) synchronises the whole model every H steps, so the network
+sits idle between bursts of P parameters. Streaming DiLoCo cuts the model into F
+fragments that take turns: each fragment still syncs every H steps, but the
+fragments are staggered by H/F, so each burst is about P/F. Each fragment's
+reduction is started asynchronously and only needed τ steps later, so it overlaps
+the inner steps; the outer gradient may travel in 4 or 8 bits.
+
+Exact rules implemented here (the step count t is the number of inner steps done):
+
+* Fragments: the trainable parameter tensors, in ``model.parameters()`` order, cut into
+  F contiguous groups; fragment f ends at the tensor boundary closest to (f+1)·P/F
+  (ties to the earlier boundary), keeping at least one tensor per fragment.
+* Schedule: fragment f has offset ``o_f = (f+1)·H // F`` and starts a sync after inner
+  step t when ``t >= o_f`` and ``(t − o_f) % H == 0``. F = 1 syncs at t = H, 2H, ...
+  like DiLoCo; the last fragment always syncs at multiples of H.
+* Start (step t): Δ_f = θ_global,f − θ_local,f in fp32; its average over the nodes is
+  started asynchronously (``all_reduce`` op "avg", or the quantized reduce-scatter +
+  all-gather of ``exonet.strategies.quantize``).
+* Completion (after inner step t + τ; τ = 0 completes in the same step): wait,
+  ``θ_global,f ← OuterOpt_f(θ_global,f, mean Δ_f)`` (one outer optimizer and its state
+  per fragment), then merge ``θ_local,f ← (1 − α)·θ_global,f + α·θ_local,f``. α = 0
+  adopts θ_global exactly (DiLoCo's merge); α > 0 keeps part of the τ local steps
+  made while the reduction was in flight.
+* Quantized transfer: the ``all_to_all`` phase is issued at the start; the
+  ``all_gather`` phase is issued at the first step boundary after the start (when
+  τ >= 2, so it overlaps too) or at completion time (τ <= 1), and waited at completion.
+* ``finish()`` completes every round still in flight, in start order. A checkpoint keeps
+  each in-flight round's own Δ; a resumed run issues those reductions again (the
+  transfers in flight died with the old processes), so its numerics are unchanged.
+* K = 1 sends nothing (the average of one node is itself) but still takes the outer
+  step τ steps later, as DiLoCo does.
+
+Defaults: the outer optimizer is DiLoCo's SGD(lr 0.7, momentum 0.9, Nesterov); H = 100
+and inner AdamW lr 1e-3 match ``DiLoCoStrategy``; τ = 1 and α = 0.5 follow the paper's
+overlapped runs; F = 2 and exact (unquantized) transfer are conservative choices for
+small models (the paper's headline run uses 4 bits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range, flatten, one_of, unflatten_into
+from exonet.strategies.quantize import BITS, QuantizedAllReduce
+
+if TYPE_CHECKING:
+    from exonet.communicator import Communicator, Handle
+
+
+def fragment_bounds(sizes: Sequence[int], num_fragments: int) -> list[range]:
+    """Cut tensors of ``sizes`` elements into ``num_fragments`` contiguous groups of about equal size.
+
+    Fragment f ends at the tensor boundary closest to (f+1)·total/F (ties to the earlier
+    one), leaving at least one tensor for each fragment.
+
+    Returns:
+        one ``range`` of tensor indices per fragment.
+
+    Raises:
+        ValueError: fewer tensors than fragments.
+    """
+    if num_fragments > len(sizes):
+        raise ValueError(f"num_fragments ({num_fragments}) exceeds the number of trainable parameter tensors "
+                         f"({len(sizes)}); a fragment holds whole tensors")
+    cumulative = [0]
+    for s in sizes:
+        cumulative.append(cumulative[-1] + s)
+    total = cumulative[-1]
+    bounds = [0]
+    for f in range(1, num_fragments):
+        candidates = range(bounds[-1] + 1, len(sizes) - (num_fragments - f) + 1)
+        bounds.append(min(candidates, key=lambda i: abs(cumulative[i] - f * total / num_fragments)))
+    bounds.append(len(sizes))
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def fragment_offsets(H: int, num_fragments: int) -> list[int]:
+    """The step offset o_f = (f+1)·H // F of each fragment's syncs (at t = o_f, o_f + H, ...)."""
+    return [(f + 1) * H // num_fragments for f in range(num_fragments)]
+
+
+@dataclass
+class _Round:
+    """One fragment's synchronisation in flight."""
+
+    fragment: int
+    start: int
+    due: int
+    delta: torch.Tensor
+    pending: "Handle | QuantizedAllReduce | None"
+
+
+class StreamingDiLoCoStrategy(Strategy):
+    """DiLoCo whose fragments sync in turn, overlapped with τ inner steps, optionally quantized.
+
+    Args:
+        inner_optim: the inner optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        outer_optim: the outer optimizer of every fragment. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
+        H: inner steps between two syncs of the same fragment, >= 1.
+        num_fragments: F, 1 <= F <= H (and at most the number of parameter tensors).
+        delay_steps: τ, inner steps between starting a fragment's reduction and using it, 0 <= τ <= H.
+        quantize_bits: None (exact fp32), 8 or 4: the outer gradient's wire precision.
+        merge_alpha: α in [0, 1]; after an outer step θ_local ← (1 − α)·θ_global + α·θ_local.
+        max_norm: clip the inner gradient norm before each inner step.
+        optim_spec: alias of ``inner_optim`` (seed gym spelling).
+        outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
+        lr_scheduler: None, "cosine" or a torch LRScheduler class, for the inner optimizer.
+        lr_scheduler_kwargs: keyword arguments for a scheduler class.
+        warmup_steps: linear warm-up length of the inner learning rate.
+        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+    """
+
+    name = "streaming_diloco"
+
+    def __init__(
+        self,
+        inner_optim: OptimSpec | str | type | None = None,
+        outer_optim: OptimSpec | str | type | None = None,
+        H: int = 100,
+        num_fragments: int = 2,
+        delay_steps: int = 1,
+        quantize_bits: int | None = None,
+        merge_alpha: float = 0.5,
+        max_norm: float | None = None,
+        *,
+        optim_spec: OptimSpec | str | type | None = None,
+        outer_optim_spec: OptimSpec | str | type | None = None,
+        lr_scheduler: str | type | None = None,
+        lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0,
+        cosine_min_ratio: float = 0.0,
+    ) -> None:
+        inner = OptimSpec.coerce(one_of(inner_optim=inner_optim, optim_spec=optim_spec), "inner_optim",
+                                 OptimSpec("adamw", lr=1e-3))
+        super().__init__(inner, max_norm=max_norm, lr_scheduler=lr_scheduler,
+                         lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
+                         cosine_min_ratio=cosine_min_ratio)
+        self.outer_optim = OptimSpec.coerce(one_of(outer_optim=outer_optim, outer_optim_spec=outer_optim_spec),
+                                            "outer_optim", OptimSpec("sgd", lr=0.7, momentum=0.9, nesterov=True))
+        check_range("H", H, low=1, integer=True)
+        check_range("num_fragments", num_fragments, low=1, high=H, integer=True)
+        check_range("delay_steps", delay_steps, low=0, high=H, integer=True)
+        if quantize_bits is not None and (isinstance(quantize_bits, bool) or quantize_bits not in BITS):
+            raise ValueError(f"quantize_bits must be None, 4 or 8, got {quantize_bits!r}")
+        check_range("merge_alpha", merge_alpha, low=0, high=1)
+        self.H = H
+        self.num_fragments = num_fragments
+        self.delay_steps = delay_steps
+        self.quantize_bits = quantize_bits
+        self.merge_alpha = merge_alpha
+
+    def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:
+        """Cut the model into fragments; keep θ_global (fp32) and an outer optimizer per fragment."""
+        super().setup(model, comm, ctx)
+        self.fragments = [self.params[r.start : r.stop]
+                          for r in fragment_bounds([p.numel() for p in self.params], self.num_fragments)]
+        with torch.no_grad():
+            self.global_params = [flatten(ps).float() for ps in self.fragments]
+        self.outer_optimizers = [self.outer_optim.build([g]) for g in self.global_params]
+        self.offsets = fragment_offsets(self.H, self.num_fragments)
+        self._in_flight: list[_Round] = []
+
+    def step(self) -> None:
+        self.optimizer_step()
+        self.local_step += 1
+        t = self.local_step
+        with torch.no_grad():
+            self._advance(t)
+            for f, offset in enumerate(self.offsets):
+                if t >= offset and (t - offset) % self.H == 0:
+                    self._start(f, t)
+            self._advance(t)
+
+    def finish(self) -> None:
+        with torch.no_grad():
+            while self._in_flight:
+                self._complete(self._in_flight[0])
+
+    def _start(self, f: int, t: int) -> None:
+        delta = self.global_params[f] - flatten(self.fragments[f]).float()
+        self._launch(_Round(f, t, t + self.delay_steps, delta, None))
+
+    def _launch(self, r: _Round) -> None:
+        """Issue the round's reduction (on a copy, so ``r.delta`` stays this node's own Δ for checkpoints)."""
+        if self.num_nodes == 1:
+            r.pending = None
+        elif self.quantize_bits is not None:
+            r.pending = QuantizedAllReduce(self.comm, r.delta, self.quantize_bits)
+        else:
+            r.pending = self.comm.all_reduce(r.delta.clone(), op="avg", async_op=True)
+        self._in_flight.append(r)
+
+    def _advance(self, t: int) -> None:
+        """Complete the rounds due by step t; move quantized rounds started earlier to their second phase."""
+        for r in list(self._in_flight):
+            if t >= r.due:
+                self._complete(r)
+            elif t > r.start and isinstance(r.pending, QuantizedAllReduce):
+                r.pending.reduce()
+
+    def _complete(self, r: _Round) -> None:
+        mean = r.delta if r.pending is None else r.pending.wait()
+        theta = self.global_params[r.fragment]
+        theta.grad = mean
+        self.outer_optimizers[r.fragment].step()
+        theta.grad = None
+        params = self.fragments[r.fragment]
+        unflatten_into(torch.lerp(theta, flatten(params).float(), self.merge_alpha), params)
+        self._in_flight.remove(r)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Also each in-flight round's own Δ: a resumed run issues those reductions again, as a restarted node must."""
+        rounds = [{"fragment": r.fragment, "start": r.start, "due": r.due, "delta": r.delta.clone()}
+                  for r in self._in_flight]
+        return {**super().state_dict(), "global_params": [g.detach().clone() for g in self.global_params],
+                "outer_optimizers": [o.state_dict() for o in self.outer_optimizers], "in_flight": rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        with torch.no_grad():
+            for g, saved in zip(self.global_params, state["global_params"]):
+                g.copy_(saved)
+        for o, saved in zip(self.outer_optimizers, state["outer_optimizers"]):
+            o.load_state_dict(saved)
+        self._in_flight = []
+        for r in state["in_flight"]:
+            self._launch(_Round(r["fragment"], r["start"], r["due"], r["delta"].to(self.global_params[0].device), None))

@@ -1,0 +1,196 @@
+"""DeMo: the chunked DCT and top-k codec, one step against a plain re-derivation, and wire bytes."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from exonet import LocalTrainer
+from exonet.strategies.demo import ChunkedDCT, DeMoStrategy, compress, dct_basis, decompress
+from exonet.toy import Classifier, Regressor, ShardFactory, synthetic_regression
+
+K = 2
+
+
+def conv_model() -> Classifier:
+    """Conv weight (4-D), biases (1-D) and a linear weight (2-D), built only from importable classes."""
+    torch.manual_seed(0)
+    return Classifier(nn.Sequential(nn.Unflatten(1, (1, 4, 4)), nn.Conv2d(1, 4, 3), nn.Tanh(), nn.Flatten(),
+                                    nn.Linear(16, 4)))
+
+
+def square_model() -> Regressor:
+    torch.manual_seed(0)
+    return Regressor(nn.Sequential(nn.Linear(256, 256, bias=False), nn.Tanh(), nn.Linear(256, 256, bias=False)))
+
+
+# ------------------------------------------------------------------ codec, no processes
+def plain_dct(n: int) -> torch.Tensor:
+    """DCT-II with "ortho" scaling, straight from its definition: column k is the k-th basis vector."""
+    return torch.tensor([[(math.sqrt(1 / n) if k == 0 else math.sqrt(2 / n))
+                          * math.cos(math.pi * (2 * j + 1) * k / (2 * n)) for k in range(n)] for j in range(n)],
+                        dtype=torch.float64)
+
+
+def test_dct_basis_is_the_orthonormal_dct_ii():
+    basis = dct_basis(6, torch.float64)
+    assert torch.allclose(basis, plain_dct(6), atol=1e-12)
+    assert torch.allclose(basis.T @ basis, torch.eye(6, dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize("shape, chunk, blocks", [
+    ((256, 256), 64, (64, 64)),
+    ((256,), 64, (1, 64)),
+    ((10,), 64, (1, 10)),
+    ((96, 100), 64, (48, 50)),
+    ((16, 3, 3, 3), 64, (16, 27)),
+    ((8, 4, 3, 3), 4, (4, 4)),
+    ((67,), 64, (1, 1)),
+])
+def test_block_sides_are_the_largest_divisors_up_to_the_chunk(shape, chunk, blocks):
+    t = ChunkedDCT(shape, chunk)
+    assert (t.h, t.w) == blocks
+    assert t.num_blocks * t.block_numel == math.prod(shape)
+
+
+@pytest.mark.parametrize("shape", [(256,), (100,), (128, 192), (30, 7), (8, 3, 5, 5), (16, 4, 3, 3), (2, 3, 4, 5, 6)])
+def test_compress_decompress_with_topk_equal_to_chunk_reproduces_the_tensor(shape):
+    x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    t = ChunkedDCT(shape, 64, torch.float64)
+    idx, val = compress(t.encode(x), t.block_numel)
+    assert torch.allclose(t.decode(decompress(idx, val, t.block_numel)), x, atol=1e-12)
+
+
+def test_compress_keeps_the_largest_magnitudes_of_each_block():
+    coeffs = torch.tensor([[0.1, -3.0, 2.0, 0.5], [4.0, 0.0, -0.2, -5.0]])
+    idx, val = compress(coeffs, 2)
+    for row in range(2):
+        assert sorted(idx[row].tolist()) == sorted(coeffs[row].abs().topk(2).indices.tolist())
+        assert torch.equal(val[row], coeffs[row, idx[row]])
+
+
+def test_decompress_averages_each_coordinate_over_the_nodes_that_sent_it():
+    idx = torch.tensor([[0, 1, 1, 2]])          # node A sent 0 and 1, node B sent 1 and 2
+    val = torch.tensor([[1.0, 2.0, 4.0, 6.0]])
+    assert decompress(idx, val, 4).tolist() == [[1.0, 3.0, 6.0, 0.0]]
+
+
+def test_indices_are_int16_up_to_32768_entries_per_block():
+    assert ChunkedDCT((256, 256), 64).index_dtype == torch.int16
+    assert ChunkedDCT((256, 128), 256).index_dtype == torch.int16      # 256 x 128 = 32768 entries
+    assert ChunkedDCT((256, 256), 256).index_dtype == torch.int32
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"lr": 0}, "lr"), ({"compression_decay": 1.0}, "compression_decay"),
+    ({"compression_decay": -0.1}, "compression_decay"), ({"compression_topk": 0}, "compression_topk"),
+    ({"compression_chunk": 0}, "compression_chunk"), ({"weight_decay": -1}, "weight_decay"),
+    ({"max_norm": 0}, "max_norm"),
+])
+def test_bad_arguments_fail_at_construction_naming_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        DeMoStrategy(**kwargs)
+
+
+def test_non_integer_topk_is_a_type_error():
+    with pytest.raises(TypeError, match="compression_topk"):
+        DeMoStrategy(compression_topk=2.5)
+
+
+# ------------------------------------------------------- one run against a re-derivation
+LR, DECAY, TOPK, CHUNK, WD, STEPS, BATCH = 0.01, 0.9, 3, 4, 0.1, 3, 8
+
+
+def plain_demo(model: nn.Module, batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> nn.Module:
+    """DeMo written out block by block in float64, from the paper's description and the reference code."""
+    model = copy.deepcopy(model)
+    params = list(model.parameters())
+    theta = [p.detach().double().clone() for p in params]
+    momentum = [[torch.zeros_like(t) for t in theta] for _ in range(K)]
+    for step in range(STEPS):
+        grads = []
+        for rank in range(K):
+            with torch.no_grad():
+                for p, t in zip(params, theta):
+                    p.copy_(t)
+            model.zero_grad()
+            model(batches[rank][step]).backward()
+            grads.append([p.grad.double() for p in params])
+        for i, t in enumerate(theta):
+            mat = t.reshape(1, -1) if t.dim() <= 1 else t.reshape(t.shape[0], -1)
+            rows, cols = mat.shape
+            h = max(d for d in range(1, min(rows, CHUNK) + 1) if rows % d == 0)
+            w = max(d for d in range(1, min(cols, CHUNK) + 1) if cols % d == 0)
+            dh, dw = plain_dct(h), plain_dct(w)
+            sums, counts = torch.zeros(rows, cols, dtype=torch.float64), torch.zeros(rows, cols, dtype=torch.float64)
+            for rank in range(K):
+                m = momentum[rank][i].mul_(DECAY).add_(LR * grads[rank][i]).view(rows, cols)
+                for a in range(0, rows, h):
+                    for b in range(0, cols, w):
+                        coeffs = (dh.T @ m[a:a + h, b:b + w] @ dw).reshape(-1)
+                        keep = torch.zeros_like(coeffs)
+                        top = coeffs.abs().topk(min(TOPK, h * w)).indices
+                        keep[top] = coeffs[top]
+                        m[a:a + h, b:b + w] -= dh @ keep.view(h, w) @ dw.T
+                        sums[a:a + h, b:b + w] += keep.view(h, w)
+                        counts[a:a + h, b:b + w] += (keep != 0).double().view(h, w)
+            mean = sums / counts.clamp(min=1)
+            q = torch.zeros(rows, cols, dtype=torch.float64)
+            for a in range(0, rows, h):
+                for b in range(0, cols, w):
+                    q[a:a + h, b:b + w] = dh @ mean[a:a + h, b:b + w] @ dw.T
+            t.mul_(1 - LR * WD).sub_(LR * torch.sign(q).view_as(t))
+    with torch.no_grad():
+        for p, t in zip(params, theta):
+            p.copy_(t)
+    return model
+
+
+@pytest.fixture(scope="module")
+def demo_run():
+    factory = ShardFactory(n=64, dim=16, classes=4)
+    strategy = DeMoStrategy(lr=LR, compression_decay=DECAY, compression_topk=TOPK, compression_chunk=CHUNK,
+                            weight_decay=WD)
+    result = LocalTrainer(conv_model(), factory).fit(strategy, num_nodes=K, max_steps=STEPS, batch_size=BATCH,
+                                                     shuffle=False, progress=False)
+    shards = [factory(rank, K, True).tensors for rank in range(K)]
+    batches = [[(x[s * BATCH:(s + 1) * BATCH], y[s * BATCH:(s + 1) * BATCH]) for s in range(STEPS)] for x, y in shards]
+    return result, batches
+
+
+def test_demo_steps_match_a_plain_rederivation(demo_run):
+    result, batches = demo_run
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        want = plain_demo(conv_model(), batches)
+    finally:
+        torch.set_num_threads(threads)
+    for (name, got), expected in zip(result.model.named_parameters(), want.parameters()):
+        assert torch.allclose(got, expected, rtol=0, atol=1e-6), name
+
+
+# ------------------------------------------------------------------------- wire bytes
+@pytest.fixture(scope="module")
+def square_run():
+    data = synthetic_regression(n=64, in_dim=256, out_dim=256)
+    strategy = DeMoStrategy(lr=1e-3, compression_topk=32, compression_chunk=64)
+    return LocalTrainer(square_model(), data).fit(strategy, num_nodes=K, max_steps=3, batch_size=8, progress=False)
+
+
+def test_demo_sends_under_0_05_bytes_per_parameter_per_step_on_2d_weights(square_run):
+    params = 2 * 256 * 256
+    per_step = 2 * 16 * 32 * (2 + 4)   # 2 weights x 16 blocks of 64x64 x 32 (int16 index, fp32 value)
+    for rank in range(K):
+        assert square_run.payload_bytes_per_step(rank) == [per_step] * 3
+    assert per_step / params <= 0.05
+
+
+def test_demo_uses_one_all_gather_per_step(square_run):
+    for rank in range(K):
+        ops = [(c.op, c.async_op, c.dtype) for c in square_run.trace.collectives(rank)]
+        assert ops == [("all_gather", False, "uint8")] * 3
