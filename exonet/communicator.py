@@ -8,6 +8,10 @@ is what makes byte counting, tracing and simulation automatic for every strategy
 
 Bookkeeping traffic (start-up broadcast, evaluation averaging, the final model)
 goes through ``bookkeeping()``: the clock is paused, nothing is recorded or counted.
+
+``blocking`` is the one hook for the runtime: every call that waits on other nodes runs
+inside ``comm.blocking()``. The node sets it to its heartbeat, so the progress watchdog
+can tell a node that waits in a collective from the node that hangs (exonet.watchdog).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ class Handle:
             self._comm._flush_compute()
             self._comm.events.append(Wait(self._cid))
             if self._work is not None:
-                self._work.wait()
+                with self._comm.blocking():
+                    self._work.wait()
             self._result = self._finish()
             self._comm._restart_clock()
             self._done = True
@@ -69,6 +74,7 @@ class Communicator:
         self._t0 = time.perf_counter()
         self._sync = torch.cuda.synchronize if device.type == "cuda" else None
         self._running = False
+        self.blocking: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
         self._restart_clock()
 
     # ---------------------------------------------------------------- clock
@@ -113,12 +119,20 @@ class Communicator:
 
     @contextlib.contextmanager
     def bookkeeping(self) -> Iterator[None]:
-        """Traffic and work that are not the algorithm's: neither traced, counted nor timed."""
-        self._flush_compute()
+        """Traffic and work that are not the algorithm's: neither traced, counted nor timed.
+
+        The clock pauses: the compute span in progress resumes afterwards instead of being
+        split, so evaluations and checkpoints leave no mark on the trace.
+        """
+        if self._sync is not None:
+            self._sync()
+        wall, cpu = time.perf_counter() - self._wall, time.thread_time() - self._cpu
         try:
             yield
         finally:
-            self._restart_clock()
+            if self._sync is not None:
+                self._sync()
+            self._wall, self._cpu = time.perf_counter() - wall, time.thread_time() - cpu
 
     # ---------------------------------------------------------------- groups
     def group_of(self, ranks: GroupArg) -> Any:
@@ -135,7 +149,8 @@ class Communicator:
         if self.rank not in key:
             raise ValueError(f"rank {self.rank} is not a member of group {key}")
         if key not in self._groups:
-            self._groups[key] = dist.new_group(list(key), use_local_synchronization=True)
+            with self.blocking():
+                self._groups[key] = dist.new_group(list(key), use_local_synchronization=True)
         return self._groups[key]
 
     def _members(self, ranks: GroupArg) -> tuple[int, ...] | None:
@@ -158,15 +173,17 @@ class Communicator:
         dtype = str(payload.dtype).removeprefix("torch.")
         members = self._members(group)
         start = self.now()
-        work = launch(async_op)
         if async_op:
+            work = launch(True)
             self.events.append(Collective(cid, op, nbytes, members, True, dtype, start, None))
             handle = Handle(self, cid, work, finish)
             self._restart_clock()
             return handle
-        result = finish()
-        if self._sync is not None:
-            self._sync()
+        with self.blocking():
+            launch(False)
+            result = finish()
+            if self._sync is not None:
+                self._sync()
         self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, self.now()))
         self._restart_clock()
         return result

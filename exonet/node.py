@@ -1,9 +1,10 @@
 """TrainNode: one rank's life, from rendezvous to the final averaged model.
 
-The parent (``exonet.trainer``) starts one process per node with ``node_main``.
+The parent (``exonet.run``) starts one process per node with ``node_main``.
 The training step reads top to bottom: batch → loss → backward → strategy.step().
-Everything the parent needs (losses, evaluations, the trace, the final model)
-travels back through a queue; nothing here draws progress or writes logs.
+Everything the parent needs (losses, evaluations, checkpoint reports, the trace, the
+final model) travels back through a pipe; nothing here draws progress or writes logs.
+The node beats into the parent's progress watchdog (exonet.watchdog) as it goes.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+from exonet.checkpoint import load_node, save_node
 from exonet.communicator import Communicator
-from exonet.strategies.base import NodeContext, Strategy
+from exonet.strategies.base import NodeContext, Strategy, shared_generator
+from exonet.watchdog import Heartbeat
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,10 @@ class NodeConfig:
     store_port: int = 0
     parent_pid: int = 0
     timeout_s: float = 1800.0
+    checkpoint_interval: int = 0
+    checkpoint_dir: str | None = None
+    resume_dir: str | None = None
+    start_step: int = 0
 
 
 def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> Dataset:
@@ -60,6 +68,24 @@ def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> Datase
 
 def is_factory(data: Any) -> bool:
     return not (isinstance(data, Dataset) or hasattr(data, "__getitem__") and hasattr(data, "__len__"))
+
+
+def epoch_indices(n: int, rank: int, num_nodes: int, seed: int, epoch: int, shuffle: bool, shared: bool) -> list[int]:
+    """The sample order of one node in one epoch: a pure function of its arguments.
+
+    A ``shared`` dataset (one Dataset split across nodes) is dealt exactly as
+    DistributedSampler(drop_last=True) deals it; a node's own shard (from a factory) is
+    shuffled with a generator derived from (seed, rank, epoch). Being pure, the order
+    lets a resumed node start mid-epoch without loading the batches it skips.
+    """
+    if shared:
+        sampler = DistributedSampler(range(n), num_replicas=num_nodes, rank=rank, shuffle=shuffle, seed=seed,
+                                     drop_last=True)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+    if not shuffle:
+        return list(range(n))
+    return torch.randperm(n, generator=shared_generator(seed, "data", rank, epoch)).tolist()
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -91,11 +117,12 @@ class TrainNode:
     """One rank: data, model, strategy and the step loop."""
 
     def __init__(self, rank: int, cfg: NodeConfig, model: torch.nn.Module, train_data: Any, val_data: Any,
-                 strategy: Strategy, send: Callable[[tuple], None]) -> None:
-        self.rank, self.cfg, self.send = rank, cfg, send
+                 strategy: Strategy, send: Callable[[tuple], None], heartbeat: Heartbeat) -> None:
+        self.rank, self.cfg, self.send, self.heartbeat = rank, cfg, send, heartbeat
         self.device = self._device()
         self.model = model.to(self.device)
         self.comm = Communicator(rank, cfg.num_nodes, self.device, cfg.backend)
+        self.comm.blocking = heartbeat.blocked
         self.strategy = strategy
         self.train_data, self.val_data = train_data, val_data
         self.autocast_dtype = getattr(torch, cfg.autocast) if cfg.autocast else None
@@ -110,52 +137,64 @@ class TrainNode:
         return torch.device(kind)
 
     # ----------------------------------------------------------------- data
-    def _loader(self, data: Any, train: bool) -> DataLoader:
+    # Loaders get private generators: the global RNG (dropout ...) is the model's alone, so
+    # a checkpoint's RNG state does not depend on when loaders were created.
+    def _val_loader(self) -> DataLoader | None:
+        if self.val_data is None or self.rank != 0:
+            return None
         cfg = self.cfg
-        ds = resolve_dataset(data, self.rank, cfg.num_nodes, train)
-        kwargs = dict(cfg.dataloader_kwargs)
-        if not train:
-            ds = Subset(ds, range(min(cfg.val_size, len(ds))))
-            return DataLoader(ds, batch_size=cfg.batch_size, shuffle=False, **kwargs)
-        if is_factory(data):
-            g = torch.Generator().manual_seed(cfg.seed + self.rank)
-            return DataLoader(ds, batch_size=cfg.batch_size, shuffle=cfg.shuffle, drop_last=True, generator=g, **kwargs)
-        sampler = DistributedSampler(ds, num_replicas=cfg.num_nodes, rank=self.rank, shuffle=cfg.shuffle,
-                                     seed=cfg.seed, drop_last=True)
-        return DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=True, **kwargs)
+        ds = resolve_dataset(self.val_data, self.rank, cfg.num_nodes, False)
+        ds = Subset(ds, range(min(cfg.val_size, len(ds))))
+        return DataLoader(ds, batch_size=cfg.batch_size, shuffle=False, generator=torch.Generator(),
+                          **cfg.dataloader_kwargs)
 
-    def _batches(self, loader: DataLoader) -> Iterator[Any]:
-        epoch = 0
+    def _batches(self, start_step: int) -> Iterator[Any]:
+        """This node's training batches from ``start_step`` on; the skipped ones are never loaded."""
+        cfg = self.cfg
+        ds = resolve_dataset(self.train_data, self.rank, cfg.num_nodes, True)
+        shared = not is_factory(self.train_data)
+
+        def order(epoch: int) -> list[int]:
+            return epoch_indices(len(ds), self.rank, cfg.num_nodes, cfg.seed, epoch, cfg.shuffle, shared)
+
+        epoch, skip = divmod(start_step, len(order(0)) // cfg.batch_size)
         while True:
-            if isinstance(loader.sampler, DistributedSampler):
-                loader.sampler.set_epoch(epoch)
+            loader = DataLoader(ds, batch_size=cfg.batch_size, sampler=order(epoch)[skip * cfg.batch_size:],
+                                drop_last=True, generator=shared_generator(cfg.seed, "loader", self.rank, epoch),
+                                **cfg.dataloader_kwargs)
             for batch in loader:
                 yield to_device(batch, self.device)
-            epoch += 1
+            epoch, skip = epoch + 1, 0
 
     # ----------------------------------------------------------------- loop
     def run(self) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self._broadcast_initial_weights()
-        batches = self._batches(self._loader(self.train_data, train=True))
-        val_loader = self._loader(self.val_data, train=False) if self.val_data is not None and self.rank == 0 else None
+        batches = self._batches(cfg.start_step)
+        val_loader = self._val_loader()
         self.strategy.setup(self.model, self.comm, NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
         first = next(batches)
         flops = self._count_flops(first) if cfg.count_flops else 0.0
+        if cfg.resume_dir is not None:
+            load_node(Path(cfg.resume_dir), self.rank, self.model, self.strategy)
+        self.heartbeat.started()
         self.comm.begin()
 
-        for step in range(cfg.max_steps):
-            batch = first if step == 0 else next(batches)
+        for step in range(cfg.start_step, cfg.max_steps):
+            batch = first if step == cfg.start_step else next(batches)
             self.model.train()
             self.strategy.zero_grad()
             loss = self._forward_backward(batch)
             self.comm.add_flops(flops)
             self.strategy.step()
             self.send(("step", self.rank, step, loss, self.comm.mark_step()))
+            self.heartbeat.beat()
             done = step + 1
             if cfg.val_interval and self.val_data is not None and (done % cfg.val_interval == 0 or done == cfg.max_steps):
                 self._evaluate(done, val_loader)
+            if cfg.checkpoint_dir is not None and done % cfg.checkpoint_interval == 0 and done < cfg.max_steps:
+                self._checkpoint(done)
 
         self.strategy.finish()
         tail = self.comm.take_events()
@@ -195,13 +234,20 @@ class TrainNode:
         return float(counter.get_total_flops())
 
     # ------------------------------------------------------- bookkeeping
+    def _checkpoint(self, step: int) -> None:
+        """Write this node's checkpoint and report it; the parent commits it once all K have."""
+        with self.comm.bookkeeping():
+            save_node(Path(self.cfg.checkpoint_dir), step, self.rank, self.model, self.strategy)
+        self.send(("checkpoint", self.rank, step))
+        self.heartbeat.beat()
+
     def _float_tensors(self) -> list[torch.Tensor]:
         return [t for t in (*self.model.parameters(), *self.model.buffers()) if t.is_floating_point()]
 
     def _broadcast_initial_weights(self) -> None:
         if self.cfg.num_nodes == 1:
             return
-        with self.comm.bookkeeping(), torch.no_grad():
+        with self.comm.bookkeeping(), self.heartbeat.blocked(), torch.no_grad():
             for t in (*self.model.parameters(), *self.model.buffers()):
                 dist.broadcast(t.data, 0)
 
@@ -211,7 +257,8 @@ class TrainNode:
             local = torch.cat([t.detach().reshape(-1).float() for t in self._float_tensors()])
             avg = local.clone()
             if self.cfg.num_nodes > 1:
-                dist.all_reduce(avg)
+                with self.heartbeat.blocked():
+                    dist.all_reduce(avg)
                 avg /= self.cfg.num_nodes
         return local, avg
 
@@ -224,7 +271,8 @@ class TrainNode:
             z = (params - params.mean()) / (params.std(unbiased=False) * params.numel() ** 0.5 + 1e-12)
             stats = torch.cat([((local - avg).norm()).reshape(1), z])
             if k > 1:
-                dist.all_reduce(stats)
+                with self.heartbeat.blocked():
+                    dist.all_reduce(stats)
             if self.rank != 0:
                 return
             divergence = float(stats[0]) / k
@@ -256,6 +304,7 @@ class TrainNode:
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 total += float(self.model(batch)) * n
             rows += n
+            self.heartbeat.beat()  # a long evaluation on rank 0 is progress, not a hang
         return total / max(rows, 1)
 
     def _final_state(self) -> bytes | None:
@@ -302,9 +351,14 @@ def _loopback_interface() -> str | None:
 
 
 def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, val_data: Any,
-              strategy: Strategy, queue: Any) -> None:
-    """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero."""
+              strategy: Strategy, pipe: Any, beats: Any = None) -> None:
+    """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero.
+
+    ``pipe`` is this node's write end to the parent (exonet.run lists the messages); ``beats`` is the
+    parent's shared progress array (exonet.watchdog), or None when nobody watches.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    heartbeat = Heartbeat(beats, rank)
     if cfg.parent_pid:
         threading.Thread(target=_watch_parent, args=(cfg.parent_pid,), daemon=True).start()
     torch.set_num_threads(cfg.threads)
@@ -316,14 +370,15 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, v
     try:
         from datetime import timedelta
 
-        store = dist.TCPStore(cfg.store_host, cfg.store_port, cfg.num_nodes, is_master=False,
-                              timeout=timedelta(seconds=60))
-        dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes,
-                                timeout=timedelta(seconds=cfg.timeout_s))
+        with heartbeat.blocked():
+            store = dist.TCPStore(cfg.store_host, cfg.store_port, cfg.num_nodes, is_master=False,
+                                  timeout=timedelta(seconds=60))
+            dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes,
+                                    timeout=timedelta(seconds=cfg.timeout_s))
         model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-        TrainNode(rank, cfg, model, train_data, val_data, strategy, queue.put).run()
+        TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat).run()
     except BaseException:
-        queue.put(("error", rank, traceback.format_exc()))
+        pipe.send(("error", rank, traceback.format_exc(), time.monotonic()))
         code = 1
     finally:
         if dist.is_initialized():
@@ -331,6 +386,5 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, v
                 dist.destroy_process_group()
             except Exception:
                 pass
-        queue.close()
-        queue.join_thread()
+        pipe.close()
     sys.exit(code)

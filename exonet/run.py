@@ -1,37 +1,51 @@
 """Run supervision: start the node processes, collect what they report, stop them all on failure.
 
-This is the parent's side of a fit. Messages from nodes (a queue, never collectives):
+This is the parent's side of a fit. Messages from nodes (one pipe per node, never
+collectives; a send is complete once it returns, so a node killed right after a
+report has still delivered it):
 
 * ``("step", rank, step, loss, events)``: a finished step with that step's trace events;
 * ``("eval", 0, step, {...})``: an evaluation from rank 0;
+* ``("checkpoint", rank, step)``: the node wrote its checkpoint file for ``step``;
 * ``("done", rank, events, state)``: trailing events, and on rank 0 the averaged model;
-* ``("error", rank, traceback_text)``: the node raised.
+* ``("error", rank, traceback_text, monotonic_time)``: the node raised.
+
+Besides the pipes the parent watches the processes (one that dies reports its signal)
+and the progress array (exonet.watchdog: one that hangs is named). A node's error may
+only be the echo of a peer's failure (a collective's connection reset), so the parent
+blames a peer killed by a signal, else the earliest error. Whatever ends the run early
+(a failure, Ctrl-C), every node is stopped first, then the history and trace so far are
+saved to the run directory, marked incomplete.
 """
 
 from __future__ import annotations
 
 import copy
 import io
+import json
 import logging
 import os
 import pickle
-import queue as queue_mod
 import signal
 import time
 from dataclasses import replace
 from datetime import timedelta
+from multiprocessing.connection import wait as wait_for
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from exonet.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.errors import NodeFailure
 from exonet.node import NodeConfig, node_main
 from exonet.result import FitResult
-from exonet.rundir import new_run_path, write_run
+from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.strategies.base import Strategy
-from exonet.trace import Event, Trace
+from exonet.trace import Collective, Event, Step, Trace, Wait
+from exonet.watchdog import SLOTS, Watchdog
 
 if TYPE_CHECKING:
     from exonet.trainer import LocalTrainer
@@ -39,7 +53,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
+CHECK_S = 0.1
 GRACE_S = 2.0
+ECHO_S = 0.5  # how long a node's error waits for the failure it may echo (a peer's death or earlier error)
 
 
 def _context() -> Any:
@@ -67,16 +83,47 @@ def _unpicklable(objects: dict[str, Any]) -> str:
     return "an argument could not be pickled"
 
 
-class Supervisor:
-    """Starts K nodes, turns their messages into history and trace, and stops them all on any failure."""
+def _upto(events: list[Event], steps: int) -> list[Event]:
+    """A rank's events up to and including its ``steps``-th step boundary."""
+    ends = [i for i, e in enumerate(events) if isinstance(e, Step)]
+    return events[: ends[steps - 1] + 1] if steps else []
 
-    def __init__(self, cfg: NodeConfig, progress: bool) -> None:
-        self.cfg = cfg
+
+def _shift_cids(events: list[Event], offset: int) -> list[Event]:
+    """Renumber a resumed node's collectives after those already in the checkpoint's trace (ids stay unique)."""
+    if not offset:
+        return events
+    return [replace(e, cid=e.cid + offset) if isinstance(e, (Collective, Wait)) else e for e in events]
+
+
+class Supervisor:
+    """Starts K nodes, turns their messages into history and trace, and stops them all on any failure.
+
+    Args:
+        cfg: the resolved node configuration.
+        progress: draw a progress bar.
+        meta: the trace's metadata.
+        progress_timeout_s: the watchdog's limit (None: no watchdog).
+        book: where checkpoint reports are committed, or None.
+        resume: the checkpoint this run continues, or None.
+    """
+
+    def __init__(self, cfg: NodeConfig, progress: bool, meta: dict[str, Any], progress_timeout_s: float | None,
+                 book: CheckpointBook | None, resume: Resume | None) -> None:
+        self.cfg, self.meta, self.progress_timeout_s, self.book = cfg, meta, progress_timeout_s, book
         self.ctx = _context()
-        self.queue = self.ctx.Queue()
+        self.pipes: list[Any] = []
+        self.beats = self.ctx.Array("d", SLOTS * cfg.num_nodes, lock=False)
+        self.watchdog: Watchdog | None = None
         self.procs: list[Any] = []
         self.history: dict[str, list] = {"train_loss": [], "eval": []}
         self.events: list[list[Event]] = [[] for _ in range(cfg.num_nodes)]
+        self._cid_offset = [0] * cfg.num_nodes
+        if resume is not None:
+            self.history = resume.history
+            self.events = [list(evs) for evs in resume.trace.events]
+            self._cid_offset = [1 + max((c.cid for c in resume.trace.collectives(r)), default=-1)
+                                for r in range(cfg.num_nodes)]
         self.state: bytes | None = None
         self._losses: dict[int, dict[int, float]] = {}
         self._done: set[int] = set()
@@ -84,12 +131,17 @@ class Supervisor:
         if progress:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=cfg.max_steps, desc=f"exonet K={cfg.num_nodes}", unit="step", leave=False)
+            self._bar = tqdm(total=cfg.max_steps, initial=cfg.start_step, desc=f"exonet K={cfg.num_nodes}",
+                             unit="step", leave=False)
 
     def start(self, model_bytes: bytes, train: Any, val: Any, strategy: Strategy) -> None:
+        if self.progress_timeout_s is not None:
+            self.watchdog = Watchdog(self.beats, self.cfg.num_nodes, self.progress_timeout_s)
         for rank in range(self.cfg.num_nodes):
+            reader, writer = self.ctx.Pipe(duplex=False)
+            self.pipes.append(reader)
             p = self.ctx.Process(target=node_main, name=f"exonet-node-{rank}",
-                                 args=(rank, self.cfg, model_bytes, train, val, strategy, self.queue))
+                                 args=(rank, self.cfg, model_bytes, train, val, strategy, writer, self.beats))
             try:
                 p.start()
             except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -99,35 +151,79 @@ class Supervisor:
                     "factories and strategy must be picklable: define classes and functions at module top level "
                     f"(not lambdas, local classes or open handles). Original error: {exc}"
                 ) from None
+            finally:
+                writer.close()  # the node holds the only write end: its death reads as end-of-file here
             self.procs.append(p)
 
     def wait(self) -> None:
-        """Consume messages until every node is done; raise NodeFailure on the first failure."""
+        """Consume messages until every node is done; raise NodeFailure on the first failure or hang."""
+        next_check = 0.0
         while len(self._done) < self.cfg.num_nodes:
-            try:
-                msg = self.queue.get(timeout=POLL_S)
-            except queue_mod.Empty:
+            for rank in self._ready(POLL_S):
+                self._receive(rank)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + CHECK_S
                 self._check_alive()
-                continue
+                failure = self.watchdog.check(self._done) if self.watchdog is not None else None
+                if failure is not None:
+                    raise failure
+
+    def _ready(self, timeout: float) -> list[int]:
+        """Ranks whose pipe holds a message (or end-of-file)."""
+        return [self.pipes.index(r) for r in wait_for([r for r in self.pipes if not r.closed], timeout=timeout)]
+
+    def _next(self, rank: int) -> tuple | None:
+        """One message from ``rank``'s pipe; None at end-of-file (the node exited), closing the pipe."""
+        try:
+            return self.pipes[rank].recv()
+        except EOFError:
+            self.pipes[rank].close()
+            return None
+
+    def _receive(self, rank: int) -> None:
+        msg = self._next(rank)
+        if msg is not None:
             self._handle(msg)
 
     def _handle(self, msg: tuple) -> None:
         kind, rank = msg[0], msg[1]
         if kind == "step":
             _, _, step, loss, events = msg
-            self.events[rank].extend(events)
+            self.events[rank].extend(_shift_cids(events, self._cid_offset[rank]))
             row = self._losses.setdefault(step, {})
             row[rank] = loss
             self._flush_losses()
         elif kind == "eval":
             self.history["eval"].append(msg[3])
+        elif kind == "checkpoint":
+            step = msg[2]
+            if self.book is not None and self.book.report(rank, step):
+                self.book.commit(step, *self.snapshot(step))
         elif kind == "done":
-            self.events[rank].extend(msg[2])
+            self.events[rank].extend(_shift_cids(msg[2], self._cid_offset[rank]))
             if rank == 0:
                 self.state = msg[3]
             self._done.add(rank)
         elif kind == "error":
-            raise NodeFailure(rank, msg[2].rstrip())
+            raise self._blame(msg)
+
+    def _blame(self, error: tuple) -> NodeFailure:
+        """The failure to report for a node's error: a peer killed by a signal, else the earliest error."""
+        first = error
+        deadline = time.monotonic() + ECHO_S
+        while time.monotonic() < deadline:
+            for rank, p in enumerate(self.procs):
+                if p.exitcode is not None and p.exitcode < 0:
+                    return NodeFailure(rank, f"{_exit_reason(p.exitcode)} (node {error[1]} then failed with: "
+                                             f"{error[2].rstrip().splitlines()[-1]})")
+            for rank in self._ready(0.02):
+                msg = self._next(rank)
+                if msg is not None and msg[0] == "error":
+                    first = min(first, msg, key=lambda m: m[3])
+                elif msg is not None:
+                    self._handle(msg)
+        return NodeFailure(first[1], first[2].rstrip())
 
     def _flush_losses(self) -> None:
         k = self.cfg.num_nodes
@@ -140,17 +236,24 @@ class Supervisor:
                 self._bar.update(1)
                 self._bar.set_postfix(loss=f"{self.history['train_loss'][-1]:.4f}", refresh=False)
 
+    def trace(self) -> Trace:
+        return Trace(self.cfg.num_nodes, meta=dict(self.meta), events=self.events)
+
+    def snapshot(self, steps: int) -> tuple[dict[str, list], Trace]:
+        """History and trace of the first ``steps`` steps (nodes may already be further on)."""
+        history = {"train_loss": self.history["train_loss"][:steps],
+                   "eval": [e for e in self.history["eval"] if e["step"] <= steps]}
+        trace = Trace(self.cfg.num_nodes, meta=dict(self.meta), events=[_upto(evs, steps) for evs in self.events])
+        return history, trace
+
     def _check_alive(self) -> None:
         for rank, p in enumerate(self.procs):
             if p.exitcode is None or (p.exitcode == 0 and rank in self._done):
                 continue
-            # The node is gone; its error report may still be in the pipe.
-            deadline = time.monotonic() + 1.0
-            while time.monotonic() < deadline:
-                try:
-                    self._handle(self.queue.get(timeout=0.1))
-                except queue_mod.Empty:
-                    continue
+            # The node is gone; its error report may still be in the pipe (a DataLoader worker it
+            # forked may hold the write end open a while longer, so stop when nothing is left).
+            while not self.pipes[rank].closed and self.pipes[rank].poll(0.1):
+                self._receive(rank)
             if rank in self._done and p.exitcode == 0:
                 continue
             raise NodeFailure(rank, _exit_reason(p.exitcode))
@@ -171,47 +274,84 @@ class Supervisor:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=GRACE_S)
-        self.queue.close()
-        self.queue.cancel_join_thread()
+        for reader in self.pipes:
+            reader.close()
 
 
-def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, progress: bool,
-           scenario: Any, run_dir: str | os.PathLike | None) -> FitResult:
-    """Run a validated fit: rendezvous, nodes, supervision, results, run directory."""
+def _pickled_model(model: torch.nn.Module) -> bytes:
+    buf = io.BytesIO()
+    try:
+        torch.save(model, buf)
+    except Exception as exc:  # noqa: BLE001 - pickling can fail in many ways
+        raise TypeError(f"fit: the model cannot be pickled ({type(exc).__name__}: {exc}). Nodes are separate "
+                        "processes started by spawning, so the model must be picklable: define its class at "
+                        "module top level.") from None
+    return buf.getvalue()
+
+
+def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | None,
+              resume_from: str | os.PathLike | None) -> tuple[Path | None, Resume | None]:
+    """The run folder (created now, or the resumed one reopened) and the checkpoint to continue from."""
+    if resume_from is None:
+        return (create_run(run_dir, label, config) if run_dir is not None else None), None
+    path = Path(resume_from)
+    saved = read_json(path / "config.json")
+    ours = json.loads(json.dumps(config, default=repr))
+    ignore = {"threads", "checkpoint_interval"}
+    diff = sorted(k for k in set(saved) | set(ours) if k not in ignore and saved.get(k) != ours.get(k))
+    if diff:
+        details = "; ".join(f"{k}: the run had {saved.get(k)!r}, this fit has {ours.get(k)!r}" for k in diff)
+        raise ValueError(f"resume_from: {path} was run with different settings ({details}); "
+                         "resume with the arguments of the original fit")
+    resume = load_latest(path, config["num_nodes"])
+    reopen_run(path)
+    return path, resume
+
+
+def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, progress: bool, scenario: Any,
+           run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
+           resume_from: str | os.PathLike | None) -> FitResult:
+    """Run a validated fit: run directory, rendezvous, nodes, supervision, results."""
     if scenario is not None:
         from exonet.scenario import Scenario
 
         scenario = Scenario.coerce(scenario)
         scenario.resolve(cfg.num_nodes)  # fail before training, not after
+    model_bytes = _pickled_model(trainer.model)
+    config = run_config(strategy, cfg, trainer.model)
+    label = f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     store = dist.TCPStore("127.0.0.1", 0, cfg.num_nodes, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     cfg = replace(cfg, store_port=store.port)
-    buf = io.BytesIO()
-    try:
-        torch.save(trainer.model, buf)
-    except Exception as exc:  # noqa: BLE001 - pickling can fail in many ways
-        raise TypeError(f"fit: the model cannot be pickled ({type(exc).__name__}: {exc}). Nodes are separate "
-                        "processes started by spawning, so the model must be picklable: define its class at "
-                        "module top level.") from None
-    sup = Supervisor(cfg, progress)
+    run_path, resume = _open_run(config, label, run_dir, resume_from)
+    book = None
+    if cfg.checkpoint_interval and run_path is not None:
+        book = CheckpointBook(run_path / "checkpoints", cfg.num_nodes)
+        cfg = replace(cfg, checkpoint_dir=str(book.root))
+    if resume is not None:
+        cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
+    meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
+    sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume)
     t0 = time.perf_counter()
+    finished = False
     try:
-        sup.start(buf.getvalue(), trainer.train_dataset, trainer.val_dataset, strategy)
+        sup.start(model_bytes, trainer.train_dataset, trainer.val_dataset, strategy)
         sup.wait()
+        finished = True
     finally:
         sup.stop()
-    real_time = time.perf_counter() - t0
+        real_time = time.perf_counter() - t0
+        if book is not None:
+            book.prune()
+        if run_path is not None and not finished:
+            write_run(run_path, *sup.snapshot(len(sup.history["train_loss"])), False, real_time)
 
     model = copy.deepcopy(trainer.model)
     if sup.state is not None:
         model.load_state_dict(torch.load(io.BytesIO(sup.state), weights_only=True))
-    config = run_config(strategy, cfg, model)
-    trace = Trace(cfg.num_nodes, meta={"strategy": type(strategy).__name__, "params": config["params"],
-                                       "steps": cfg.max_steps}, events=sup.events)
-    result = FitResult(model=model, history=sup.history, trace=trace, config=config, real_time_s=real_time)
-    if run_dir is not None:
-        label = f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
-        result.run_dir = write_run(new_run_path(run_dir, label), config, result.history, trace, True, real_time)
+    result = FitResult(model=model, history=sup.history, trace=sup.trace(), config=config, real_time_s=real_time)
+    if run_path is not None:
+        result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
     if scenario is not None:
         result.sim = result.simulate(scenario)
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
@@ -224,5 +364,5 @@ def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module) -> d
     """The resolved configuration written to config.json."""
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     keep = ("num_nodes", "max_steps", "batch_size", "minibatch_size", "device_type", "backend", "seed", "shuffle",
-            "autocast", "val_interval", "val_size", "threads")
+            "autocast", "val_interval", "val_size", "threads", "checkpoint_interval")
     return {"params": params, **{k: getattr(cfg, k) for k in keep}, "strategy": strategy.config()}

@@ -1,91 +1,146 @@
-"""Run directories: a run's config, metrics and trace on disk, written atomically.
+"""Run directories: a run's config, metrics and trace on disk, every file written atomically.
 
-Layout of ``<run_dir>/<name>/``::
+Layout of ``<run_dir>/<time>-<label>/``::
 
-    config.json      the resolved configuration (strategy, hyperparameters, K, steps, seed ...)
-    metrics.jsonl    one JSON object per line: {"step", "train_loss"} and {"step", "eval": {...}}
+    config.json      the resolved configuration, written when the run starts
+    checkpoints/     resumable checkpoints, when asked for (see exonet.checkpoint)
+    metrics.jsonl    one JSON object per line: {"step", "train_loss"} and {"step", "eval": {...}},
+                     then a closing line {"end": true, "lines": N}
     trace.jsonl      the trace (see exonet.trace)
-    status.json      {"complete": true|false, "real_time_s": ...}
+    status.json      {"complete": true|false, "real_time_s": ...}, written last
 
-Everything is written into a hidden temporary folder that is renamed into place
-last, so a crash never leaves a directory that looks complete.
+The folder exists from the start of the run, so checkpoints have a home and an
+interrupted run can save what it has. Each file is written under a temporary name and
+renamed into place, and status.json comes last: a folder without it is a run still
+going (or one whose process was killed outright); ``complete: false`` marks a run that
+failed or was interrupted after saving its history and trace so far.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterator
 
 from exonet.errors import TraceError
 from exonet.trace import Trace
 
 
-def new_run_path(root: str | os.PathLike, label: str) -> Path:
-    """A fresh, unique run folder name under ``root`` (not yet created)."""
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[IO[bytes]]:
+    """Write ``path`` through a temporary file renamed into place, so a crash never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, value: Any) -> None:
+    with atomic_file(path) as f:
+        f.write((json.dumps(value, indent=2, default=repr) + "\n").encode())
+
+
+def create_run(root: str | os.PathLike, label: str, config: dict[str, Any]) -> Path:
+    """Create a fresh, uniquely named run folder under ``root`` (race-free) holding config.json."""
     root = Path(root)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = f"{stamp}-{label}"
+    root.mkdir(parents=True, exist_ok=True)
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{label}"
     path, n = root / base, 1
-    while path.exists():
-        n += 1
-        path = root / f"{base}-{n}"
+    while True:
+        try:
+            path.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            path = root / f"{base}-{n}"
+    write_json(path / "config.json", config)
     return path
 
 
-def write_run(path: Path, config: dict[str, Any], history: dict[str, list], trace: Trace,
-              complete: bool, real_time_s: float) -> Path:
-    """Write the run to ``path`` atomically (temporary folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=repr) + "\n", encoding="utf-8")
-        with open(tmp / "metrics.jsonl", "w", encoding="utf-8") as f:
-            for step, loss in enumerate(history.get("train_loss", []), start=1):
-                f.write(json.dumps({"step": step, "train_loss": loss}) + "\n")
-            for ev in history.get("eval", []):
-                f.write(json.dumps({"step": ev["step"], "eval": ev}) + "\n")
-        trace.save(tmp / "trace.jsonl")
-        (tmp / "status.json").write_text(json.dumps({"complete": complete, "real_time_s": real_time_s}) + "\n",
-                                         encoding="utf-8")
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def reopen_run(path: Path) -> None:
+    """A resumed run is running again: drop the old status so the folder no longer looks finished."""
+    (path / "status.json").unlink(missing_ok=True)
+
+
+def write_metrics(file: Path, history: dict[str, list]) -> None:
+    lines = [json.dumps({"step": step, "train_loss": loss})
+             for step, loss in enumerate(history.get("train_loss", []), start=1)]
+    lines += [json.dumps({"step": ev["step"], "eval": ev}) for ev in history.get("eval", [])]
+    lines.append(json.dumps({"end": True, "lines": len(lines)}))
+    with atomic_file(file) as f:
+        f.write(("\n".join(lines) + "\n").encode())
+
+
+def write_run(path: Path, history: dict[str, list], trace: Trace, complete: bool, real_time_s: float) -> Path:
+    """Save the history and trace into the run folder, then status.json last."""
+    write_metrics(path / "metrics.jsonl", history)
+    trace.save(path / "trace.jsonl")
+    write_json(path / "status.json", {"complete": complete, "real_time_s": real_time_s})
     return path
 
 
 def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, list], Trace]:
-    """Read a run directory back: (config, history, trace). Defects raise TraceError naming the file."""
+    """Read a run directory back: (config, history, trace). Defects raise TraceError naming the file.
+
+    A run that failed or was interrupted (``run_status(path)["complete"]`` is False) loads too:
+    its history and trace are what it recorded before stopping.
+    """
     path = Path(path)
     if not path.is_dir():
-        raise TraceError(f"{path}: not a run directory (expected a folder with config.json, metrics.jsonl, trace.jsonl)")
-    config = _read_json(path / "config.json")
+        raise TraceError(f"{path}: not a run directory (expected a folder with config.json, metrics.jsonl, "
+                         "trace.jsonl, status.json)")
+    run_status(path)
+    config = read_json(path / "config.json")
+    if not isinstance(config, dict):
+        raise TraceError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
+    return config, read_metrics(path / "metrics.jsonl"), Trace.load(path / "trace.jsonl")
+
+
+def run_status(path: str | os.PathLike) -> dict[str, Any]:
+    """status.json of a run: ``complete`` (bool) and ``real_time_s``; TraceError if absent or unreadable."""
+    file = Path(path) / "status.json"
+    if not file.exists():
+        raise TraceError(f"{file}: missing: the run is still going, or its process was killed before it could save")
+    status = read_json(file)
+    if not isinstance(status, dict) or not isinstance(status.get("complete"), bool):
+        raise TraceError(f"{file}: expected an object with a boolean 'complete', got {status!r}")
+    return status
+
+
+def read_metrics(file: Path) -> dict[str, list]:
     history: dict[str, list] = {"train_loss": [], "eval": []}
-    metrics = path / "metrics.jsonl"
     try:
-        lines = metrics.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise TraceError(f"{metrics}: cannot read ({exc.strerror or exc})") from None
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TraceError(f"{file}: missing from the run directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{file}: cannot read ({exc})") from None
     for lineno, line in enumerate(lines, start=1):
         try:
             row = json.loads(line)
+            if row.get("end") is True:
+                if lineno != len(lines) or row.get("lines") != lineno - 1:
+                    raise ValueError(f"closing line says {row.get('lines')} lines, the file holds {lineno - 1} "
+                                     f"before it and {len(lines) - lineno} after")
+                return history
             if "train_loss" in row:
                 history["train_loss"].append(float(row["train_loss"]))
             else:
                 history["eval"].append(dict(row["eval"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise TraceError(f"{metrics}:{lineno}: bad metrics line ({exc})") from None
-    return config, history, Trace.load(path / "trace.jsonl")
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise TraceError(f"{file}:{lineno}: bad metrics line ({exc})") from None
+    raise TraceError(f"{file}: truncated (no closing line; read {len(lines)} lines)")
 
 
-def _read_json(file: Path) -> Any:
+def read_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:

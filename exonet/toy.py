@@ -174,3 +174,61 @@ def digits_mlp(hidden: int = 128, seed: int = 0) -> Classifier:
     torch.manual_seed(seed)
     return Classifier(nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                                     nn.Linear(hidden, 10)))
+
+
+class SlowEvalModel(nn.Module):
+    """``tiny_mlp`` that sleeps ``seconds`` per evaluation batch: a long evaluation is not a hang (watchdog tests)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.inner = tiny_mlp()
+        self.seconds = seconds
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        import time
+
+        if not self.training:
+            time.sleep(self.seconds)
+        return self.inner(batch)
+
+
+class BadLossModel(nn.Module):
+    """Returns a loss exonet must reject: ``kind`` "vector" (not a scalar) or "detached" (no grad)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.inner = tiny_mlp()
+        self.kind = kind
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        if self.kind == "vector":
+            return nn.functional.cross_entropy(self.inner.net(x), y, reduction="none")
+        return self.inner(batch).detach()
+
+
+class DyingStrategy(Strategy):
+    """DDP-like gradient averaging whose ``kill_rank`` is SIGKILLed at step ``kill_step`` (1-based) with
+    its all-reduce in flight: a node dying in the middle of a collective (fault tests)."""
+
+    name = "dying"
+
+    def __init__(self, kill_rank: int, kill_step: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kill_rank, self.kill_step = kill_rank, kill_step
+
+    def step(self) -> None:
+        import os
+        import signal
+
+        from exonet.strategies.base import flatten, unflatten_into
+
+        grads = [p.grad for p in self.params]
+        flat = flatten(grads)
+        handle = self.comm.all_reduce(flat, op="avg", async_op=True)
+        if self.rank == self.kill_rank and self.local_step + 1 == self.kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        handle.wait()
+        unflatten_into(flat, grads)
+        self.optimizer_step()
+        self.local_step += 1

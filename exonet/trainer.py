@@ -3,8 +3,9 @@
 Nodes are started from a forkserver that has torch preloaded (torch is imported
 once, not K times; the forkserver never touches CUDA, so CUDA stays safe).
 Rendezvous uses a TCP store the parent opens on port 0, so concurrent runs never
-collide. The parent watches every node: the first failure stops them all and
-raises NodeFailure with that node's traceback; nothing is left running.
+collide. The parent watches every node: the first failure (an exception, a death by
+signal, or no progress for ``progress_timeout_s``) stops them all and raises
+NodeFailure naming the node; nothing is left running (exonet.run, exonet.watchdog).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import torch.distributed as dist
 
 from exonet.node import NodeConfig, is_factory, resolve_dataset
 from exonet.result import FitResult
-from exonet.strategies.base import Strategy
+from exonet.strategies.base import Strategy, check_range, one_of
 
 DEVICES = ("cpu", "cuda", "mps")
 AUTOCAST = {True: "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+# DataLoader arguments exonet sets itself: the batch order must stay a pure function of (seed, rank, epoch).
+RESERVED_LOADER_ARGS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
@@ -85,8 +88,12 @@ class LocalTrainer:
         dataloader_kwargs: dict[str, Any] | None = None,
         count_flops: bool = True,
         progress: bool = True,
+        run_dir: str | os.PathLike | None = None,
         scenario: Any = None,
         timeout_s: float = 1800.0,
+        progress_timeout_s: float | None = 30.0,
+        checkpoint_interval: int | None = None,
+        resume_from: str | os.PathLike | None = None,
         **legacy: Any,
     ) -> FitResult:
         """Run the training and return a FitResult.
@@ -106,11 +113,19 @@ class LocalTrainer:
             seed: seeds model-side randomness and data order; same seed, same curves.
             count_flops: count forward+backward FLOPs once, for FLOPs-based simulation.
             progress: draw a progress bar (in this process only).
+            run_dir: create a run directory in this folder at the start of the run (config, metrics, trace,
+                status, checkpoints; see exonet.rundir). ``save_dir`` is its seed-compatible alias.
             scenario: a scenario (name, path or Scenario) to simulate the run in at the end.
             timeout_s: a collective waiting longer than this fails the run.
-            **legacy: ``save_dir``/``run_dir`` are accepted for seed compatibility.
+            progress_timeout_s: a node that shows no progress for this long (computing, not waiting on a
+                peer) fails the run, named; start-up may take max(120 s, 4x this). None disables the watchdog.
+            checkpoint_interval: save a resumable checkpoint every this many steps under the run
+                directory (needs ``run_dir``); see exonet.checkpoint for the layout.
+            resume_from: a run directory with a checkpoint: continue that run (same arguments as the
+                original fit), writing into that same directory. The result equals an uninterrupted run.
+            **legacy: ``save_dir``, accepted for seed compatibility.
         """
-        unknown = set(legacy) - {"save_dir", "run_dir"}
+        unknown = set(legacy) - {"save_dir"}
         if unknown:
             raise TypeError(f"fit: unexpected argument(s) {', '.join(sorted(unknown))}")
         if not isinstance(strategy, Strategy):
@@ -127,6 +142,23 @@ class LocalTrainer:
         if autocast not in (False, None) and autocast not in AUTOCAST:
             raise ValueError(f"fit: autocast must be False, True, 'bf16' or 'fp16', got {autocast!r}")
         steps = self._resolve_steps(max_steps, num_epochs, k, batch_size)
+        clash = sorted(set(dataloader_kwargs or {}) & set(RESERVED_LOADER_ARGS))
+        if clash:
+            raise ValueError(f"fit: dataloader_kwargs may not set {', '.join(clash)}: exonet sets "
+                             f"{', '.join(RESERVED_LOADER_ARGS)} itself (use batch_size, shuffle and seed)")
+        if progress_timeout_s is not None:
+            check_range("fit: progress_timeout_s", progress_timeout_s, low=0, low_open=True)
+        run_dir = one_of(run_dir=run_dir, save_dir=legacy.get("save_dir"))
+        if checkpoint_interval is not None:
+            _check_int("checkpoint_interval", checkpoint_interval, 1)
+            if run_dir is None and resume_from is None:
+                raise ValueError("fit: checkpoint_interval needs run_dir (the folder in which checkpoints are saved)")
+        if resume_from is not None:
+            if run_dir is not None:
+                raise ValueError("fit: pass either run_dir or resume_from: a resumed run continues in its own "
+                                 "run directory")
+            if not os.path.isdir(resume_from):
+                raise ValueError(f"fit: resume_from must be an existing run directory, got {resume_from!r}")
 
         cfg = NodeConfig(
             num_nodes=k, max_steps=steps, batch_size=batch_size, minibatch_size=minibatch, device_type=device_type,
@@ -134,12 +166,12 @@ class LocalTrainer:
             autocast=AUTOCAST[autocast] if autocast not in (False, None) else None,
             val_interval=val_interval or 0, val_size=val_size, threads=max(1, _cores() // k),
             count_flops=count_flops, dataloader_kwargs=dict(dataloader_kwargs or {}), parent_pid=os.getpid(),
-            timeout_s=timeout_s,
+            timeout_s=timeout_s, checkpoint_interval=checkpoint_interval or 0,
         )
         from exonet.run import launch
 
-        return launch(self, strategy, cfg, progress=progress, scenario=scenario,
-                      run_dir=legacy.get("run_dir") or legacy.get("save_dir"))
+        return launch(self, strategy, cfg, progress=progress, scenario=scenario, run_dir=run_dir,
+                      progress_timeout_s=progress_timeout_s, resume_from=resume_from)
 
     # ------------------------------------------------------------ resolution
     @staticmethod

@@ -9,6 +9,7 @@ step and all communication, and talks to the network only through ``self.comm``.
 from __future__ import annotations
 
 import abc
+import hashlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -252,3 +253,26 @@ def unflatten_into(flat: torch.Tensor, tensors: Iterable[torch.Tensor]) -> None:
         n = t.numel()
         t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
+
+
+def shared_generator(seed: int, *keys: int | str) -> torch.Generator:
+    """A CPU generator that every node derives identically from the run seed and ``keys``.
+
+    Masks, participants and island partitions drawn from it agree on all nodes at zero
+    bytes on the wire (the seed gym broadcasts them instead). Hashing, rather than
+    adding, the keys keeps streams for different purposes and rounds independent.
+    """
+    digest = hashlib.blake2b(repr((seed, *keys)).encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+def one_of(**spellings: Any) -> Any:
+    """The value of an argument accepted under several names (seed-gym aliases); None when none is given.
+
+    Raises:
+        TypeError: more than one spelling was given, naming them.
+    """
+    given = [name for name, value in spellings.items() if value is not None]
+    if len(given) > 1:
+        raise TypeError(f"{' and '.join(given)} are aliases of one argument; pass only one of them")
+    return spellings[given[0]] if given else None

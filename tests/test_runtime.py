@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,28 +14,6 @@ from exonet.rundir import load_run
 from exonet.strategies import AllReduceStrategy, DDPStrategy, OptimSpec
 from exonet.toy import (FailingModel, ProbeStrategy, ShardFactory, bench_mlp, linear_regressor,
                         synthetic_classification, synthetic_regression, tiny_mlp)
-
-
-def node_pids() -> list[int]:
-    """Processes whose parent is this process or the forkserver that starts nodes.
-
-    multiprocessing's own long-lived helpers (the forkserver, the resource tracker) are not nodes.
-    """
-    from multiprocessing import forkserver
-
-    parents = {os.getpid(), getattr(forkserver._forkserver, "_forkserver_pid", None)}
-    pids = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        if int(fields.get("PPid", "0").strip()) in parents and fields.get("State", "").strip()[:1] != "Z":
-            pid = int(status.parent.name)
-            cmdline = (status.parent / "cmdline").read_bytes()
-            if b"resource_tracker" not in cmdline and b"forkserver" not in cmdline:
-                pids.append(pid)
-    return pids
 
 
 def sgd_on_union(data: TensorDataset, k: int, batch: int, steps: int, lr: float) -> torch.nn.Module:
@@ -120,7 +96,7 @@ def test_dataset_factory_builds_one_shard_per_node():
     assert all(e["divergence"] < 1e-6 and abs(e["correlation"] - 1) < 1e-4 for e in result.history["eval"])
 
 
-def test_node_raising_fails_fast_with_rank_and_traceback_and_leaves_nothing():
+def test_node_raising_fails_fast_with_rank_and_traceback_and_leaves_nothing(node_pids):
     model = FailingModel(fail_rank=1, fail_step=3, message="deliberate failure at step 3")
     t0 = time.monotonic()
     with pytest.raises(NodeFailure) as info:

@@ -1,0 +1,126 @@
+"""Checkpoints and resume (a killed run continues to exactly the uninterrupted result) and determinism."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from exonet import LocalTrainer, NodeFailure, TraceError
+from exonet.node import epoch_indices
+from exonet.rundir import load_run, run_status
+from exonet.strategies import DDPStrategy, OptimSpec
+from exonet.toy import FailingModel, synthetic_classification
+
+DATA = synthetic_classification(128, dim=8, classes=4)  # 64 samples per node: 8 steps per epoch
+VAL = synthetic_classification(32, dim=8, classes=4, train=False)
+KW = dict(num_nodes=2, max_steps=12, batch_size=8, val_interval=3, val_size=16, seed=5, progress=False)
+
+
+def strategy() -> DDPStrategy:
+    return DDPStrategy(OptimSpec("adamw", lr=3e-3, weight_decay=0.01))
+
+
+def healthy() -> FailingModel:
+    return FailingModel(fail_rank=-1, fail_step=0)  # the same network, never failing
+
+
+def signature(trace) -> list[list[tuple]]:
+    """What must repeat exactly: event kinds, ops, bytes, groups (not times)."""
+    return [[(type(e).__name__, getattr(e, "op", None), getattr(e, "nbytes", None), getattr(e, "group", None),
+              getattr(e, "async_op", None)) for e in evs] for evs in trace.events]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Two uninterrupted runs with the same seed (the first with a run directory, no checkpoints)."""
+    root = tmp_path_factory.mktemp("reference")
+    return [LocalTrainer(healthy(), DATA, VAL).fit(strategy(), run_dir=root if i == 0 else None, **KW)
+            for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """A run killed by SIGKILL at step 7 after its checkpoint at step 4, then resumed."""
+    root = tmp_path_factory.mktemp("killed")
+    killer = FailingModel(fail_rank=1, fail_step=8, how="kill")  # forward call 1 counts FLOPs: call 8 is step 7
+    with pytest.raises(NodeFailure, match="SIGKILL") as info:
+        LocalTrainer(killer, DATA, VAL).fit(strategy(), checkpoint_interval=4, run_dir=root, **KW)
+    assert info.value.rank == 1
+    (run,) = root.iterdir()
+    after_kill = {
+        "files": sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file()),
+        "latest": json.loads((run / "checkpoints" / "latest.json").read_text()),
+        "status": run_status(run),
+        "history": load_run(run)[1],
+    }
+    result = LocalTrainer(healthy(), DATA, VAL).fit(strategy(), resume_from=run, checkpoint_interval=4, **KW)
+    return run, after_kill, result
+
+
+def test_killed_run_keeps_its_last_committed_checkpoint(resumed):
+    _, after_kill, _ = resumed
+    assert after_kill["latest"] == {"step": 4, "dir": "step-00000004"}
+    assert after_kill["files"] == sorted([
+        "config.json", "metrics.jsonl", "trace.jsonl", "status.json", "checkpoints/latest.json",
+        "checkpoints/step-00000004/node-0.pt", "checkpoints/step-00000004/node-1.pt",
+        "checkpoints/step-00000004/metrics.jsonl", "checkpoints/step-00000004/trace.jsonl"])
+    assert after_kill["status"]["complete"] is False
+    assert 4 <= len(after_kill["history"]["train_loss"]) < 7
+
+
+def test_resume_matches_the_uninterrupted_run_exactly(reference, resumed):
+    want = reference[0]
+    _, _, got = resumed
+    for (name, a), b in zip(want.model.named_parameters(), got.model.parameters()):
+        assert torch.equal(a, b), name
+    assert got.history["train_loss"] == want.history["train_loss"]
+    assert got.history["eval"] == want.history["eval"]
+    assert signature(got.trace) == signature(want.trace)
+    for rank in range(2):  # collective ids continue after the checkpoint's, so they stay unique
+        assert [c.cid for c in got.trace.collectives(rank)] == list(range(12))
+
+
+def test_resumed_run_finishes_in_its_own_directory(resumed):
+    run, _, result = resumed
+    assert result.run_dir == run and run_status(run)["complete"] is True
+    _, history, trace = load_run(run)
+    assert history["train_loss"] == result.history["train_loss"] and trace.num_steps(1) == 12
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 8
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest.json", "step-00000008"]
+
+
+def test_resume_with_other_settings_is_refused(resumed):
+    run, _, _ = resumed
+    with pytest.raises(ValueError, match=r"resume_from: .*seed: the run had 5, this fit has 6"):
+        LocalTrainer(healthy(), DATA, VAL).fit(strategy(), resume_from=run, **{**KW, "seed": 6})
+
+
+def test_resume_from_a_run_without_checkpoints_is_refused(reference):
+    with pytest.raises(TraceError, match=r"latest.json is missing"):
+        LocalTrainer(healthy(), DATA, VAL).fit(strategy(), resume_from=reference[0].run_dir, **KW)
+
+
+def test_same_seed_gives_identical_curves_and_traces(reference):
+    a, b = reference
+    assert a.history["train_loss"] == b.history["train_loss"]
+    assert a.history["eval"] == b.history["eval"]
+    assert signature(a.trace) == signature(b.trace)
+    for x, y in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_data_order_is_a_pure_function_of_seed_rank_and_epoch(shared):
+    def order(seed: int, rank: int = 0, epoch: int = 0) -> list[int]:
+        return epoch_indices(100, rank, 2, seed, epoch, shuffle=True, shared=shared)
+
+    assert order(0) == order(0) and order(0, 1, 3) == order(0, 1, 3)
+    assert order(0) != order(1)  # different seeds, different data order
+    assert order(0, epoch=0) != order(0, epoch=1)
+    if shared:  # one dataset dealt across nodes: disjoint shards, DistributedSampler's order
+        assert not set(order(0, 0)) & set(order(0, 1)) and len(order(0)) == 50
+        assert epoch_indices(10, 1, 2, 0, 0, shuffle=False, shared=True) == [1, 3, 5, 7, 9]
+    else:  # a factory's own shard: each rank shuffles its own
+        assert sorted(order(0)) == list(range(100)) and order(0, 0) != order(0, 1)

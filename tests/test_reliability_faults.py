@@ -1,0 +1,208 @@
+"""Node faults end a fit promptly and name the node; Ctrl-C stops everything; nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from exonet import LocalTrainer, NodeFailure
+from exonet.rundir import load_run, run_status
+from exonet.strategies import DDPStrategy
+from exonet.toy import DyingStrategy, FailingModel, SlowEvalModel, synthetic_classification, tiny_mlp
+from exonet.watchdog import SLOTS, Watchdog
+
+DATA = synthetic_classification(256, dim=8, classes=4)
+
+
+def shm_entries() -> set[str]:
+    """Shared-memory segments, less multiprocessing's named semaphores: exonet creates none (its nodes
+    report through pipes), while other test processes on a shared machine may."""
+    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    return {n for n in names if not n.startswith("sem.mp-")}
+
+
+def assert_clean(node_pids, run_root: Path, shm_before: set[str]) -> None:
+    """No node process, no new shared-memory segment, no temporary file in the run directory."""
+    assert node_pids() == []
+    assert shm_entries() - shm_before == set()
+    assert [p for p in run_root.rglob("*") if ".tmp-" in p.name] == []
+
+
+def fail(model, strategy=None, **kwargs) -> tuple[NodeFailure, float]:
+    t0 = time.monotonic()
+    with pytest.raises(NodeFailure) as info:
+        LocalTrainer(model, DATA).fit(strategy or DDPStrategy(), num_nodes=2, max_steps=40, batch_size=8,
+                                      progress=False, **kwargs)
+    return info.value, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_node_raising_names_its_rank_and_traceback(rank, node_pids, tmp_path):
+    shm = shm_entries()
+    err, took = fail(FailingModel(fail_rank=rank, fail_step=4, message=f"raised on {rank}"), run_dir=tmp_path)
+    assert took < 10 and err.rank == rank
+    assert f"raised on {rank}" in str(err) and "Traceback" in str(err)
+    assert_clean(node_pids, tmp_path, shm)
+    (run,) = tmp_path.iterdir()
+    assert run_status(run)["complete"] is False
+    _, history, trace = load_run(run)
+    assert all(trace.num_steps(r) == len(history["train_loss"]) for r in range(2))
+
+
+def test_sigkill_in_the_middle_of_a_collective_names_the_rank_and_signal(node_pids, tmp_path):
+    shm = shm_entries()
+    err, took = fail(tiny_mlp(), DyingStrategy(kill_rank=1, kill_step=3), run_dir=tmp_path)
+    assert took < 10 and err.rank == 1
+    assert "SIGKILL" in str(err)
+    assert_clean(node_pids, tmp_path, shm)
+
+
+def test_sigkill_of_a_computing_node_is_blamed_not_its_waiting_peer(node_pids):
+    err, took = fail(FailingModel(fail_rank=0, fail_step=4, how="kill"))
+    assert took < 10 and err.rank == 0 and "SIGKILL" in str(err)
+    assert node_pids() == []
+
+
+def test_a_hung_node_is_named_within_the_progress_timeout(node_pids, tmp_path):
+    shm = shm_entries()
+    err, took = fail(FailingModel(fail_rank=1, fail_step=4, how="hang"), progress_timeout_s=2.0, run_dir=tmp_path)
+    assert err.rank == 1
+    assert "no progress for" in str(err) and "progress_timeout_s" in str(err)
+    assert took < 15  # start-up (~1-3 s on a busy machine) + 2 s + stopping
+    assert_clean(node_pids, tmp_path, shm)
+
+
+def test_a_long_evaluation_on_rank_0_is_not_a_hang():
+    """Rank 0 evaluates for ~1.6 s (longer than the 1.2 s timeout) while rank 1 waits in a collective."""
+    result = LocalTrainer(SlowEvalModel(0.2), DATA, DATA).fit(
+        DDPStrategy(), num_nodes=2, max_steps=3, batch_size=8, val_interval=2, val_size=32, progress=False,
+        progress_timeout_s=1.2)
+    assert [e["step"] for e in result.history["eval"]] == [2, 3]
+
+
+class TestBlameRule:
+    """The watchdog's rule on a hand-filled progress array (no processes)."""
+
+    @staticmethod
+    def dog(rows: list[tuple[float, bool, bool]], timeout: float = 10.0) -> Watchdog:
+        """rows: (seconds since last beat, blocked, started) per rank."""
+        array = [0.0] * SLOTS * len(rows)
+        dog = Watchdog(array, len(rows), timeout)
+        dog.t0 -= 1000  # the run started long ago
+        now = time.monotonic()
+        for rank, (age, blocked, started) in enumerate(rows):
+            array[rank * SLOTS: rank * SLOTS + 3] = [now - age, float(blocked), float(started)]
+        return dog
+
+    def test_the_silent_computing_node_is_blamed_not_the_waiting_ones(self):
+        failure = self.dog([(30, True, True), (25, False, True), (40, True, True)]).check(set())
+        assert failure.rank == 1 and "no progress for 25" in str(failure)
+
+    def test_oldest_of_several_hung_nodes_is_blamed(self):
+        assert self.dog([(12, False, True), (20, False, True)]).check(set()).rank == 1
+
+    def test_waiting_on_a_peer_that_still_computes_is_fine(self):
+        assert self.dog([(60, True, True), (1, False, True)]).check(set()) is None
+
+    def test_everyone_blocked_past_the_limit_names_the_longest_waiting(self):
+        failure = self.dog([(11, True, True), (15, True, True)]).check(set())
+        assert failure.rank == 1 and "every node is blocked" in str(failure)
+
+    def test_start_up_gets_a_larger_allowance(self):
+        assert self.dog([(60, False, False), (1, True, True)]).check(set()) is None
+        failure = self.dog([(200, False, False), (1, True, True)]).check(set())
+        assert failure.rank == 0 and "start-up" in str(failure)
+
+    def test_finished_nodes_are_not_watched(self):
+        assert self.dog([(50, False, True), (1, True, True)]).check({0}) is None
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            ppid = next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("PPid:"))
+        except (OSError, StopIteration):
+            continue
+        children.setdefault(ppid, []).append(int(status.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
+    return "Z" not in state.split()[1]
+
+
+def test_ctrl_c_stops_every_node_and_saves_an_incomplete_run(tmp_path):
+    script = Path(__file__).with_name("interrupt_fit.py")
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("*/checkpoints/latest.json")):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "training never got under way"
+            time.sleep(0.1)
+        family = _descendants(proc.pid)
+        assert len(family) >= 3  # the forkserver and two nodes (and multiprocessing's resource tracker)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=5)
+        assert time.monotonic() - t0 < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), stderr
+    assert "KeyboardInterrupt" in stderr
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in family) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in family if _alive(pid)] == []
+    (run,) = tmp_path.iterdir()
+    assert run_status(run)["complete"] is False
+    _, history, trace = load_run(run)
+    assert len(history["train_loss"]) >= 20
+    assert all(trace.num_steps(r) == len(history["train_loss"]) for r in range(2))
+    trace.validate()
+    assert [p for p in run.rglob("*") if ".tmp-" in p.name] == []
+
+
+@pytest.mark.slow
+def test_ten_concurrent_fits_all_succeed(node_pids):
+    results: dict[int, object] = {}
+    errors: dict[int, BaseException] = {}
+    start = threading.Barrier(10)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = LocalTrainer(tiny_mlp(seed=i), DATA).fit(DDPStrategy(), num_nodes=2, max_steps=5,
+                                                                   batch_size=8, progress=False)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == {}
+    assert sorted(results) == list(range(10))
+    assert all(len(r.history["train_loss"]) == 5 for r in results.values())
+    assert node_pids() == []
