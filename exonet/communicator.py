@@ -135,12 +135,25 @@ class Communicator:
             self._wall, self._cpu = time.perf_counter() - wall, time.thread_time() - cpu
 
     # ---------------------------------------------------------------- groups
-    def group_of(self, ranks: GroupArg) -> Any:
-        """The process group for ``ranks`` (None = everyone), created on first use and cached.
+    def declare_groups(self, groups: Sequence[Sequence[int]]) -> None:
+        """Create the process groups for ``groups`` (lists of global ranks); every rank calls this alike.
 
-        Only the members call this (local synchronisation), so nodes outside a group
-        never block on its creation.
+        torch names a new process group by how many groups each process already has, so
+        groups created by their members alone (``use_local_synchronization``) get
+        different names on different ranks as soon as memberships vary from round to
+        round, and hang. Creating every group on every rank, in the same order, keeps
+        the names in step; non-members return at once. Groups already created, groups
+        of one and the whole world are skipped.
         """
+        for ranks in groups:
+            key = tuple(sorted(int(r) for r in ranks))
+            if len(key) < 2 or len(key) == self.world_size or key in self._groups:
+                continue
+            with self.blocking():
+                self._groups[key] = dist.new_group(list(key))
+
+    def group_of(self, ranks: GroupArg) -> Any:
+        """The process group for ``ranks`` (None = everyone); it must have been declared on every rank."""
         if ranks is None:
             return None
         key = tuple(sorted(int(r) for r in ranks))
@@ -149,8 +162,8 @@ class Communicator:
         if self.rank not in key:
             raise ValueError(f"rank {self.rank} is not a member of group {key}")
         if key not in self._groups:
-            with self.blocking():
-                self._groups[key] = dist.new_group(list(key), use_local_synchronization=True)
+            raise ValueError(f"group {key} was never declared: every rank must call "
+                             f"comm.declare_groups([...{list(key)}...]) before a collective on it")
         return self._groups[key]
 
     def _members(self, ranks: GroupArg) -> tuple[int, ...] | None:

@@ -140,6 +140,7 @@ class ProbeStrategy(Strategy):
         _expect("all_to_all", a2a, torch.arange(n, dtype=torch.float32) * 10 + r)
         handle = self.comm.all_reduce(torch.ones(4), async_op=True)
         _expect("async all_reduce", handle.wait(), torch.full((4,), float(n)))
+        self.comm.declare_groups([[0, 1]])
         if n >= 3 and r < 2:
             _expect("subgroup all_reduce", self.comm.all_reduce(torch.ones(2), group=[0, 1]), torch.full((2,), 2.0))
         self.optimizer_step()

@@ -1,6 +1,29 @@
-"""Strategies: how K nodes turn local gradients into a shared model, through a Communicator."""
+"""Strategies: how K nodes turn local gradients into a shared model, through a Communicator.
+
+``STRATEGIES`` maps the short names used on the command line (``diloco:H=500``) to classes.
+"""
 
 from exonet.strategies.base import NodeContext, OptimSpec, Strategy
 from exonet.strategies.ddp import AllReduceStrategy, DDPStrategy
+from exonet.strategies.demo import DeMoStrategy
+from exonet.strategies.diloco import DiLoCoStrategy
+from exonet.strategies.fedavg import FedAvgStrategy
+from exonet.strategies.sparta import SPARTAStrategy
+from exonet.strategies.sparta_diloco import SPARTADiLoCoStrategy
+from exonet.strategies.streaming_diloco import StreamingDiLoCoStrategy
 
-__all__ = ["AllReduceStrategy", "DDPStrategy", "NodeContext", "OptimSpec", "Strategy"]
+STRATEGIES: dict[str, type[Strategy]] = {
+    "ddp": DDPStrategy,
+    "allreduce": DDPStrategy,
+    "fedavg": FedAvgStrategy,
+    "diloco": DiLoCoStrategy,
+    "sparta": SPARTAStrategy,
+    "demo": DeMoStrategy,
+    "sparta_diloco": SPARTADiLoCoStrategy,
+    "streaming_diloco": StreamingDiLoCoStrategy,
+}
+
+__all__ = [
+    "AllReduceStrategy", "DDPStrategy", "DeMoStrategy", "DiLoCoStrategy", "FedAvgStrategy", "NodeContext",
+    "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "StreamingDiLoCoStrategy", "Strategy",
+]

@@ -1,0 +1,125 @@
+"""FedAvg: H local steps, then parameter averaging (McMahan et al. 2017, arXiv 1602.05629).
+
+Also the round machinery DiLoCo builds on: who averages with whom in a round
+(``participation``, ``island_size``) is drawn from the shared seed, so agreeing on it
+costs no bytes (the seed gym broadcast a shuffled rank list, or all-gathered every
+node's full parameters to form islands).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from exonet.strategies.base import OptimSpec, Strategy, check_range, flatten, one_of, shared_generator, unflatten_into
+
+
+class FedAvgStrategy(Strategy):
+    """Every node takes ``H`` local optimizer steps, then its round group averages parameters.
+
+    One all-reduce (op "avg") of a single flattened parameter buffer per round, so each
+    participant sends ``P * itemsize`` bytes every ``H`` steps and nothing in between.
+    The inner optimizer keeps its state across rounds.
+
+    Round groups (round r ends at step r·H), drawn on every node from ``(seed, r)``:
+
+    - ``participation`` < 1: ⌈participation·K⌉ nodes (at least one) take part. A node
+      that sits a round out neither sends nor updates, and keeps training from its own
+      parameters; it rejoins by averaging at the next round it is drawn for.
+    - ``island_size``: the participants are shuffled and cut into islands of that size,
+      each averaging only inside itself (an all-reduce on a subgroup). The remainder
+      forms a smaller island, except that a single leftover node joins the previous
+      island, so nobody is left alone. ``island_size`` >= the group size means one island;
+      ``island_size`` = 1 means no averaging at all (a local-training baseline).
+
+    A group of one (K = 1) sends nothing: averaging with oneself is the identity.
+
+    Args:
+        inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        island_size: nodes per averaging island each round; None averages over all participants.
+        H: local steps per round (the seed gym's default, 1, averages every step).
+        max_norm: clip the local gradient norm before each local step.
+        participation: fraction of nodes taking part in each round, in (0, 1].
+        optim_spec: alias of ``inner_optim`` (seed gym spelling).
+        lr_scheduler: None, "cosine" or a torch LRScheduler class, for the inner optimizer.
+        lr_scheduler_kwargs: keyword arguments for a scheduler class.
+        warmup_steps: linear warm-up length of the inner learning rate.
+        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+    """
+
+    name = "fedavg"
+
+    def __init__(
+        self,
+        inner_optim: OptimSpec | str | type | None = None,
+        island_size: int | None = None,
+        H: int = 1,
+        max_norm: float | None = None,
+        *,
+        participation: float = 1.0,
+        optim_spec: OptimSpec | str | type | None = None,
+        lr_scheduler: str | type | None = None,
+        lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0,
+        cosine_min_ratio: float = 0.0,
+    ) -> None:
+        inner = OptimSpec.coerce(one_of(inner_optim=inner_optim, optim_spec=optim_spec), "inner_optim",
+                                 OptimSpec("adamw", lr=1e-3))
+        super().__init__(inner, max_norm=max_norm, lr_scheduler=lr_scheduler,
+                         lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
+                         cosine_min_ratio=cosine_min_ratio)
+        check_range("H", H, low=1, integer=True)
+        if island_size is not None:
+            check_range("island_size", island_size, low=1, integer=True)
+        check_range("participation", participation, low=0, low_open=True, high=1)
+        self.H = H
+        self.island_size = island_size
+        self.participation = participation
+
+    def step(self) -> None:
+        self.optimizer_step()
+        self.local_step += 1
+        if self.local_step % self.H == 0:
+            self.sync_round()
+
+    def round_partition(self, round_index: int) -> list[tuple[int, ...]]:
+        """Every averaging group of round ``round_index`` (sorted ranks), identical on all nodes."""
+        k = self.num_nodes
+        g = shared_generator(self.ctx.seed, "round", round_index)
+        members = torch.arange(k)
+        if self.participation < 1:
+            count = max(1, math.ceil(self.participation * k - 1e-9))  # the epsilon keeps ⌈0.3·10⌉ at 3
+            members = torch.randperm(k, generator=g)[:count]
+        islands = [members]
+        if self.island_size is not None and self.island_size < len(members):
+            islands = list(members[torch.randperm(len(members), generator=g)].split(self.island_size))
+            if len(members) % self.island_size == 1:
+                islands[-2:] = [torch.cat(islands[-2:])]
+        return [tuple(sorted(island.tolist())) for island in islands]
+
+    def round_group(self, round_index: int) -> tuple[int, ...] | None:
+        """The sorted ranks this node averages with in round ``round_index``; None if it sits the round out."""
+        return next((grp for grp in self.round_partition(round_index) if self.rank in grp), None)
+
+    def sync_round(self) -> None:
+        """End of a round: average parameters over this round's group, then let ``apply_average`` use the mean.
+
+        Every node declares the round's groups (process groups are created collectively),
+        including nodes that sit the round out.
+        """
+        partition = self.round_partition(self.local_step // self.H)
+        self.comm.declare_groups(partition)
+        group = next((grp for grp in partition if self.rank in grp), None)
+        if group is None:
+            return
+        with torch.no_grad():
+            mean = flatten(self.params)
+            if len(group) > 1:
+                self.comm.all_reduce(mean, op="avg", group=group)
+            self.apply_average(mean)
+
+    def apply_average(self, mean: torch.Tensor) -> None:
+        """FedAvg adopts the group's mean parameters."""
+        unflatten_into(mean, self.params)

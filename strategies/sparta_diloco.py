@@ -1,0 +1,88 @@
+"""SPARTA + DiLoCo: sparse averaging keeps the nodes close between DiLoCo's outer steps.
+
+Beton et al. 2025 (SPARTA) report that this combination tolerates a much larger DiLoCo
+interval H than DiLoCo alone. The strategy is DiLoCo's rounds plus SPARTA's exchange,
+composed from ``DiLoCoStrategy`` and ``SparseAverager``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from exonet.strategies.base import NodeContext, OptimSpec, check_range, one_of
+from exonet.strategies.diloco import DiLoCoStrategy
+from exonet.strategies.sparta import SparseAverager
+
+if TYPE_CHECKING:
+    from exonet.communicator import Communicator
+
+
+class SPARTADiLoCoStrategy(DiLoCoStrategy):
+    """DiLoCo's outer step every ``H`` steps; SPARTA's sparse averaging every ``sparta_interval`` steps.
+
+    On a step where the outer sync runs, the sparse exchange is skipped: averaging a few
+    coordinates over all nodes leaves their mean unchanged, so it could not change the
+    outer step when the round's group is every node, and its bytes would be wasted.
+
+    Args:
+        inner_optim: the inner optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        outer_optim: the outer optimizer over θ_global. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
+        p_sparta: fraction of the parameters averaged per sparse exchange, in (0, 1].
+        sparta_interval: steps between sparse exchanges.
+        H: inner steps per DiLoCo round.
+        max_norm: clip the inner gradient norm before each inner step.
+        participation: fraction of nodes taking part in each DiLoCo round, in (0, 1].
+        island_size: nodes per DiLoCo averaging island; None averages over all participants.
+        optim_spec: alias of ``inner_optim``.
+        inner_optim_spec: alias of ``inner_optim`` (the seed gym's spelling for this strategy).
+        outer_optim_spec: alias of ``outer_optim``.
+        lr_scheduler: None, "cosine" or a torch LRScheduler class, for the inner optimizer.
+        lr_scheduler_kwargs: keyword arguments for a scheduler class.
+        warmup_steps: linear warm-up length of the inner learning rate.
+        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+    """
+
+    name = "sparta_diloco"
+
+    def __init__(
+        self,
+        inner_optim: OptimSpec | str | type | None = None,
+        outer_optim: OptimSpec | str | type | None = None,
+        p_sparta: float = 0.005,
+        sparta_interval: int = 1,
+        H: int = 100,
+        max_norm: float | None = None,
+        *,
+        participation: float = 1.0,
+        island_size: int | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        inner_optim_spec: OptimSpec | str | type | None = None,
+        outer_optim_spec: OptimSpec | str | type | None = None,
+        lr_scheduler: str | type | None = None,
+        lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0,
+        cosine_min_ratio: float = 0.0,
+    ) -> None:
+        super().__init__(one_of(inner_optim=inner_optim, inner_optim_spec=inner_optim_spec), outer_optim, H, max_norm,
+                         participation=participation, island_size=island_size, optim_spec=optim_spec,
+                         outer_optim_spec=outer_optim_spec, lr_scheduler=lr_scheduler,
+                         lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
+                         cosine_min_ratio=cosine_min_ratio)
+        check_range("sparta_interval", sparta_interval, low=1, integer=True)
+        self.sparse = SparseAverager(p_sparta)
+        self.p_sparta = p_sparta
+        self.sparta_interval = sparta_interval
+
+    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
+        super().setup(model, comm, ctx)
+        self.sparse.bind(self.params, comm, ctx.seed)
+
+    def step(self) -> None:
+        self.optimizer_step()
+        self.local_step += 1
+        if self.local_step % self.H == 0:
+            self.sync_round()
+        elif self.local_step % self.sparta_interval == 0:
+            self.sparse.average(self.local_step)
