@@ -1,0 +1,128 @@
+"""The study loop: presets, simulate vs compare, run directories, the CLI, estimate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exonet import LocalTrainer, Trace, compare, simulate
+from exonet.comparison import time_to_loss
+from exonet.scenario import Scenario, list_presets
+from exonet.strategies import DDPStrategy, OptimSpec
+from exonet.toy import synthetic_classification, tiny_mlp
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    result = LocalTrainer(tiny_mlp(), synthetic_classification(256, dim=8, classes=4),
+                          synthetic_classification(64, dim=8, classes=4, train=False)).fit(
+        DDPStrategy(OptimSpec("adam", lr=0.01)), num_nodes=2, max_steps=6, batch_size=8, val_interval=3, val_size=32,
+        progress=False, run_dir=root)
+    return result
+
+
+def small_trace(n: int) -> Trace:
+    t = Trace(n)
+    for _ in range(3):
+        for r in range(n):
+            t.add_compute(r, 0.01 * (r + 1))
+            cid = t.add_collective(r, "all_reduce", 1_000_000, async_op=True)
+            t.add_compute(r, 0.005)
+            t.add_wait(r, cid)
+            t.add_step(r)
+    return t
+
+
+@pytest.mark.parametrize("name", list_presets())
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_every_preset_simulates_a_small_trace(name, n):
+    sim = simulate(small_trace(n), name)
+    assert sim.wall_clock_s > 0 and len(sim.step_end_times) == 3 and len(sim.per_node) == n
+    assert sim.step_end_times == sorted(sim.step_end_times)
+    assert sim.scenario_name == Scenario.load(name).name
+
+
+def test_compare_matches_simulate_on_the_same_trace(tiny_run):
+    table = compare({"ddp": tiny_run, "from-dir": tiny_run.run_dir}, ["datacenter", "home-broadband"], target_loss=10.0)
+    assert len(table.rows) == 4
+    for row in table.rows:
+        sim = simulate(tiny_run.trace, row["scenario"])
+        assert row["wall_clock_s"] == sim.wall_clock_s
+        assert row["wire_bytes_per_node"] == sum(sim.wire_bytes) / 2
+        assert row["payload_bytes_per_node"] == tiny_run.payload_bytes(0)
+        assert row["time_to_target_s"] == sim.step_end_times[2]  # first evaluation (step 3) is below 10
+    md = table.to_markdown()
+    assert md.count("\n") == 5 and "home-broadband" in md
+
+
+def test_fit_with_scenario_simulates_and_resimulates(tiny_run):
+    sim = tiny_run.simulate("cross-region")
+    assert sim.loss_vs_time()[-1] == (sim.step_end_times[-1], tiny_run.history["train_loss"][-1])
+
+
+def test_time_to_loss_uses_evaluations_then_train_loss():
+    times = [1.0, 2.0, 3.0, 4.0]
+    assert time_to_loss({"eval": [{"step": 2, "loss": 0.9}, {"step": 4, "loss": 0.4}]}, times, 0.5) == 4.0
+    assert time_to_loss({"train_loss": [3, 2, 0.4, 0.3]}, times, 0.5) == 3.0
+    assert time_to_loss({"train_loss": [3, 2, 1, 1]}, times, 0.5) is None
+
+
+def exonet_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exonet", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_simulate_compare_and_scenarios_on_a_run_directory(tiny_run, tmp_path):
+    run_dir = str(tiny_run.run_dir)
+    out = exonet_cli("simulate", run_dir, "--scenario", "datacenter", "--chrome-trace", str(tmp_path / "t.json"))
+    assert out.returncode == 0, out.stderr
+    assert f"{simulate(tiny_run.trace, 'datacenter').wall_clock_s:.3f}"[:4] in out.stdout
+    assert json.loads((tmp_path / "t.json").read_text())
+    out = exonet_cli("compare", f"ddp={run_dir}", "--scenario", "datacenter", "--scenario", "cross-region",
+                     "--target-loss", "10", "--plot", str(tmp_path / "p.png"))
+    assert out.returncode == 0, out.stderr
+    assert "| ddp | cross-region |" in out.stdout and (tmp_path / "p.png").stat().st_size > 1000
+    out = exonet_cli("scenarios")
+    assert out.returncode == 0 and all(name in out.stdout for name in list_presets())
+    out = exonet_cli("scenarios", "home-broadband")
+    assert out.returncode == 0 and "home-broadband" in out.stdout
+
+
+def test_cli_errors_name_the_problem(tmp_path):
+    out = exonet_cli("simulate", str(tmp_path / "missing"), "--scenario", "datacenter")
+    assert out.returncode == 2 and "missing" in out.stderr
+    out = exonet_cli("scenarios", "home-broadbnd")
+    assert out.returncode == 2 and "home-broadband" in out.stderr
+
+
+def test_estimate_7b_diloco_is_fast_small_and_sends_4P_per_sync():
+    code = (
+        "import resource, time\n"
+        "from exonet.estimate import estimate\n"
+        "t = time.perf_counter()\n"
+        "e = estimate('diloco:H=500', params=7e9, nodes=8, steps=10000, step_time=1.0)\n"
+        "per_step = e.trace.payload_bytes_per_step(0)\n"
+        "syncs = [b for b in per_step if b]\n"
+        "print(e.params, len(syncs), set(syncs), time.perf_counter() - t,"
+        " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    fields = out.stdout.split()
+    params, syncs, seconds, maxrss_kib = int(fields[0]), int(fields[1]), float(fields[-2]), int(fields[-1])
+    assert abs(params - 7e9) / 7e9 < 1e-3
+    assert syncs == 10000 // 500
+    assert f"{{{4 * params}}}" in out.stdout
+    assert seconds < 30
+    assert maxrss_kib < 2 * 1024 * 1024
+
+
+def test_cli_estimate_states_its_assumptions():
+    out = exonet_cli("estimate", "--model-params", "1e9", "--strategy", "diloco:H=100", "--nodes", "4", "--steps",
+                     "1000", "--scenario", "cross-region", "--tokens-per-step", "4096", "--tflops", "989", "--mfu", "0.4")
+    assert out.returncode == 0, out.stderr
+    assert "assumptions:" in out.stdout and "cross-region: simulated wall-clock" in out.stdout
