@@ -125,6 +125,7 @@ class Supervisor:
             self._cid_offset = [1 + max((c.cid for c in resume.trace.collectives(r)), default=-1)
                                 for r in range(cfg.num_nodes)]
         self.state: bytes | None = None
+        self.logger: Any = None  # a WandbLogger when fit(wandb_project=...) asked for one
         self._losses: dict[int, dict[int, float]] = {}
         self._done: set[int] = set()
         self._bar = None
@@ -196,6 +197,8 @@ class Supervisor:
             self._flush_losses()
         elif kind == "eval":
             self.history["eval"].append(msg[3])
+            if self.logger is not None:
+                self.logger.log_eval(msg[3])
         elif kind == "checkpoint":
             step = msg[2]
             if self.book is not None and self.book.report(rank, step):
@@ -232,6 +235,8 @@ class Supervisor:
             row = self._losses.pop(nxt)
             self.history["train_loss"].append(sum(row.values()) / k)
             nxt += 1
+            if self.logger is not None:
+                self.logger.log_step(nxt, self.history["train_loss"][-1])
             if self._bar is not None:
                 self._bar.update(1)
                 self._bar.set_postfix(loss=f"{self.history['train_loss'][-1]:.4f}", refresh=False)
@@ -310,7 +315,8 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
 
 def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, progress: bool, scenario: Any,
            run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
-           resume_from: str | os.PathLike | None) -> FitResult:
+           resume_from: str | os.PathLike | None, wandb_project: str | None = None,
+           wandb_run_name: str | None = None) -> FitResult:
     """Run a validated fit: run directory, rendezvous, nodes, supervision, results."""
     if scenario is not None:
         from exonet.scenario import Scenario
@@ -332,6 +338,11 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume)
+    if wandb_project is not None:
+        from exonet.wandb_log import WandbLogger
+
+        sup.logger = WandbLogger(wandb_project, config, name=wandb_run_name,
+                                 dir=str(run_path) if run_path is not None else None)
     t0 = time.perf_counter()
     finished = False
     try:
@@ -345,6 +356,8 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
             book.prune()
         if run_path is not None and not finished:
             write_run(run_path, *sup.snapshot(len(sup.history["train_loss"])), False, real_time)
+        if sup.logger is not None and not finished:
+            sup.logger.finish(exit_code=1)
 
     model = copy.deepcopy(trainer.model)
     if sup.state is not None:
@@ -357,6 +370,10 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
         print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
               f"in scenario {scenario.name!r}")
+    if sup.logger is not None:
+        if result.sim is not None:
+            sup.logger.log_simulation(result.sim)
+        sup.logger.finish()
     return result
 
 

@@ -94,6 +94,8 @@ class LocalTrainer:
         progress_timeout_s: float | None = 30.0,
         checkpoint_interval: int | None = None,
         resume_from: str | os.PathLike | None = None,
+        wandb_project: str | None = None,
+        wandb_run_name: str | None = None,
         **legacy: Any,
     ) -> FitResult:
         """Run the training and return a FitResult.
@@ -123,6 +125,9 @@ class LocalTrainer:
                 directory (needs ``run_dir``); see exonet.checkpoint for the layout.
             resume_from: a run directory with a checkpoint: continue that run (same arguments as the
                 original fit), writing into that same directory. The result equals an uninterrupted run.
+            wandb_project: log config, losses, evaluations and (with ``scenario``) simulated time to
+                this Weights & Biases project, from this process only (needs the ``wandb`` extra).
+            wandb_run_name: the wandb run's name.
             **legacy: ``save_dir``, accepted for seed compatibility.
         """
         unknown = set(legacy) - {"save_dir"}
@@ -171,7 +176,8 @@ class LocalTrainer:
         from exonet.run import launch
 
         return launch(self, strategy, cfg, progress=progress, scenario=scenario, run_dir=run_dir,
-                      progress_timeout_s=progress_timeout_s, resume_from=resume_from)
+                      progress_timeout_s=progress_timeout_s, resume_from=resume_from,
+                      wandb_project=wandb_project, wandb_run_name=wandb_run_name)
 
     # ------------------------------------------------------------ resolution
     @staticmethod

@@ -126,3 +126,18 @@ def test_cli_estimate_states_its_assumptions():
                      "1000", "--scenario", "cross-region", "--tokens-per-step", "4096", "--tflops", "989", "--mfu", "0.4")
     assert out.returncode == 0, out.stderr
     assert "assumptions:" in out.stdout and "cross-region: simulated wall-clock" in out.stdout
+
+
+def test_wandb_offline_run_holds_the_loss_metric(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    result = LocalTrainer(tiny_mlp(), synthetic_classification(128, dim=8, classes=4),
+                          synthetic_classification(64, dim=8, classes=4, train=False)).fit(
+        DDPStrategy(), num_nodes=2, max_steps=4, batch_size=8, val_interval=2, val_size=16, progress=False,
+        run_dir=tmp_path / "runs", scenario="datacenter", wandb_project="exonet-test", wandb_run_name="offline")
+    runs = list(tmp_path.rglob("run-*.wandb"))
+    assert len(runs) == 1
+    blob = runs[0].read_bytes()
+    assert b"train/loss" in blob and b"eval/divergence" in blob and b"sim/wall_clock_s" in blob
+    assert len(result.history["train_loss"]) == 4
