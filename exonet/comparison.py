@@ -114,8 +114,8 @@ class Comparison:
         fig, axes = plt.subplots(1, len(scenarios), figsize=(5 * len(scenarios), 4), squeeze=False)
         for ax, scen in zip(axes[0], scenarios):
             for (run_name, s), sim in self.results.items():
-                if s != scen:
-                    continue
+                if s != scen or not self.runs[run_name].history.get("train_loss"):
+                    continue  # a bare Trace has no loss to draw
                 curve = _smooth(sim.loss_vs_time())
                 if curve:
                     ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=run_name)
@@ -126,12 +126,23 @@ class Comparison:
             if self.target_loss is not None:
                 ax.axhline(self.target_loss, color="grey", linestyle=":", linewidth=1)
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize="small")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize="small")
         fig.tight_layout()
         path = Path(path)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+def _unique_labels(names: list[str]) -> list[str]:
+    """Scenario names made unique (sweeps built with ``replace`` keep the base name): "x", "x #2", ..."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name} #{seen[name]}")
+    return out
 
 
 def _smooth(points: list[tuple[float, float]], window: int = 10) -> list[tuple[float, float]]:
@@ -165,18 +176,19 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
         scenarios = [scenarios]
     loaded = {name: Run.coerce(name, obj) for name, obj in runs.items()}
     scens = [Scenario.coerce(s) for s in scenarios]
+    labels = _unique_labels([s.name for s in scens])
     rows, results = [], {}
-    for scen in scens:
+    for scen, label in zip(scens, labels):
         for name, run in loaded.items():
             sim = simulate(run.trace, scen, history=run.history.get("train_loss"))
-            results[(name, scen.name)] = sim
+            results[(name, label)] = sim
             k = run.trace.num_nodes
             evals = run.history.get("eval") or []
             losses = run.history.get("train_loss") or []
             final = evals[-1]["loss"] if evals else (sum(losses[-10:]) / len(losses[-10:]) if losses else None)
             rows.append({
                 "run": name,
-                "scenario": scen.name,
+                "scenario": label,
                 "nodes": k,
                 "steps": run.trace.num_steps(0),
                 "wall_clock_s": sim.wall_clock_s,

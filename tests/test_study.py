@@ -140,3 +140,11 @@ def test_wandb_offline_run_holds_the_loss_metric(tmp_path, monkeypatch):
     blob = runs[0].read_bytes()
     assert b"train/loss" in blob and b"eval/divergence" in blob and b"sim/wall_clock_s" in blob
     assert len(result.history["train_loss"]) == 4
+
+
+def test_compare_keeps_sweep_variants_apart_and_plots_bare_traces(tmp_path):
+    base = Scenario.load("datacenter")
+    table = compare({"run": small_trace(2)}, [base.replace(bandwidth="1 Gbit/s"), base.replace(bandwidth="10 Mbit/s")])
+    assert [r["scenario"] for r in table.rows] == ["datacenter", "datacenter #2"]
+    assert len(table.results) == 2 and table.rows[0]["wall_clock_s"] < table.rows[1]["wall_clock_s"]
+    assert table.plot(tmp_path / "p.png").stat().st_size > 1000
