@@ -28,3 +28,22 @@ def test_custom_int8_strategy_sends_P_plus_4_bytes_and_learns():
     assert rows["int8"][1] == params + 4  # int8 codes plus one fp32 scale
     assert rows["fp32"][1] == 4 * params
     assert rows["int8"][0] < 2.0 and abs(rows["int8"][0] - rows["fp32"][0]) < 0.15  # learns (chance: ln 10 = 2.3)
+
+
+@pytest.mark.slow
+def test_compare_strategies_example_runs(tmp_path):
+    out = run_example("compare_strategies.py", "--steps", "20", "--nodes", "2", "--out", str(tmp_path / "cs.png"))
+    assert "DiLoCo" in out and "DeMo" in out and (tmp_path / "cs.png").exists()
+
+
+@pytest.mark.slow
+def test_char_lm_example_runs(tmp_path):
+    out = run_example("char_lm.py", "--steps", "20", "--nodes-list", "1", "2", "--H", "10", "--out", str(tmp_path / "lm.png"))
+    assert "| 2 |" in out
+
+
+@pytest.mark.slow
+def test_what_if_bandwidth_example_finds_the_crossover_code_path(tmp_path):
+    out = run_example("what_if_bandwidth.py", "--steps", "20", "--nodes", "2", "--points", "3", "--target-loss", "2.2",
+                      "--out", str(tmp_path / "wi.png"))
+    assert "10 Mbit/s" in out and (tmp_path / "wi.png").exists()
