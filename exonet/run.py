@@ -253,13 +253,13 @@ class Supervisor:
 
     def _check_alive(self) -> None:
         for rank, p in enumerate(self.procs):
-            if p.exitcode is None or (p.exitcode == 0 and rank in self._done):
-                continue
+            if p.exitcode is None or rank in self._done:
+                continue  # running, or finished and delivered (a crash in gloo's teardown loses nothing)
             # The node is gone; its error report may still be in the pipe (a DataLoader worker it
             # forked may hold the write end open a while longer, so stop when nothing is left).
             while not self.pipes[rank].closed and self.pipes[rank].poll(0.1):
                 self._receive(rank)
-            if rank in self._done and p.exitcode == 0:
+            if rank in self._done:
                 continue
             raise NodeFailure(rank, _exit_reason(p.exitcode))
 

@@ -46,6 +46,7 @@ def _floor_node(rank: int, k: int, port: int, steps: int, batch: int) -> None:
             p.grad.copy_(flat[offset:offset + n].view_as(p))
             offset += n
         opt.step()
+    dist.barrier()  # let every peer finish before teardown (gloo can abort on a half-closed pair)
     dist.destroy_process_group()
 
 
@@ -75,7 +76,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=1, help="alternate the two this many times, report medians")
+    parser.add_argument("--only", choices=("exonet", "floor"), help="run one side only (to time whole processes)")
     args = parser.parse_args(argv)
+    if args.only:
+        run = run_exonet if args.only == "exonet" else run_floor
+        print(f"{args.only}: {run(args.nodes, args.steps, args.batch):.2f} s")
+        return 0
     ours, floor = [], []
     for _ in range(args.repeat):
         ours.append(run_exonet(args.nodes, args.steps, args.batch))
