@@ -36,10 +36,17 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from exonet.comparison import compare
 
-    runs = {}
+    runs: dict[str, str] = {}
     for item in args.runs:
         name, eq, path = item.partition("=")
-        runs[name if eq else Path(item).name] = path if eq else item
+        name, path = (name, path) if eq else (Path(item).name, item)
+        if name in runs:
+            if eq:
+                raise ValueError(f"compare: the name {name!r} is given twice; names must be unique")
+            name = path  # two paths with the same basename: fall back to the path as given
+        if name in runs:
+            raise ValueError(f"compare: {path} is given twice")
+        runs[name] = path
     table = compare(runs, args.scenario, target_loss=args.target_loss)
     print(table.to_markdown())
     if args.plot:

@@ -43,6 +43,8 @@ class Handle:
             if self._work is not None:
                 with self._comm.blocking():
                     self._work.wait()
+                    if self._comm._sync is not None:  # NCCL's wait does not block the host
+                        self._comm._sync()
             self._result = self._finish()
             self._comm._restart_clock()
             self._done = True
@@ -207,6 +209,26 @@ class Communicator:
             return tensor, lambda _: None
         host = tensor.detach().to("cpu")
         return host, lambda out: tensor.copy_(out.to(tensor.device))
+
+    # ------------------------------------------------------------ bookkeeping
+    def untraced_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` in place across all ranks, outside the algorithm: not traced, not counted.
+
+        For the runtime's own traffic (evaluation, the final average), used inside ``bookkeeping()``.
+        """
+        buf, copy_back = self._staged(tensor)
+        with self.blocking():
+            dist.all_reduce(buf)
+        copy_back(buf)
+        return tensor
+
+    def untraced_broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite ``tensor`` with rank ``src``'s copy, outside the algorithm: not traced, not counted."""
+        buf, copy_back = self._staged(tensor)
+        with self.blocking():
+            dist.broadcast(buf, src)
+        copy_back(buf)
+        return tensor
 
     # ----------------------------------------------------------- collectives
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: GroupArg = None, async_op: bool = False) -> Any:

@@ -46,13 +46,15 @@ def time_to_loss(history: Mapping[str, list], step_end_times: Sequence[float], t
     """Simulated seconds until the loss first reaches ``target``.
 
     Uses the node-averaged evaluation loss when the run evaluated, else the mean
-    training loss of each step. None when the run never reached it.
+    training loss smoothed over the last 10 steps (as plotted), so one lucky batch
+    does not count. None when the run never reached it.
     """
     evals = history.get("eval") or []
     if evals:
         points = [(e["step"], e["loss"]) for e in evals]
     else:
-        points = [(i + 1, loss) for i, loss in enumerate(history.get("train_loss") or [])]
+        losses = history.get("train_loss") or []
+        points = [(int(step), loss) for step, loss in _smooth([(i + 1, v) for i, v in enumerate(losses)])]
     for step, loss in points:
         if loss <= target and 1 <= step <= len(step_end_times):
             return step_end_times[step - 1]

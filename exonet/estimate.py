@@ -35,7 +35,8 @@ class RecordingCommunicator(Communicator):
     """A Communicator that records collectives and returns correctly shaped results, without a network."""
 
     def declare_groups(self, groups: Any) -> None:
-        """No process groups exist without a network."""
+        """No process groups exist without a network; remember that the strategy uses them."""
+        self.uses_groups = True
 
     def group_of(self, ranks: Any) -> Any:
         return None
@@ -98,7 +99,8 @@ def parse_strategy(spec: str) -> Strategy:
 
 
 def _run_rank(strategy: Strategy, rank: int, nodes: int, steps: int, dtype: torch.dtype, params: int,
-              step_time: float, flops: float) -> list:
+              step_time: float, flops: float) -> tuple[list, bool]:
+    """One rank's events, and whether its strategy declared subgroups (then ranks differ)."""
     import copy
 
     strat = copy.deepcopy(strategy)
@@ -119,7 +121,7 @@ def _run_rank(strategy: Strategy, rank: int, nodes: int, steps: int, dtype: torc
         comm.events = []
     strat.finish()
     events.extend(comm.events)
-    return events
+    return events, getattr(comm, "uses_groups", False)
 
 
 def estimate(strategy: Strategy | str, *, params: float, nodes: int, steps: int, step_time: float | None = None,
@@ -156,10 +158,10 @@ def estimate(strategy: Strategy | str, *, params: float, nodes: int, steps: int,
     torch_dtype = DTYPES[dtype]
     n_params = MetaModel(int(params), torch_dtype).weights
     real_params = sum(p.numel() for p in n_params)
-    first = _run_rank(strategy, 0, nodes, steps, torch_dtype, int(params), step_time, flops)
-    uses_groups = any(isinstance(e, Collective) and e.group is not None for e in first)
+    first, uses_groups = _run_rank(strategy, 0, nodes, steps, torch_dtype, int(params), step_time, flops)
     per_rank = [first] + [
-        _run_rank(strategy, r, nodes, steps, torch_dtype, int(params), step_time, flops) if uses_groups else list(first)
+        _run_rank(strategy, r, nodes, steps, torch_dtype, int(params), step_time, flops)[0] if uses_groups
+        else list(first)
         for r in range(1, nodes)
     ]
     trace = Trace(nodes, meta={"estimate": True, "strategy": type(strategy).__name__, "params": real_params,

@@ -157,7 +157,11 @@ class TrainNode:
         def order(epoch: int) -> list[int]:
             return epoch_indices(len(ds), self.rank, cfg.num_nodes, cfg.seed, epoch, cfg.shuffle, shared)
 
-        epoch, skip = divmod(start_step, len(order(0)) // cfg.batch_size)
+        per_epoch = len(order(0)) // cfg.batch_size
+        if per_epoch < 1:
+            raise ValueError(f"train_dataset gives node {self.rank} {len(order(0))} samples, fewer than one batch "
+                             f"(batch_size={cfg.batch_size}); a factory must give every rank at least one batch")
+        epoch, skip = divmod(start_step, per_epoch)
         while True:
             loader = DataLoader(ds, batch_size=cfg.batch_size, sampler=order(epoch)[skip * cfg.batch_size:],
                                 drop_last=True, generator=shared_generator(cfg.seed, "loader", self.rank, epoch),
@@ -247,18 +251,22 @@ class TrainNode:
     def _broadcast_initial_weights(self) -> None:
         if self.cfg.num_nodes == 1:
             return
-        with self.comm.bookkeeping(), self.heartbeat.blocked(), torch.no_grad():
+        with self.comm.bookkeeping(), torch.no_grad():
             for t in (*self.model.parameters(), *self.model.buffers()):
-                dist.broadcast(t.data, 0)
+                self.comm.untraced_broadcast(t.data, 0)
 
     def _averaged_flat(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This node's flat floating state and the node average (all ranks take part)."""
+        """This node's flat floating state and the node average (all ranks take part).
+
+        Flattened in float64 when any tensor is float64, so averaging never loses precision.
+        """
+        tensors = self._float_tensors()
+        dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
         with torch.no_grad():
-            local = torch.cat([t.detach().reshape(-1).float() for t in self._float_tensors()])
+            local = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
             avg = local.clone()
             if self.cfg.num_nodes > 1:
-                with self.heartbeat.blocked():
-                    dist.all_reduce(avg)
+                self.comm.untraced_all_reduce(avg)
                 avg /= self.cfg.num_nodes
         return local, avg
 
@@ -269,10 +277,9 @@ class TrainNode:
             local, avg = self._averaged_flat()
             params = torch.cat([p.detach().reshape(-1).float() for p in self.model.parameters()])
             z = (params - params.mean()) / (params.std(unbiased=False) * params.numel() ** 0.5 + 1e-12)
-            stats = torch.cat([((local - avg).norm()).reshape(1), z])
+            stats = torch.cat([((local - avg).norm()).reshape(1).float(), z])
             if k > 1:
-                with self.heartbeat.blocked():
-                    dist.all_reduce(stats)
+                self.comm.untraced_all_reduce(stats)
             if self.rank != 0:
                 return
             divergence = float(stats[0]) / k

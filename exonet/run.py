@@ -70,6 +70,9 @@ def _exit_reason(code: int | None) -> str:
             return f"killed by signal {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
+    if code == 1:
+        return ("exited with code 1 without reporting an error; if this is a script, is the fit() call under "
+                "`if __name__ == \"__main__\":`? Nodes are spawned processes that import the main module")
     return f"exited with code {code} without reporting an error"
 
 
@@ -316,7 +319,7 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
 def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, progress: bool, scenario: Any,
            run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
            resume_from: str | os.PathLike | None, wandb_project: str | None = None,
-           wandb_run_name: str | None = None) -> FitResult:
+           wandb_run_name: str | None = None, run_name: str | None = None) -> FitResult:
     """Run a validated fit: run directory, rendezvous, nodes, supervision, results."""
     if scenario is not None:
         from exonet.scenario import Scenario
@@ -325,7 +328,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         scenario.resolve(cfg.num_nodes)  # fail before training, not after
     model_bytes = _pickled_model(trainer.model)
     config = run_config(strategy, cfg, trainer.model)
-    label = f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
+    label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     store = dist.TCPStore("127.0.0.1", 0, cfg.num_nodes, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     cfg = replace(cfg, store_port=store.port)

@@ -94,6 +94,7 @@ class LocalTrainer:
         progress_timeout_s: float | None = 30.0,
         checkpoint_interval: int | None = None,
         resume_from: str | os.PathLike | None = None,
+        run_name: str | None = None,
         wandb_project: str | None = None,
         wandb_run_name: str | None = None,
         **legacy: Any,
@@ -125,11 +126,16 @@ class LocalTrainer:
                 directory (needs ``run_dir``); see exonet.checkpoint for the layout.
             resume_from: a run directory with a checkpoint: continue that run (same arguments as the
                 original fit), writing into that same directory. The result equals an uninterrupted run.
+            run_name: names the run: its folder is ``<time>-<run_name>`` and it is the default wandb
+                run name (the seed gym's spelling).
             wandb_project: log config, losses, evaluations and (with ``scenario``) simulated time to
                 this Weights & Biases project, from this process only (needs the ``wandb`` extra).
-            wandb_run_name: the wandb run's name.
+            wandb_run_name: the wandb run's name (default: ``run_name``).
             **legacy: ``save_dir``, accepted for seed compatibility.
         """
+        if run_name is not None and (not isinstance(run_name, str) or not run_name or "/" in run_name
+                                     or "\\" in run_name or run_name.startswith(".")):
+            raise ValueError(f"fit: run_name must be a non-empty folder name (no path separators), got {run_name!r}")
         unknown = set(legacy) - {"save_dir"}
         if unknown:
             raise TypeError(f"fit: unexpected argument(s) {', '.join(sorted(unknown))}")
@@ -177,7 +183,7 @@ class LocalTrainer:
 
         return launch(self, strategy, cfg, progress=progress, scenario=scenario, run_dir=run_dir,
                       progress_timeout_s=progress_timeout_s, resume_from=resume_from,
-                      wandb_project=wandb_project, wandb_run_name=wandb_run_name)
+                      wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name)
 
     # ------------------------------------------------------------ resolution
     @staticmethod

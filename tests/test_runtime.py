@@ -16,9 +16,10 @@ from exonet.toy import (FailingModel, ProbeStrategy, ShardFactory, bench_mlp, li
                         synthetic_classification, synthetic_regression, tiny_mlp)
 
 
-def sgd_on_union(data: TensorDataset, k: int, batch: int, steps: int, lr: float) -> torch.nn.Module:
+def sgd_on_union(data: TensorDataset, k: int, batch: int, steps: int, lr: float,
+                 dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """One process doing SGD on the union of the K node batches (unshuffled DistributedSampler order)."""
-    model = linear_regressor()
+    model = linear_regressor().to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     shards = [list(range(len(data)))[r::k] for r in range(k)]
     for s in range(steps):
@@ -176,3 +177,12 @@ def test_bad_arguments_name_the_argument():
 def test_start_port_is_accepted_with_a_warning():
     with pytest.warns(UserWarning, match="start_port"):
         LocalTrainer(tiny_mlp(), synthetic_classification(64, dim=8, classes=4), start_port=12345)
+
+
+def test_float64_model_keeps_float64_precision_through_the_final_average():
+    data = TensorDataset(*(t.double() for t in synthetic_regression(n=64).tensors))
+    result = LocalTrainer(linear_regressor().double(), data).fit(
+        DDPStrategy(OptimSpec("sgd", lr=0.05)), num_nodes=2, max_steps=4, batch_size=4, shuffle=False, progress=False)
+    reference = sgd_on_union(data, k=2, batch=4, steps=4, lr=0.05, dtype=torch.float64)
+    for got, want in zip(result.model.parameters(), reference.parameters()):
+        assert got.dtype == torch.float64 and torch.allclose(got, want, atol=1e-12, rtol=0)

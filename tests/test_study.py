@@ -148,3 +148,17 @@ def test_compare_keeps_sweep_variants_apart_and_plots_bare_traces(tmp_path):
     assert [r["scenario"] for r in table.rows] == ["datacenter", "datacenter #2"]
     assert len(table.results) == 2 and table.rows[0]["wall_clock_s"] < table.rows[1]["wall_clock_s"]
     assert table.plot(tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_time_to_target_without_evaluations_ignores_one_lucky_batch():
+    times = [float(i) for i in range(1, 21)]
+    losses = [2.0, 0.9] + [1.8] * 10 + [0.5] * 8
+    assert time_to_loss({"train_loss": losses}, times, 1.0) > 2.0
+
+
+def test_estimate_with_partial_participation_runs_every_rank():
+    from exonet.estimate import estimate
+
+    e = estimate("diloco:H=1,participation=0.25", params=1e5, nodes=8, steps=6, step_time=1.0)
+    assert sum(e.trace.payload_bytes(r) for r in range(8)) > 0
+    e.trace.validate()
