@@ -46,11 +46,8 @@ def strategies() -> dict[str, Strategy]:
 
 
 def time_to_target(run: FitResult, scenario: Scenario, bits_per_s: float, target: float) -> float | None:
-    """Simulated seconds until ``run``'s validation loss reaches ``target`` with a NIC of ``bits_per_s``.
-
-    The base's uplink/downlink are dropped so that the swept bandwidth holds in both directions.
-    """
-    sim = simulate(run.trace, scenario.replace(bandwidth=f"{bits_per_s:.9g} bit/s", uplink=None, downlink=None))
+    """Simulated seconds until ``run``'s validation loss reaches ``target`` with a NIC of ``bits_per_s``."""
+    sim = simulate(run.trace, scenario.replace(bandwidth=f"{bits_per_s:.9g} bit/s"))
     return time_to_loss(run.history, sim.step_end_times, target)
 
 

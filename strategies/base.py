@@ -99,6 +99,39 @@ def _jsonable(v: Any) -> Any:
     return v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else repr(v)
 
 
+BASE_OPTIONS = ("max_norm", "lr_scheduler", "lr_scheduler_kwargs", "warmup_steps", "cosine_min_ratio")
+
+
+def base_options(arguments: dict[str, Any]) -> dict[str, Any]:
+    """``Strategy``'s keyword arguments (``BASE_OPTIONS``), picked out of a subclass constructor's ``locals()``.
+
+    A strategy repeats these arguments in its own signature, so that its signature is complete
+    for users and tools, and passes them on with ``super().__init__(spec, **base_options(locals()))``.
+    """
+    return {name: arguments[name] for name in BASE_OPTIONS}
+
+
+def _default_inner() -> OptimSpec:
+    return OptimSpec("adamw", lr=1e-3)
+
+
+def inner_spec(inner_optim: OptimSpec | str | type | None, optim_spec: OptimSpec | str | type | None) -> OptimSpec:
+    """A strategy's inner optimizer, given as ``inner_optim`` or its seed-gym alias ``optim_spec``.
+
+    The default is AdamW lr 1e-3. Errors name ``inner_optim`` (both spellings when both are given).
+    """
+    return OptimSpec.coerce(one_of(inner_optim=inner_optim, optim_spec=optim_spec), "inner_optim", _default_inner())
+
+
+def outer_spec(outer_optim: OptimSpec | str | type | None, outer_optim_spec: OptimSpec | str | type | None) -> OptimSpec:
+    """DiLoCo's outer optimizer, given as ``outer_optim`` or its seed-gym alias ``outer_optim_spec``.
+
+    The default is the DiLoCo paper's SGD lr 0.7, momentum 0.9, Nesterov. Errors name ``outer_optim``.
+    """
+    return OptimSpec.coerce(one_of(outer_optim=outer_optim, outer_optim_spec=outer_optim_spec), "outer_optim",
+                            OptimSpec("sgd", lr=0.7, momentum=0.9, nesterov=True))
+
+
 @dataclass(frozen=True)
 class NodeContext:
     """What a strategy may know about its node: rank, world, step budget, seed, device."""
@@ -132,7 +165,9 @@ class Strategy(abc.ABC):
     Args:
         optim_spec: the (inner) optimizer; a name, class or OptimSpec. Default AdamW lr 1e-3.
         max_norm: clip the gradient norm to this value before the optimizer step (None = no clipping).
-        lr_scheduler: None, "cosine", or a ``torch.optim.lr_scheduler.LRScheduler`` subclass.
+        lr_scheduler: None, "cosine", or a ``torch.optim.lr_scheduler.LRScheduler`` subclass
+            ("lambda_cosine" with ``lr_scheduler_kwargs={"warmup_steps", "cosine_anneal"}`` is the seed
+            gym's spelling of a warm-up plus cosine).
         lr_scheduler_kwargs: keyword arguments for a scheduler class.
         warmup_steps: linear warm-up length (with None or "cosine").
         cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
@@ -145,14 +180,21 @@ class Strategy(abc.ABC):
         optim_spec: OptimSpec | str | type | None = None,
         *,
         max_norm: float | None = None,
-        lr_scheduler: str | type | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0,
-        cosine_min_ratio: float = 0.0,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        self.optim_spec = OptimSpec.coerce(optim_spec, "optim_spec", OptimSpec("adamw", lr=1e-3))
+        self.optim_spec = OptimSpec.coerce(optim_spec, "optim_spec", _default_inner())
         if max_norm is not None:
             check_range("max_norm", max_norm, low=0, low_open=True)
+        if lr_scheduler == "lambda_cosine":  # the seed gym's spelling: warm-up, then cosine if cosine_anneal
+            seed_kwargs = dict(lr_scheduler_kwargs or {})
+            unknown = set(seed_kwargs) - {"warmup_steps", "cosine_anneal"}
+            if unknown:
+                raise ValueError(f"lr_scheduler_kwargs: 'lambda_cosine' takes warmup_steps and cosine_anneal, "
+                                 f"not {', '.join(sorted(unknown))}")
+            warmup_steps = seed_kwargs.get("warmup_steps", warmup_steps)
+            lr_scheduler = "cosine" if seed_kwargs.get("cosine_anneal", True) else None
+            lr_scheduler_kwargs = None
         if lr_scheduler is not None and lr_scheduler != "cosine" and not (
             isinstance(lr_scheduler, type) and issubclass(lr_scheduler, torch.optim.lr_scheduler.LRScheduler)
         ):

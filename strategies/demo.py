@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range
+from exonet.strategies.base import NodeContext, OptimSpec, Strategy, base_options, check_range
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -162,10 +162,8 @@ class DeMoStrategy(Strategy):
         weight_decay: float = 0.0,
         *,
         max_norm: float | None = None,
-        lr_scheduler: str | type | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0,
-        cosine_min_ratio: float = 0.0,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         check_range("lr", lr, low=0, low_open=True)
         check_range("compression_decay", compression_decay, low=0)
@@ -174,9 +172,7 @@ class DeMoStrategy(Strategy):
         check_range("compression_topk", compression_topk, low=1, integer=True)
         check_range("compression_chunk", compression_chunk, low=1, integer=True)
         check_range("weight_decay", weight_decay, low=0)
-        super().__init__(OptimSpec("sgd", lr=lr), max_norm=max_norm, lr_scheduler=lr_scheduler,
-                         lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
-                         cosine_min_ratio=cosine_min_ratio)
+        super().__init__(OptimSpec("sgd", lr=lr), **base_options(locals()))
         self.lr = lr
         self.compression_decay = compression_decay
         self.compression_topk = compression_topk

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, flatten, one_of, unflatten_into
+from exonet.strategies.base import NodeContext, OptimSpec, base_options, flatten, outer_spec, unflatten_into
 from exonet.strategies.fedavg import FedAvgStrategy
 
 if TYPE_CHECKING:
@@ -50,10 +50,8 @@ class DiLoCoStrategy(FedAvgStrategy):
         island_size: nodes per averaging island each round; None averages over all participants.
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
-        lr_scheduler: None, "cosine" or a torch LRScheduler class, for the inner optimizer.
-        lr_scheduler_kwargs: keyword arguments for a scheduler class.
-        warmup_steps: linear warm-up length of the inner learning rate.
-        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+        lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
+            as in ``Strategy``.
     """
 
     name = "diloco"
@@ -69,16 +67,12 @@ class DiLoCoStrategy(FedAvgStrategy):
         island_size: int | None = None,
         optim_spec: OptimSpec | str | type | None = None,
         outer_optim_spec: OptimSpec | str | type | None = None,
-        lr_scheduler: str | type | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0,
-        cosine_min_ratio: float = 0.0,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, island_size, H, max_norm, participation=participation, optim_spec=optim_spec,
-                         lr_scheduler=lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs,
-                         warmup_steps=warmup_steps, cosine_min_ratio=cosine_min_ratio)
-        self.outer_optim = OptimSpec.coerce(one_of(outer_optim=outer_optim, outer_optim_spec=outer_optim_spec),
-                                            "outer_optim", OptimSpec("sgd", lr=0.7, momentum=0.9, nesterov=True))
+        super().__init__(inner_optim, island_size, H, participation=participation, optim_spec=optim_spec,
+                         **base_options(locals()))
+        self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         super().setup(model, comm, ctx)

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from exonet.strategies.base import OptimSpec, Strategy, check_range, flatten, one_of, shared_generator, unflatten_into
+from exonet.strategies.base import (OptimSpec, Strategy, base_options, check_range, flatten, inner_spec, shared_generator,
+                                    unflatten_into)
 
 
 class FedAvgStrategy(Strategy):
@@ -43,10 +44,8 @@ class FedAvgStrategy(Strategy):
         max_norm: clip the local gradient norm before each local step.
         participation: fraction of nodes taking part in each round, in (0, 1].
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
-        lr_scheduler: None, "cosine" or a torch LRScheduler class, for the inner optimizer.
-        lr_scheduler_kwargs: keyword arguments for a scheduler class.
-        warmup_steps: linear warm-up length of the inner learning rate.
-        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+        lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
+            as in ``Strategy``.
     """
 
     name = "fedavg"
@@ -60,16 +59,10 @@ class FedAvgStrategy(Strategy):
         *,
         participation: float = 1.0,
         optim_spec: OptimSpec | str | type | None = None,
-        lr_scheduler: str | type | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0,
-        cosine_min_ratio: float = 0.0,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        inner = OptimSpec.coerce(one_of(inner_optim=inner_optim, optim_spec=optim_spec), "inner_optim",
-                                 OptimSpec("adamw", lr=1e-3))
-        super().__init__(inner, max_norm=max_norm, lr_scheduler=lr_scheduler,
-                         lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
-                         cosine_min_ratio=cosine_min_ratio)
+        super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
         check_range("H", H, low=1, integer=True)
         if island_size is not None:
             check_range("island_size", island_size, low=1, integer=True)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range, one_of, shared_generator
+from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, inner_spec,
+                                    shared_generator)
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -71,7 +72,17 @@ class SparseAverager:
                 p.put_(i, v.to(p.dtype))
 
 
-class SPARTAStrategy(Strategy):
+class SparseAveraging(Strategy):
+    """A strategy that owns a ``SparseAverager`` as ``self.sparse`` (made in its constructor), bound at ``setup``."""
+
+    sparse: SparseAverager
+
+    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
+        super().setup(model, comm, ctx)
+        self.sparse.bind(self.params, comm, ctx.seed)
+
+
+class SPARTAStrategy(SparseAveraging):
     """Local optimizer steps, each followed by averaging a seeded random fraction of the parameters.
 
     Payload per node per step: about ``p_sparta * P * itemsize`` bytes, no mask bytes.
@@ -83,10 +94,8 @@ class SPARTAStrategy(Strategy):
         p_sparta: fraction of the parameters averaged after every step, in (0, 1].
         max_norm: clip the local gradient norm before each step.
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
-        lr_scheduler: None, "cosine" or a torch LRScheduler class.
-        lr_scheduler_kwargs: keyword arguments for a scheduler class.
-        warmup_steps: linear warm-up length.
-        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+        lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the learning-rate schedule,
+            as in ``Strategy``.
     """
 
     name = "sparta"
@@ -98,22 +107,12 @@ class SPARTAStrategy(Strategy):
         max_norm: float | None = None,
         *,
         optim_spec: OptimSpec | str | type | None = None,
-        lr_scheduler: str | type | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0,
-        cosine_min_ratio: float = 0.0,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        inner = OptimSpec.coerce(one_of(inner_optim=inner_optim, optim_spec=optim_spec), "inner_optim",
-                                 OptimSpec("adamw", lr=1e-3))
-        super().__init__(inner, max_norm=max_norm, lr_scheduler=lr_scheduler,
-                         lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
-                         cosine_min_ratio=cosine_min_ratio)
+        super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
         self.sparse = SparseAverager(p_sparta)
         self.p_sparta = p_sparta
-
-    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
-        super().setup(model, comm, ctx)
-        self.sparse.bind(self.params, comm, ctx.seed)
 
     def step(self) -> None:
         self.optimizer_step()

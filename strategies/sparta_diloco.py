@@ -2,24 +2,19 @@
 
 Beton et al. 2025 (SPARTA) report that this combination tolerates a much larger DiLoCo
 interval H than DiLoCo alone. The strategy is DiLoCo's rounds plus SPARTA's exchange,
-composed from ``DiLoCoStrategy`` and ``SparseAverager``.
+composed from ``DiLoCoStrategy`` and SPARTA's ``SparseAveraging``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
-from exonet.strategies.base import NodeContext, OptimSpec, check_range, one_of
+from exonet.strategies.base import OptimSpec, base_options, check_range, one_of
 from exonet.strategies.diloco import DiLoCoStrategy
-from exonet.strategies.sparta import SparseAverager
-
-if TYPE_CHECKING:
-    from exonet.communicator import Communicator
+from exonet.strategies.sparta import SparseAverager, SparseAveraging
 
 
-class SPARTADiLoCoStrategy(DiLoCoStrategy):
+class SPARTADiLoCoStrategy(SparseAveraging, DiLoCoStrategy):
     """DiLoCo's outer step every ``H`` steps; SPARTA's sparse averaging every ``sparta_interval`` steps.
 
     On a step where the outer sync runs, the sparse exchange is skipped: averaging a few
@@ -38,10 +33,8 @@ class SPARTADiLoCoStrategy(DiLoCoStrategy):
         optim_spec: alias of ``inner_optim``.
         inner_optim_spec: alias of ``inner_optim`` (the seed gym's spelling for this strategy).
         outer_optim_spec: alias of ``outer_optim``.
-        lr_scheduler: None, "cosine" or a torch LRScheduler class, for the inner optimizer.
-        lr_scheduler_kwargs: keyword arguments for a scheduler class.
-        warmup_steps: linear warm-up length of the inner learning rate.
-        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+        lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
+            as in ``Strategy``.
     """
 
     name = "sparta_diloco"
@@ -60,24 +53,16 @@ class SPARTADiLoCoStrategy(DiLoCoStrategy):
         optim_spec: OptimSpec | str | type | None = None,
         inner_optim_spec: OptimSpec | str | type | None = None,
         outer_optim_spec: OptimSpec | str | type | None = None,
-        lr_scheduler: str | type | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0,
-        cosine_min_ratio: float = 0.0,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(one_of(inner_optim=inner_optim, inner_optim_spec=inner_optim_spec), outer_optim, H, max_norm,
+        super().__init__(one_of(inner_optim=inner_optim, inner_optim_spec=inner_optim_spec), outer_optim, H,
                          participation=participation, island_size=island_size, optim_spec=optim_spec,
-                         outer_optim_spec=outer_optim_spec, lr_scheduler=lr_scheduler,
-                         lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
-                         cosine_min_ratio=cosine_min_ratio)
+                         outer_optim_spec=outer_optim_spec, **base_options(locals()))
         check_range("sparta_interval", sparta_interval, low=1, integer=True)
         self.sparse = SparseAverager(p_sparta)
         self.p_sparta = p_sparta
         self.sparta_interval = sparta_interval
-
-    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
-        super().setup(model, comm, ctx)
-        self.sparse.bind(self.params, comm, ctx.seed)
 
     def step(self) -> None:
         self.optimizer_step()

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range, flatten, one_of, unflatten_into
+from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, inner_spec,
+                                    outer_spec, unflatten_into)
 from exonet.strategies.quantize import BITS, QuantizedAllReduce
 
 if TYPE_CHECKING:
@@ -109,10 +110,8 @@ class StreamingDiLoCoStrategy(Strategy):
         max_norm: clip the inner gradient norm before each inner step.
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
-        lr_scheduler: None, "cosine" or a torch LRScheduler class, for the inner optimizer.
-        lr_scheduler_kwargs: keyword arguments for a scheduler class.
-        warmup_steps: linear warm-up length of the inner learning rate.
-        cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+        lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
+            as in ``Strategy``.
     """
 
     name = "streaming_diloco"
@@ -130,18 +129,11 @@ class StreamingDiLoCoStrategy(Strategy):
         *,
         optim_spec: OptimSpec | str | type | None = None,
         outer_optim_spec: OptimSpec | str | type | None = None,
-        lr_scheduler: str | type | None = None,
-        lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0,
-        cosine_min_ratio: float = 0.0,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        inner = OptimSpec.coerce(one_of(inner_optim=inner_optim, optim_spec=optim_spec), "inner_optim",
-                                 OptimSpec("adamw", lr=1e-3))
-        super().__init__(inner, max_norm=max_norm, lr_scheduler=lr_scheduler,
-                         lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
-                         cosine_min_ratio=cosine_min_ratio)
-        self.outer_optim = OptimSpec.coerce(one_of(outer_optim=outer_optim, outer_optim_spec=outer_optim_spec),
-                                            "outer_optim", OptimSpec("sgd", lr=0.7, momentum=0.9, nesterov=True))
+        super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
         check_range("H", H, low=1, integer=True)
         check_range("num_fragments", num_fragments, low=1, high=H, integer=True)
         check_range("delay_steps", delay_steps, low=0, high=H, integer=True)

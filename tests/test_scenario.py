@@ -452,3 +452,12 @@ FRAGMENTS = st.sampled_from(
 @given(st.one_of(st.text(), st.lists(FRAGMENTS, max_size=14).map(lambda lines: "\n".join([*BASE, *lines]))))
 def test_arbitrary_toml_text_gives_a_scenario_or_a_scenario_error(text: str) -> None:
     _check_loaded(lambda: Scenario.from_toml(text, "fuzz.toml"))
+
+
+def test_replace_bandwidth_means_both_directions_of_every_nic():
+    s = Scenario.load("home-broadband").replace(bandwidth="100 Mbit/s", nodes=[])
+    r = s.resolve(4)
+    eff = Scenario.load("home-broadband").to_dict()["network"].get("efficiency", 1.0)
+    assert set(r.uplink) == set(r.downlink) == {100e6 / 8 * eff}
+    kept = Scenario.load("home-broadband").replace(bandwidth="100 Mbit/s", uplink="5 Mbit/s", nodes=[]).resolve(2)
+    assert set(kept.uplink) == {5e6 / 8 * eff} and set(kept.downlink) == {100e6 / 8 * eff}

@@ -67,7 +67,7 @@ def test_fit_with_scenario_simulates_and_resimulates(tiny_run):
 def test_time_to_loss_uses_evaluations_then_train_loss():
     times = [1.0, 2.0, 3.0, 4.0]
     assert time_to_loss({"eval": [{"step": 2, "loss": 0.9}, {"step": 4, "loss": 0.4}]}, times, 0.5) == 4.0
-    assert time_to_loss({"train_loss": [3, 2, 0.4, 0.3]}, times, 0.5) == 3.0
+    assert time_to_loss({"train_loss": [1.0, 0.6, 0.2, 0.1]}, times, 0.5) == 4.0  # smoothed: 1, .8, .6, .475
     assert time_to_loss({"train_loss": [3, 2, 1, 1]}, times, 0.5) is None
 
 

@@ -1,0 +1,293 @@
+"""The scenario schema: what a scenario document may say, checked field by field.
+
+``exonet.scenario`` turns a checked document into a ``Scenario`` and resolves it for a
+node count; this module holds what that rests on and what a person reads to learn the
+file format: the TOML parser's error wording, one check per field (each returns the
+value in SI base units or raises ``ScenarioError`` naming the file and key, with a
+"did you mean" hint for a misspelt key or value), the tables and arrays that make up
+a document, and the rules that span fields (``validate``). It also names the choices
+the simulator implements (``ALGORITHMS``, ``FAMILIES``, sharing, compute modes,
+jitters, event kinds), since those are the schema's allowed values.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import sys
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+from functools import partial
+from typing import Any
+
+from exonet import units
+from exonet.errors import ScenarioError
+from exonet.trace import OPS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+# The algorithms the simulator implements, per op, and the family each `network.collective` picks.
+ALGORITHMS: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "halving_doubling", "tree", "star", "direct"),
+    "all_gather": ("ring", "halving_doubling", "star", "direct"),
+    "reduce_scatter": ("ring", "halving_doubling", "star", "direct"),
+    "broadcast": ("chain", "binomial", "star", "direct"),
+    "all_to_all": ("direct", "star"),
+}
+FAMILIES: dict[str, dict[str, str]] = {
+    name: dict(zip(OPS, algos))
+    for name, algos in {
+        "ring": ("ring", "ring", "ring", "chain", "direct"),
+        "halving_doubling": ("halving_doubling", "halving_doubling", "halving_doubling", "binomial", "direct"),
+        "tree": ("tree", "ring", "ring", "binomial", "direct"),
+        "star": ("star",) * 5,
+        "direct": ("direct",) * 5,
+    }.items()
+}
+SHARING = ("max-min", "fifo")
+COMPUTE_MODES = ("measured", "wall", "flops")
+JITTERS = ("none", "lognormal", "normal", "exponential")
+EVENT_KINDS = ("slow", "down")
+DEFAULT_REGION = "default"
+
+# ---------------------------------------------------------------- field checks
+# A check takes (value, where) and returns the value in SI base units or raises ScenarioError.
+Check = Callable[[Any, str], Any]
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ScenarioError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _number(low: float, high: float | None = None, *, closed: bool = False) -> Check:
+    """A finite number above ``low`` (or equal when ``closed``), at most ``high``."""
+    expected = f"{'[' if closed else '('}{low:g}, {'inf)' if high is None else f'{high:g}]'}"
+
+    def check(value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ScenarioError(f"{where}: expected a number in {expected}, got {value!r}")
+        number = float(value) if isinstance(value, float) or abs(value) < 2**63 else math.inf
+        ok = math.isfinite(number) and (number >= low if closed else number > low) and (high is None or number <= high)
+        if not ok:
+            raise ScenarioError(f"{where}: {value!r} is out of range; expected a number in {expected}")
+        return number
+
+    return check
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ScenarioError(f"{where}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _enum(choices: tuple[str, ...]) -> Check:
+    def check(value: Any, where: str) -> str:
+        if value not in choices or not isinstance(value, str):
+            hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+            raise ScenarioError(f"{where}: unknown value {value!r}{hint}; expected one of: {', '.join(choices)}")
+        return value
+
+    return check
+
+
+_rate: Check = units.parse_rate
+_time: Check = units.parse_time
+_window: Check = partial(units.parse_size, allow_zero=False)
+
+
+def _seconds(value: Any, where: str) -> float:
+    """A point in simulated time: a number of seconds (the key says so) or a time string."""
+    if isinstance(value, str):
+        return units.parse_time(value, where)
+    return _number(0, closed=True)(value, where)
+
+
+def _ranks(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ScenarioError(f"{where}: expected a non-empty list of ranks such as [0, 1], got {value!r}")
+    ranks = tuple(_count(r, f"{where}[{i}]") for i, r in enumerate(value))
+    if len(set(ranks)) != len(ranks):
+        raise ScenarioError(f"{where}: rank listed twice in {list(ranks)}")
+    return ranks
+
+
+def _between(value: Any, where: str) -> tuple[str, str]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not all(isinstance(v, str) and v for v in value):
+        raise ScenarioError(f'{where}: expected two region names such as ["us", "eu"], got {value!r}')
+    if value[0] == value[1]:
+        raise ScenarioError(f"{where}: a link joins two different regions, got {value!r}")
+    return (value[0], value[1])
+
+
+def did_you_mean(word: str, choices: Any) -> str:
+    """' (did you mean ...?)' naming the choice closest to ``word``, or "" when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _table(spec: Mapping[str, Check], label: str) -> Check:
+    """A TOML table whose keys are all in ``spec``; ``label`` names it in the list of valid keys."""
+
+    def check(value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ScenarioError(f"{where}: expected a table ({label}), got {type(value).__name__}")
+        out = {}
+        for key, item in value.items():
+            child = f"{where}{key}" if where.endswith(": ") else f"{where}.{key}"  # "file: " is the top level
+            if not isinstance(key, str) or key not in spec:
+                hint = did_you_mean(key, spec) if isinstance(key, str) else ""
+                raise ScenarioError(f"{child}: unknown key{hint}; valid keys in {label}: {', '.join(spec)}")
+            out[key] = spec[key](item, child)
+        return out
+
+    return check
+
+
+def _array(spec: Mapping[str, Check], label: str) -> Check:
+    """A TOML array of tables, each checked against ``spec``."""
+
+    def check(value: Any, where: str) -> list[dict[str, Any]]:
+        if not isinstance(value, (list, tuple)):
+            raise ScenarioError(f"{where}: expected an array of tables ({label}), got {type(value).__name__}")
+        return [_table(spec, label)(item, f"{where}[{i}]") for i, item in enumerate(value)]
+
+    return check
+
+
+# ---------------------------------------------------------------- the document
+# NETWORK, TABLES and ARRAYS also tell ``Scenario.replace`` which keys it may change.
+_ALGORITHMS = {op: _enum(choices) for op, choices in ALGORITHMS.items()}
+NETWORK = {
+    "collective": _enum(tuple(FAMILIES)), "bandwidth": _rate, "uplink": _rate, "downlink": _rate, "latency": _time,
+    "sharing": _enum(SHARING), "efficiency": _number(0, 1), "tcp_window": _window,
+    "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
+}
+_COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
+_REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
+_LINK = {"between": _between, "bandwidth": _rate, "latency": _time}
+_NODE = {
+    "ranks": _ranks, "share": _number(0, 1), "speed": _number(0), "bandwidth": _rate, "uplink": _rate, "downlink": _rate,
+}
+_STRAGGLERS = {"jitter": _enum(JITTERS), "sigma": _number(0, closed=True), "seed": _count}
+_EVENT = {
+    "kind": _enum(EVENT_KINDS), "ranks": _ranks, "share": _number(0, 1), "from_step": _count, "to_step": _count,
+    "from_s": _seconds, "to_s": _seconds, "factor": _number(0),
+}
+TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS}
+ARRAYS = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
+_TOP = _table(
+    {
+        "name": _string,
+        "description": lambda value, where: value if value == "" else _string(value, where),
+        **{key: _table(spec, f"[{key}]") for key, spec in TABLES.items()},
+        **{key: _array(spec, f"[[{key}]]") for key, spec in ARRAYS.items()},
+    },
+    "the top level",
+)
+
+
+def validate(raw: Any, source: str) -> dict[str, Any]:
+    """Check every key and value of ``raw``, then the rules that span fields; return it in SI units."""
+    if not isinstance(raw, Mapping):
+        got = type(raw).__name__
+        raise ScenarioError(f"{source}: expected a table (dict) with at least `name` and [network], got {got}")
+    p = _TOP(raw, f"{source}: ")
+    where = f"{source}:"
+    if "name" not in p:
+        raise ScenarioError(f'{where} missing required key `name` (e.g. name = "two-regions")')
+    net = p.get("network")
+    if net is None:
+        raise ScenarioError(f'{where} missing required table [network] (e.g. [network] bandwidth = "1 Gbit/s")')
+    if "bandwidth" not in net and not ("uplink" in net and "downlink" in net):
+        raise ScenarioError(
+            f'{where} network.bandwidth is required (e.g. bandwidth = "1 Gbit/s") unless both uplink and downlink are given'
+        )
+    compute = p.get("compute", {})
+    if compute.get("mode") == "flops" and "tflops" not in compute:
+        raise ScenarioError(f'{where} compute.tflops is required when compute.mode = "flops" (e.g. tflops = 989.0)')
+    for key in ("tflops", "mfu"):
+        if key in compute and "mode" not in compute:
+            raise ScenarioError(f'{where} compute.{key} only applies with compute.mode = "flops"; set mode')
+    strag = p.get("stragglers", {})
+    if strag.get("jitter", "none") != "none" and "sigma" not in strag:
+        jitter = strag["jitter"]
+        raise ScenarioError(f"{where} stragglers.sigma is required when stragglers.jitter = {jitter!r} (e.g. sigma = 0.1)")
+    if "sigma" in strag and "jitter" not in strag:
+        raise ScenarioError(f"{where} stragglers.sigma needs stragglers.jitter ({', '.join(JITTERS)})")
+    names: list[str] = []
+    for i, region in enumerate(p.get("regions", [])):
+        _need(region, "name", f"{where} regions[{i}]", 'name = "us"')
+        _one_of_ranks_share(region, f"{where} regions[{i}]")
+        if region["name"] in names:
+            raise ScenarioError(f"{where} regions[{i}].name: region {region['name']!r} is listed twice")
+        names.append(region["name"])
+    if sum(Fraction(r.get("share", 0)) for r in p.get("regions", [])) > 1 + Fraction(1, 10**9):
+        raise ScenarioError(f"{where} regions: the shares add up to more than 1")
+    pairs: set[tuple[str, ...]] = set()
+    for i, link in enumerate(p.get("links", [])):
+        _need(link, "between", f"{where} links[{i}]", 'between = ["us", "eu"]')
+        _need(link, "bandwidth", f"{where} links[{i}]", 'bandwidth = "10 Gbit/s"')
+        for name in link["between"]:
+            if name not in names and name != DEFAULT_REGION:
+                hint, valid = did_you_mean(name, names), ", ".join([*names, DEFAULT_REGION])
+                raise ScenarioError(f"{where} links[{i}].between: unknown region {name!r}{hint}; regions: {valid}")
+        pair = tuple(sorted(link["between"]))
+        if pair in pairs:
+            joined = f"regions {pair[0]!r} and {pair[1]!r}"
+            raise ScenarioError(f"{where} links[{i}].between: {joined} are already joined by another link")
+        pairs.add(pair)
+    for i, node in enumerate(p.get("nodes", [])):
+        _one_of_ranks_share(node, f"{where} nodes[{i}]")
+        if not {"speed", "bandwidth", "uplink", "downlink"} & node.keys():
+            raise ScenarioError(f"{where} nodes[{i}]: sets nothing; give speed, bandwidth, uplink or downlink")
+    for i, event in enumerate(p.get("events", [])):
+        _check_event(event, f"{where} events[{i}]")
+    return p
+
+
+def _need(table: Mapping[str, Any], key: str, where: str, example: str) -> None:
+    if key not in table:
+        raise ScenarioError(f"{where}: missing required key `{key}` (e.g. {example})")
+
+
+def _one_of_ranks_share(table: Mapping[str, Any], where: str) -> None:
+    if ("ranks" in table) == ("share" in table):
+        raise ScenarioError(f"{where}: give exactly one of `ranks` (e.g. ranks = [0, 1]) or `share` (e.g. share = 0.5)")
+
+
+def _check_event(event: Mapping[str, Any], where: str) -> None:
+    _need(event, "kind", where, 'kind = "slow"')
+    _one_of_ranks_share(event, where)
+    steps, secs = ("from_step" in event or "to_step" in event), ("from_s" in event or "to_s" in event)
+    if steps and secs:
+        raise ScenarioError(f"{where}: give a window in steps (from_step/to_step) or seconds (from_s/to_s), not both")
+    if not steps and not secs:
+        raise ScenarioError(f"{where}: needs a window: from_step/to_step or from_s/to_s")
+    lo, hi = ("from_step", "to_step") if steps else ("from_s", "to_s")
+    if hi in event and event[hi] <= event.get(lo, 0):
+        raise ScenarioError(f"{where}.{hi}: must be after {lo} ({event.get(lo, 0)!r}), got {event[hi]!r}")
+    if event["kind"] == "down" and hi not in event:
+        raise ScenarioError(f"{where}: a 'down' event needs an end ({hi}), or the node never returns")
+    if event["kind"] == "slow" and "factor" not in event:
+        raise ScenarioError(f"{where}: a 'slow' event needs `factor` (compute time multiplier, e.g. factor = 4.0)")
+    if event["kind"] == "down" and "factor" in event:
+        raise ScenarioError(f"{where}.factor: applies only to kind = 'slow'")
+
+
+# ---------------------------------------------------------------- TOML text
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """TOML text as a dict; malformed text is a ScenarioError naming ``source`` and the line."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:  # its message carries "(at line N, column M)"
+        message = str(err)
+        if "line" not in message:  # "(at end of document)": say which line that is
+            message += f" (the document ends at line {max(1, len(text.splitlines()))})"
+        raise ScenarioError(f"{source}: malformed TOML: {message}") from None
