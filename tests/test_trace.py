@@ -1,0 +1,74 @@
+"""The Trace: the contract's builder, save/load round trips, scaling, and matching checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from exonet import Trace, TraceError, simulate
+from exonet.trace import Collective, Compute, Step, Wait
+
+
+def built() -> Trace:
+    t = Trace(num_nodes=2, meta={"strategy": "hand-built"})
+    for _ in range(2):
+        for r in range(2):
+            t.add_compute(r, 0.5, flops=1e9)
+            cid = t.add_collective(r, "all_reduce", 1000, async_op=True)
+            t.add_compute(r, 0.25)
+            t.add_wait(r, cid)
+            t.add_collective(r, "all_gather", 10, group=(0, 1))
+            t.add_step(r)
+    return t
+
+
+def test_builder_records_the_contract_events_in_order():
+    t = built()
+    assert t.events[0][:5] == [Compute(0.5, 0.5, 1e9), Collective(0, "all_reduce", 1000, None, True),
+                               Compute(0.25, 0.25, 0.0), Wait(0), Collective(1, "all_gather", 10, None, False)]
+    assert isinstance(t.events[0][5], Step)
+    assert t.num_steps(1) == 2 and t.payload_bytes_per_step(1) == [1010, 1010] and t.payload_bytes(0) == 2020
+    t.validate()
+
+
+def test_save_load_round_trip_is_exact(tmp_path):
+    t = built()
+    path = t.save(tmp_path / "t.jsonl")
+    back = Trace.load(path)
+    assert back.events == t.events and back.meta == t.meta and back.num_nodes == 2
+    assert not list(tmp_path.glob(".*tmp*"))  # written atomically, nothing left over
+
+
+def test_truncated_and_corrupt_files_name_the_file(tmp_path):
+    path = built().save(tmp_path / "t.jsonl")
+    lines = path.read_text().splitlines()
+    (tmp_path / "cut.jsonl").write_text("\n".join(lines[:-3]) + "\n")
+    with pytest.raises(TraceError, match=r"cut\.jsonl.*truncated"):
+        Trace.load(tmp_path / "cut.jsonl")
+    (tmp_path / "bad.jsonl").write_text("\n".join([lines[0], '["x", 0, "oops"', *lines[1:]]) + "\n")
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2"):
+        Trace.load(tmp_path / "bad.jsonl")
+    with pytest.raises(TraceError, match="no such trace"):
+        Trace.load(tmp_path / "missing.jsonl")
+
+
+def test_scaled_is_a_what_if_copy():
+    t = built()
+    big = t.scaled(bytes=10, compute=0.5)
+    assert big.payload_bytes(0) == 10 * t.payload_bytes(0)
+    assert [e.wall_s for e in big.events[0] if isinstance(e, Compute)] == [0.25, 0.125, 0.25, 0.125]
+    assert t.payload_bytes(0) == 2020  # the original is untouched
+    assert simulate(big, "datacenter").wall_clock_s < simulate(t.scaled(bytes=10), "datacenter").wall_clock_s
+
+
+def test_mismatched_collectives_and_misuse_are_errors():
+    t = Trace(2)
+    t.add_collective(0, "all_reduce", 8)
+    t.add_collective(1, "broadcast", 8)
+    with pytest.raises(TraceError, match="all_reduce on rank 0 but broadcast on rank 1"):
+        t.validate()
+    with pytest.raises(ValueError, match="op must be one of"):
+        t.add_collective(0, "allreduce", 8)
+    with pytest.raises(ValueError, match="no async collective"):
+        t.add_wait(0, 0)
+    with pytest.raises(ValueError, match="not a member"):
+        Trace(3).add_collective(2, "all_reduce", 8, group=(0, 1))
