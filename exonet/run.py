@@ -319,7 +319,8 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
 def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, progress: bool, scenario: Any,
            run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
            resume_from: str | os.PathLike | None, wandb_project: str | None = None,
-           wandb_run_name: str | None = None, run_name: str | None = None) -> FitResult:
+           wandb_run_name: str | None = None, run_name: str | None = None,
+           upload_to: str | None = None) -> FitResult:
     """Run a validated fit: run directory, rendezvous, nodes, supervision, results."""
     if scenario is not None:
         from exonet.scenario import Scenario
@@ -368,6 +369,10 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     result = FitResult(model=model, history=sup.history, trace=sup.trace(), config=config, real_time_s=real_time)
     if run_path is not None:
         result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
+        if upload_to is not None:
+            from exonet.storage import upload_run
+
+            upload_run(result.run_dir, upload_to)
     if scenario is not None:
         result.sim = result.simulate(scenario)
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)

@@ -95,6 +95,7 @@ class LocalTrainer:
         checkpoint_interval: int | None = None,
         resume_from: str | os.PathLike | None = None,
         run_name: str | None = None,
+        upload_to: str | None = None,
         wandb_project: str | None = None,
         wandb_run_name: str | None = None,
         **legacy: Any,
@@ -128,6 +129,8 @@ class LocalTrainer:
                 original fit), writing into that same directory. The result equals an uninterrupted run.
             run_name: names the run: its folder is ``<time>-<run_name>`` and it is the default wandb
                 run name (the seed gym's spelling).
+            upload_to: an ``s3://bucket/prefix`` URL: copy the finished run directory there (needs
+                ``run_dir`` and the ``s3`` extra).
             wandb_project: log config, losses, evaluations and (with ``scenario``) simulated time to
                 this Weights & Biases project, from this process only (needs the ``wandb`` extra).
             wandb_run_name: the wandb run's name (default: ``run_name``).
@@ -136,6 +139,12 @@ class LocalTrainer:
         if run_name is not None and (not isinstance(run_name, str) or not run_name or "/" in run_name
                                      or "\\" in run_name or run_name.startswith(".")):
             raise ValueError(f"fit: run_name must be a non-empty folder name (no path separators), got {run_name!r}")
+        if upload_to is not None:
+            from exonet.storage import parse_s3_url
+
+            parse_s3_url(upload_to)
+            if run_dir is None and legacy.get("save_dir") is None and resume_from is None:
+                raise ValueError("fit: upload_to copies the run directory, so it needs run_dir")
         unknown = set(legacy) - {"save_dir"}
         if unknown:
             raise TypeError(f"fit: unexpected argument(s) {', '.join(sorted(unknown))}")
@@ -183,7 +192,8 @@ class LocalTrainer:
 
         return launch(self, strategy, cfg, progress=progress, scenario=scenario, run_dir=run_dir,
                       progress_timeout_s=progress_timeout_s, resume_from=resume_from,
-                      wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name)
+                      wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
+                      upload_to=upload_to)
 
     # ------------------------------------------------------------ resolution
     @staticmethod
