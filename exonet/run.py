@@ -44,7 +44,7 @@ from exonet.node import NodeConfig, node_main
 from exonet.result import FitResult
 from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.strategies.base import Strategy
-from exonet.trace import Collective, Event, Step, Trace, Wait
+from exonet.record import RunRecord
 from exonet.watchdog import SLOTS, Watchdog
 
 if TYPE_CHECKING:
@@ -86,19 +86,6 @@ def _unpicklable(objects: dict[str, Any]) -> str:
     return "an argument could not be pickled"
 
 
-def _upto(events: list[Event], steps: int) -> list[Event]:
-    """A rank's events up to and including its ``steps``-th step boundary."""
-    ends = [i for i, e in enumerate(events) if isinstance(e, Step)]
-    return events[: ends[steps - 1] + 1] if steps else []
-
-
-def _shift_cids(events: list[Event], offset: int) -> list[Event]:
-    """Renumber a resumed node's collectives after those already in the checkpoint's trace (ids stay unique)."""
-    if not offset:
-        return events
-    return [replace(e, cid=e.cid + offset) if isinstance(e, (Collective, Wait)) else e for e in events]
-
-
 class Supervisor:
     """Starts K nodes, turns their messages into history and trace, and stops them all on any failure.
 
@@ -113,30 +100,13 @@ class Supervisor:
 
     def __init__(self, cfg: NodeConfig, progress: bool, meta: dict[str, Any], progress_timeout_s: float | None,
                  book: CheckpointBook | None, resume: Resume | None) -> None:
-        self.cfg, self.meta, self.progress_timeout_s, self.book = cfg, meta, progress_timeout_s, book
+        self.cfg, self.progress_timeout_s, self.book = cfg, progress_timeout_s, book
         self.ctx = _context()
         self.pipes: list[Any] = []
         self.beats = self.ctx.Array("d", SLOTS * cfg.num_nodes, lock=False)
         self.watchdog: Watchdog | None = None
         self.procs: list[Any] = []
-        self.history: dict[str, list] = {"train_loss": [], "eval": []}
-        self.events: list[list[Event]] = [[] for _ in range(cfg.num_nodes)]
-        self._cid_offset = [0] * cfg.num_nodes
-        if resume is not None:
-            self.history = resume.history
-            self.events = [list(evs) for evs in resume.trace.events]
-            self._cid_offset = [1 + max((c.cid for c in resume.trace.collectives(r)), default=-1)
-                                for r in range(cfg.num_nodes)]
-        self.state: bytes | None = None
-        self.logger: Any = None  # a WandbLogger when fit(wandb_project=...) asked for one
-        self._losses: dict[int, dict[int, float]] = {}
-        self._done: set[int] = set()
-        self._bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=cfg.max_steps, initial=cfg.start_step, desc=f"exonet K={cfg.num_nodes}",
-                             unit="step", leave=False)
+        self.record = RunRecord(cfg.num_nodes, cfg.max_steps, meta, resume, progress, cfg.start_step)
 
     def start(self, model_bytes: bytes, train: Any, val: Any, strategy: Strategy) -> None:
         if self.progress_timeout_s is not None:
@@ -162,14 +132,14 @@ class Supervisor:
     def wait(self) -> None:
         """Consume messages until every node is done; raise NodeFailure on the first failure or hang."""
         next_check = 0.0
-        while len(self._done) < self.cfg.num_nodes:
+        while len(self.record.done) < self.cfg.num_nodes:
             for rank in self._ready(POLL_S):
                 self._receive(rank)
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + CHECK_S
                 self._check_alive()
-                failure = self.watchdog.check(self._done) if self.watchdog is not None else None
+                failure = self.watchdog.check(self.record.done) if self.watchdog is not None else None
                 if failure is not None:
                     raise failure
 
@@ -192,27 +162,14 @@ class Supervisor:
 
     def _handle(self, msg: tuple) -> None:
         kind, rank = msg[0], msg[1]
-        if kind == "step":
-            _, _, step, loss, events = msg
-            self.events[rank].extend(_shift_cids(events, self._cid_offset[rank]))
-            row = self._losses.setdefault(step, {})
-            row[rank] = loss
-            self._flush_losses()
-        elif kind == "eval":
-            self.history["eval"].append(msg[3])
-            if self.logger is not None:
-                self.logger.log_eval(msg[3])
-        elif kind == "checkpoint":
+        if kind == "checkpoint":
             step = msg[2]
             if self.book is not None and self.book.report(rank, step):
-                self.book.commit(step, *self.snapshot(step))
-        elif kind == "done":
-            self.events[rank].extend(_shift_cids(msg[2], self._cid_offset[rank]))
-            if rank == 0:
-                self.state = msg[3]
-            self._done.add(rank)
+                self.book.commit(step, *self.record.snapshot(step))
         elif kind == "error":
             raise self._blame(msg)
+        else:
+            self.record.handle(msg)
 
     def _blame(self, error: tuple) -> NodeFailure:
         """The failure to report for a node's error: a peer killed by a signal, else the earliest error."""
@@ -231,46 +188,22 @@ class Supervisor:
                     self._handle(msg)
         return NodeFailure(first[1], first[2].rstrip())
 
-    def _flush_losses(self) -> None:
-        k = self.cfg.num_nodes
-        nxt = len(self.history["train_loss"])
-        while len(self._losses.get(nxt, ())) == k:
-            row = self._losses.pop(nxt)
-            self.history["train_loss"].append(sum(row.values()) / k)
-            nxt += 1
-            if self.logger is not None:
-                self.logger.log_step(nxt, self.history["train_loss"][-1])
-            if self._bar is not None:
-                self._bar.update(1)
-                self._bar.set_postfix(loss=f"{self.history['train_loss'][-1]:.4f}", refresh=False)
-
-    def trace(self) -> Trace:
-        return Trace(self.cfg.num_nodes, meta=dict(self.meta), events=self.events)
-
-    def snapshot(self, steps: int) -> tuple[dict[str, list], Trace]:
-        """History and trace of the first ``steps`` steps (nodes may already be further on)."""
-        history = {"train_loss": self.history["train_loss"][:steps],
-                   "eval": [e for e in self.history["eval"] if e["step"] <= steps]}
-        trace = Trace(self.cfg.num_nodes, meta=dict(self.meta), events=[_upto(evs, steps) for evs in self.events])
-        return history, trace
-
     def _check_alive(self) -> None:
         for rank, p in enumerate(self.procs):
-            if p.exitcode is None or rank in self._done:
+            if p.exitcode is None or rank in self.record.done:
                 continue  # running, or finished and delivered (a crash in gloo's teardown loses nothing)
             # The node is gone; its error report may still be in the pipe (a DataLoader worker it
             # forked may hold the write end open a while longer, so stop when nothing is left).
             while not self.pipes[rank].closed and self.pipes[rank].poll(0.1):
                 self._receive(rank)
-            if rank in self._done:
+            if rank in self.record.done:
                 continue
             raise NodeFailure(rank, _exit_reason(p.exitcode))
 
     def stop(self) -> None:
         """Stop every node still running (SIGTERM, then SIGKILL), and reap them."""
-        if self._bar is not None:
-            self._bar.close()
-        finished = len(self._done) == self.cfg.num_nodes
+        self.record.close()
+        finished = len(self.record.done) == self.cfg.num_nodes
         deadline = time.monotonic() + GRACE_S
         for p in self.procs:
             if finished:  # nodes are tearing down their process groups: let them exit cleanly
@@ -345,7 +278,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     if wandb_project is not None:
         from exonet.wandb_log import WandbLogger
 
-        sup.logger = WandbLogger(wandb_project, config, name=wandb_run_name,
+        sup.record.logger = WandbLogger(wandb_project, config, name=wandb_run_name,
                                  dir=str(run_path) if run_path is not None else None)
     t0 = time.perf_counter()
     finished = False
@@ -359,14 +292,14 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         if book is not None:
             book.prune()
         if run_path is not None and not finished:
-            write_run(run_path, *sup.snapshot(len(sup.history["train_loss"])), False, real_time)
-        if sup.logger is not None and not finished:
-            sup.logger.finish(exit_code=1)
+            write_run(run_path, *sup.record.snapshot(len(sup.record.history["train_loss"])), False, real_time)
+        if sup.record.logger is not None and not finished:
+            sup.record.logger.finish(exit_code=1)
 
     model = copy.deepcopy(trainer.model)
-    if sup.state is not None:
-        model.load_state_dict(torch.load(io.BytesIO(sup.state), weights_only=True))
-    result = FitResult(model=model, history=sup.history, trace=sup.trace(), config=config, real_time_s=real_time)
+    if sup.record.state is not None:
+        model.load_state_dict(torch.load(io.BytesIO(sup.record.state), weights_only=True))
+    result = FitResult(model=model, history=sup.record.history, trace=sup.record.trace(), config=config, real_time_s=real_time)
     if run_path is not None:
         result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
         if upload_to is not None:
@@ -378,10 +311,10 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
         print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
               f"in scenario {scenario.name!r}")
-    if sup.logger is not None:
+    if sup.record.logger is not None:
         if result.sim is not None:
-            sup.logger.log_simulation(result.sim)
-        sup.logger.finish()
+            sup.record.logger.log_simulation(result.sim)
+        sup.record.logger.finish()
     return result
 
 

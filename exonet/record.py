@@ -1,0 +1,123 @@
+"""RunRecord: what the nodes of a run have reported so far, turned into history and trace.
+
+Node messages (see exonet.run) arrive per node and out of step with each other; the
+record keeps every node's trace events, the mean training loss of each step once all
+nodes have reported it, evaluations, and the final model. Both the local supervisor
+and a torchrun launch feed it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from exonet.trace import Collective, Event, Step, Trace, Wait
+
+if TYPE_CHECKING:
+    from exonet.checkpoint import Resume
+
+
+def _upto(events: list[Event], steps: int) -> list[Event]:
+    """The events of the first ``steps`` steps."""
+    seen = 0
+    for i, e in enumerate(events):
+        if isinstance(e, Step):
+            seen += 1
+            if seen == steps:
+                return events[: i + 1]
+    return list(events)
+
+
+def _shift_cids(events: list[Event], offset: int) -> list[Event]:
+    """A resumed node numbers its collectives from 0 again: continue the saved trace's numbering."""
+    if not offset:
+        return events
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, Collective):
+            e = Collective(e.cid + offset, e.op, e.nbytes, e.group, e.async_op, e.dtype, e.start_s, e.end_s)
+        elif isinstance(e, Wait):
+            e = Wait(e.cid + offset)
+        out.append(e)
+    return out
+
+
+class RunRecord:
+    """History, trace and final model of a run, built from node messages.
+
+    Args:
+        num_nodes: K.
+        max_steps: the run's length (for the progress bar).
+        meta: the trace's metadata.
+        resume: the checkpoint this run continues (its history and trace come first), or None.
+        progress: draw a progress bar, starting at ``start_step``.
+        start_step: the step the run starts (or resumes) from.
+    """
+
+    def __init__(self, num_nodes: int, max_steps: int, meta: dict[str, Any], resume: "Resume | None" = None,
+                 progress: bool = False, start_step: int = 0) -> None:
+        self.num_nodes, self.meta = num_nodes, meta
+        self.history: dict[str, list] = {"train_loss": [], "eval": []}
+        self.events: list[list[Event]] = [[] for _ in range(num_nodes)]
+        self._cid_offset = [0] * num_nodes
+        if resume is not None:
+            self.history = resume.history
+            self.events = [list(evs) for evs in resume.trace.events]
+            self._cid_offset = [1 + max((c.cid for c in resume.trace.collectives(r)), default=-1)
+                                for r in range(num_nodes)]
+        self.state: bytes | None = None
+        self.logger: Any = None  # a WandbLogger when fit(wandb_project=...) asked for one
+        self.done: set[int] = set()
+        self._losses: dict[int, dict[int, float]] = {}
+        self._bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=max_steps, initial=start_step, desc=f"exonet K={num_nodes}", unit="step",
+                             leave=False)
+
+    def handle(self, msg: tuple) -> None:
+        """Take a "step", "eval" or "done" message."""
+        kind, rank = msg[0], msg[1]
+        if kind == "step":
+            _, _, step, loss, events = msg
+            self.events[rank].extend(_shift_cids(events, self._cid_offset[rank]))
+            self._losses.setdefault(step, {})[rank] = loss
+            self._flush_losses()
+        elif kind == "eval":
+            self.history["eval"].append(msg[3])
+            if self.logger is not None:
+                self.logger.log_eval(msg[3])
+        elif kind == "done":
+            self.events[rank].extend(_shift_cids(msg[2], self._cid_offset[rank]))
+            if rank == 0:
+                self.state = msg[3]
+            self.done.add(rank)
+        else:
+            raise ValueError(f"RunRecord: unexpected message kind {kind!r}")
+
+    def _flush_losses(self) -> None:
+        k = self.num_nodes
+        nxt = len(self.history["train_loss"])
+        while len(self._losses.get(nxt, ())) == k:
+            row = self._losses.pop(nxt)
+            self.history["train_loss"].append(sum(row.values()) / k)
+            nxt += 1
+            if self.logger is not None:
+                self.logger.log_step(nxt, self.history["train_loss"][-1])
+            if self._bar is not None:
+                self._bar.update(1)
+                self._bar.set_postfix(loss=f"{self.history['train_loss'][-1]:.4f}", refresh=False)
+
+    def trace(self) -> Trace:
+        return Trace(self.num_nodes, meta=dict(self.meta), events=self.events)
+
+    def snapshot(self, steps: int) -> tuple[dict[str, list], Trace]:
+        """History and trace of the first ``steps`` steps (nodes may already be further on)."""
+        history = {"train_loss": self.history["train_loss"][:steps],
+                   "eval": [e for e in self.history["eval"] if e["step"] <= steps]}
+        trace = Trace(self.num_nodes, meta=dict(self.meta), events=[_upto(evs, steps) for evs in self.events])
+        return history, trace
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
