@@ -260,9 +260,20 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
 
         scenario = Scenario.coerce(scenario)
         scenario.resolve(cfg.num_nodes)  # fail before training, not after
-    model_bytes = _pickled_model(trainer.model)
     config = run_config(strategy, cfg, trainer.model)
     label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
+    meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
+    if dist.is_torchelastic_launched():
+        from exonet.torchrun import train_under_torchrun
+
+        if resume_from is not None or cfg.checkpoint_interval:
+            raise ValueError("fit: checkpoint_interval and resume_from are not supported under torchrun yet")
+        is_zero = os.environ.get("RANK") == "0"
+        run_path = _open_run(config, label, run_dir, None)[0] if is_zero else None
+        logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
+        record, real_time = train_under_torchrun(trainer, strategy, cfg, meta, progress and is_zero, logger)
+        return _finish(trainer, config, record, run_path, real_time, scenario, upload_to)
+    model_bytes = _pickled_model(trainer.model)
     store = dist.TCPStore("127.0.0.1", 0, cfg.num_nodes, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     cfg = replace(cfg, store_port=store.port)
@@ -273,13 +284,8 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         cfg = replace(cfg, checkpoint_dir=str(book.root))
     if resume is not None:
         cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
-    meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume)
-    if wandb_project is not None:
-        from exonet.wandb_log import WandbLogger
-
-        sup.record.logger = WandbLogger(wandb_project, config, name=wandb_run_name,
-                                 dir=str(run_path) if run_path is not None else None)
+    sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
     t0 = time.perf_counter()
     finished = False
     try:
@@ -296,10 +302,25 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         if sup.record.logger is not None and not finished:
             sup.record.logger.finish(exit_code=1)
 
+    return _finish(trainer, config, sup.record, run_path, real_time, scenario, upload_to)
+
+
+def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_path: Path | None) -> Any:
+    """A WandbLogger when a project is given (lazily imported), else None."""
+    if project is None:
+        return None
+    from exonet.wandb_log import WandbLogger
+
+    return WandbLogger(project, config, name=name, dir=str(run_path) if run_path is not None else None)
+
+
+def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, run_path: Path | None,
+            real_time: float, scenario: Any, upload_to: str | None) -> FitResult:
+    """The FitResult of a finished run; its run directory, upload, simulation and wandb summary."""
     model = copy.deepcopy(trainer.model)
-    if sup.record.state is not None:
-        model.load_state_dict(torch.load(io.BytesIO(sup.record.state), weights_only=True))
-    result = FitResult(model=model, history=sup.record.history, trace=sup.record.trace(), config=config, real_time_s=real_time)
+    if record.state is not None:
+        model.load_state_dict(torch.load(io.BytesIO(record.state), weights_only=True))
+    result = FitResult(model=model, history=record.history, trace=record.trace(), config=config, real_time_s=real_time)
     if run_path is not None:
         result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
         if upload_to is not None:
@@ -309,12 +330,13 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     if scenario is not None:
         result.sim = result.simulate(scenario)
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
-        print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
-              f"in scenario {scenario.name!r}")
-    if sup.record.logger is not None:
+        if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
+            print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
+                  f"in scenario {scenario.name!r}")
+    if record.logger is not None:
         if result.sim is not None:
-            sup.record.logger.log_simulation(result.sim)
-        sup.record.logger.finish()
+            record.logger.log_simulation(result.sim)
+        record.logger.finish()
     return result
 
 

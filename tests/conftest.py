@@ -10,13 +10,13 @@ import pytest
 
 
 def _node_pids() -> list[int]:
-    """Live processes whose parent is this process or the forkserver that starts nodes.
+    """Live children of the forkserver that starts nodes (every node is one).
 
-    multiprocessing's own long-lived helpers (the forkserver, the resource tracker) are not nodes.
+    Other children of the test process (a wandb service, a subprocess of another test) are not nodes.
     """
     from multiprocessing import forkserver
 
-    parents = {os.getpid(), getattr(forkserver._forkserver, "_forkserver_pid", None)}
+    parents = {getattr(forkserver._forkserver, "_forkserver_pid", None)} - {None}
     pids = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:

@@ -1,0 +1,59 @@
+"""Running the same fit under torchrun: this process is one node of a real multi-host run.
+
+``trainer.fit(strategy, num_nodes=K, ...)`` in a script started with
+``torchrun --nproc-per-node ... script.py`` runs this process as rank RANK of
+WORLD_SIZE (MASTER_ADDR / MASTER_PORT rendezvous), with the same TrainNode, strategy
+and Communicator as a local run. After training, every node's messages are gathered
+(bookkeeping, once) so each process returns the same FitResult: history, trace and
+averaged model. Rank 0 alone writes the run directory and logs. Checkpoints and the
+progress watchdog are local-run features for now (torchrun's agent restarts failed
+workers).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from exonet.node import NodeConfig, TrainNode
+from exonet.record import RunRecord
+from exonet.strategies.base import Strategy
+from exonet.watchdog import Heartbeat
+
+if TYPE_CHECKING:
+    from exonet.trainer import LocalTrainer
+
+
+def train_under_torchrun(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, meta: dict[str, Any],
+                         progress: bool, logger: Any) -> tuple[RunRecord, float]:
+    """Train this process's node, then gather every node's reports into one RunRecord."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if cfg.num_nodes != world:
+        raise ValueError(f"fit: num_nodes={cfg.num_nodes} but torchrun started WORLD_SIZE={world} processes")
+    if cfg.device_type == "cuda":  # one GPU per process: this host's LOCAL_RANK-th
+        cfg = replace(cfg, devices=(int(os.environ.get("LOCAL_RANK", 0)),))
+    messages: list[tuple] = []
+    t0 = time.perf_counter()
+    dist.init_process_group(cfg.backend, init_method="env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.timeout_s))
+    try:
+        TrainNode(rank, cfg, copy.deepcopy(trainer.model), trainer.train_dataset, trainer.val_dataset,
+                  copy.deepcopy(strategy), messages.append, Heartbeat(None, rank)).run()
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, messages)
+    finally:
+        dist.destroy_process_group()
+    real_time = time.perf_counter() - t0
+    record = RunRecord(world, cfg.max_steps, meta, progress=progress)
+    record.logger = logger
+    for node_messages in gathered:
+        for msg in node_messages:
+            record.handle(msg)
+    record.close()
+    return record, real_time
