@@ -210,6 +210,14 @@ class Communicator:
         host = tensor.detach().to("cpu")
         return host, lambda out: tensor.copy_(out.to(tensor.device))
 
+    def _chunked(self, op: str, tensor: torch.Tensor, group: GroupArg) -> tuple[torch.Tensor, Any, int]:
+        """A contiguous host-readable buffer of ``tensor`` that splits into one chunk per member, its group and size."""
+        n = self.group_size(group)
+        if tensor.shape[0] % n:
+            raise ValueError(f"{op}: dim 0 ({tensor.shape[0]}) must divide by the group size {n}")
+        buf, _ = self._staged(tensor)
+        return buf.contiguous(), self.group_of(group), n
+
     # ------------------------------------------------------------ bookkeeping
     def untraced_all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` in place across all ranks, outside the algorithm: not traced, not counted.
@@ -276,12 +284,7 @@ class Communicator:
 
         Returns a tensor of the same shape whose chunk j came from the j-th member.
         """
-        n = self.group_size(group)
-        if tensor.shape[0] % n:
-            raise ValueError(f"all_to_all: dim 0 ({tensor.shape[0]}) must divide by the group size {n}")
-        buf, _ = self._staged(tensor)
-        buf = buf.contiguous()
-        pg = self.group_of(group)
+        buf, pg, _ = self._chunked("all_to_all", tensor, group)
         out = torch.empty_like(buf)
         return self._run("all_to_all", tensor, group, async_op,
                          lambda a: dist.all_to_all_single(out, buf, group=pg, async_op=a),
@@ -295,12 +298,7 @@ class Communicator:
         """
         if op not in ("sum", "avg"):
             raise ValueError(f"reduce_scatter: op must be 'sum' or 'avg', got {op!r}")
-        n = self.group_size(group)
-        if tensor.shape[0] % n:
-            raise ValueError(f"reduce_scatter: dim 0 ({tensor.shape[0]}) must divide by the group size {n}")
-        buf, _ = self._staged(tensor)
-        buf = buf.contiguous()
-        pg = self.group_of(group)
+        buf, pg, n = self._chunked("reduce_scatter", tensor, group)
         chunk = buf.shape[0] // n
         if self.backend == "nccl":
             out = buf.new_empty((chunk, *buf.shape[1:]))
