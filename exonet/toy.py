@@ -15,8 +15,10 @@ from torch.utils.data import Dataset, TensorDataset
 from exonet.strategies.base import Strategy
 
 
-class Classifier(nn.Module):
-    """Wraps a network so that ``model((x, y))`` returns the cross-entropy loss, as exonet expects."""
+class _Supervised(nn.Module):
+    """Wraps a network so that ``model((x, y))`` returns ``loss(net(x), y)``, as exonet expects."""
+
+    loss = staticmethod(nn.functional.cross_entropy)
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()
@@ -24,19 +26,17 @@ class Classifier(nn.Module):
 
     def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
+        return self.loss(self.net(x), y)
 
 
-class Regressor(nn.Module):
+class Classifier(_Supervised):
+    """Cross-entropy wrapper: ``model((x, y))`` returns the loss."""
+
+
+class Regressor(_Supervised):
     """Mean-squared-error wrapper: ``model((x, y))`` returns the loss."""
 
-    def __init__(self, net: nn.Module) -> None:
-        super().__init__()
-        self.net = net
-
-    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
+    loss = staticmethod(nn.functional.mse_loss)
 
 
 def bench_mlp(seed: int = 0) -> Classifier:
