@@ -27,6 +27,8 @@ The closing line lets a reader tell a complete file from a truncated one.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +39,7 @@ from exonet.errors import TraceError
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 FORMAT = "exonet-trace"
 VERSION = 1
+MAX_NODES = 1 << 20  # a header claiming more is corrupt; loading would allocate a list per node
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,9 +113,11 @@ class Trace:
 
     def add_compute(self, rank: int, seconds: float, *, cpu_s: float | None = None, flops: float = 0.0) -> None:
         """Append a compute span of ``seconds`` wall time (thread-CPU time defaults to the same)."""
-        if seconds < 0 or (cpu_s is not None and cpu_s < 0) or flops < 0:
-            raise ValueError(f"Trace.add_compute: seconds, cpu_s and flops must be >= 0, got {seconds}, {cpu_s}, {flops}")
-        self._rank(rank).append(Compute(float(seconds), float(seconds if cpu_s is None else cpu_s), float(flops)))
+        evs = self._rank(rank)
+        try:
+            evs.append(_compute(seconds, seconds if cpu_s is None else cpu_s, flops))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"Trace.add_compute: {exc}") from None
 
     def add_collective(
         self,
@@ -126,18 +131,18 @@ class Trace:
         start_s: float | None = None,
         end_s: float | None = None,
     ) -> int:
-        """Append a collective and return its id (unique per rank, for ``add_wait``)."""
+        """Append a collective and return its id (unique per rank, for ``add_wait``).
+
+        ``group`` is normalised as a file's is: its ranks sorted, and the whole world stored as None.
+        """
         evs = self._rank(rank)
-        if op not in OPS:
-            raise ValueError(f"Trace.add_collective: op must be one of {', '.join(OPS)}, got {op!r}")
-        if int(nbytes) != nbytes or nbytes < 0:
-            raise ValueError(f"Trace.add_collective: nbytes must be a non-negative integer, got {nbytes!r}")
-        grp = _normalise_group(group, self.num_nodes)
-        if grp is not None and rank not in grp:
-            raise ValueError(f"Trace.add_collective: rank {rank} is not a member of group {grp}")
         cid = self._next_cid[rank]
+        try:
+            event = _collective(rank, self.num_nodes, cid, op, nbytes, group, bool(async_op), dtype, start_s, end_s)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"Trace.add_collective: {exc}") from None
         self._next_cid[rank] += 1
-        evs.append(Collective(cid, op, int(nbytes), grp, bool(async_op), dtype, start_s, end_s))
+        evs.append(event)
         return cid
 
     def add_wait(self, rank: int, cid: int) -> None:
@@ -252,15 +257,19 @@ class Trace:
         lines = text.splitlines()
         if not lines:
             raise TraceError(f"{path}: empty file, expected an exonet trace")
-        header = _parse_line(path, 1, lines[0])
+        header = _parse_line(path, 1, lines[0], strict=False)  # meta is free-form: Python's NaN may sit in it
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise TraceError(f"{path}:1: not an exonet trace (expected a header with format={FORMAT!r})")
         if header.get("version") != VERSION:
             raise TraceError(f"{path}:1: unsupported trace version {header.get('version')!r}, expected {VERSION}")
         num_nodes = header.get("num_nodes")
-        if not isinstance(num_nodes, int) or num_nodes < 1:
-            raise TraceError(f"{path}:1: num_nodes must be a positive integer, got {num_nodes!r}")
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or not 1 <= num_nodes <= MAX_NODES:
+            raise TraceError(f"{path}:1: num_nodes must be an integer in [1, {MAX_NODES}], got {num_nodes!r}")
+        meta = header.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise TraceError(f"{path}:1: meta must be an object, got {type(meta).__name__}")
         events: list[list[Event]] = [[] for _ in range(num_nodes)]
+        reader = _Reader(num_nodes)
         footer = None
         for lineno, line in enumerate(lines[1:], start=2):
             value = _parse_line(path, lineno, line)
@@ -270,8 +279,8 @@ class Trace:
                     raise TraceError(f"{path}:{lineno}: closing line before the end of the file")
                 break
             try:
-                rank, event = _decode(value, num_nodes)
-            except (ValueError, TypeError, IndexError) as exc:
+                rank, event = reader.decode(value)
+            except (ValueError, TypeError) as exc:
                 raise TraceError(f"{path}:{lineno}: bad event {line[:80]!r} ({exc})") from None
             events[rank].append(event)
         n = sum(len(e) for e in events)
@@ -279,15 +288,84 @@ class Trace:
             raise TraceError(f"{path}: truncated trace (no closing line; read {n} events)")
         if footer.get("events") != n:
             raise TraceError(f"{path}: closing line says {footer.get('events')} events, file holds {n}")
-        return cls(num_nodes, dict(header.get("meta") or {}), events)
+        return cls(num_nodes, dict(meta or {}), events)
+
+
+def _seconds(name: str, value: Any) -> float:
+    """A finite, non-negative number of seconds (or FLOPs): what a compute span is made of."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    x = _finite(value)
+    if x is None or x < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    return x
+
+
+def _finite(value: int | float) -> float | None:
+    """``value`` as a float, or None when it is NaN, infinite or an int too large for a float."""
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _integer(name: str, value: Any) -> int:
+    """A non-negative integer (an integral float such as 4.0 counts; a bool does not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, numbers.Integral)):
+        raise TypeError(f"{name} must be a non-negative integer, got {value!r}")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _time_stamp(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    x = None if isinstance(value, bool) or not isinstance(value, (int, float)) else _finite(value)
+    if x is None:
+        raise ValueError(f"{name} must be a finite number of seconds or null, got {value!r}")
+    return x
+
+
+def _compute(wall_s: Any, cpu_s: Any, flops: Any) -> Compute:
+    return Compute(_seconds("seconds", wall_s), _seconds("cpu_s", cpu_s), _seconds("flops", flops))
+
+
+def _collective(rank: int, num_nodes: int, cid: Any, op: Any, nbytes: Any, group: Any, async_op: bool, dtype: Any,
+                start_s: Any, end_s: Any) -> Collective:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+    if not isinstance(dtype, str) or not dtype:
+        raise TypeError(f"dtype must be a non-empty string such as 'float32', got {dtype!r}")
+    grp = _normalise_group(group, num_nodes)
+    if grp is not None and rank not in grp:
+        raise ValueError(f"rank {rank} is not a member of group {grp}")
+    return Collective(_integer("cid", cid), op, _integer("nbytes", nbytes), grp, async_op, dtype,
+                      _time_stamp("start_s", start_s), _time_stamp("end_s", end_s))
 
 
 def _normalise_group(group: Any, num_nodes: int) -> tuple[int, ...] | None:
+    """A group as one canonical value: sorted ranks, or None for the whole world (however it was spelt).
+
+    Order carries no meaning (the group's members are a set), so ``[1, 0]`` is ``(0, 1)`` and
+    ``[0, ..., K-1]`` is None; then equal groups compare equal wherever collectives are matched.
+    """
     if group is None:
         return None
+    if isinstance(group, (str, bytes)) or not isinstance(group, (list, tuple, range)):
+        raise TypeError(f"group must be a list of ranks or null, got {group!r}")
+    if not all(isinstance(r, (int, numbers.Integral)) and not isinstance(r, bool) for r in group):
+        raise TypeError(f"group must list integer ranks, got {group!r}")
     grp = tuple(sorted(int(r) for r in group))
-    if not grp or len(set(grp)) != len(grp) or grp[0] < 0 or grp[-1] >= num_nodes:
-        raise ValueError(f"group must be distinct ranks in [0, {num_nodes}), got {group!r}")
+    if not grp:
+        raise ValueError("group must not be empty")
+    if len(set(grp)) != len(grp):
+        raise ValueError(f"group lists a rank twice: {list(group)}")
+    if grp[0] < 0 or grp[-1] >= num_nodes:
+        raise ValueError(f"group {list(group)} names a rank outside [0, {num_nodes})")
     return None if len(grp) == num_nodes else grp
 
 
@@ -301,26 +379,55 @@ def _encode(rank: int, e: Event) -> list:
     return ["s", rank]
 
 
-def _decode(v: list, num_nodes: int) -> tuple[int, Event]:
-    kind, rank = v[0], v[1]
-    if not isinstance(rank, int) or not 0 <= rank < num_nodes:
-        raise ValueError(f"rank {rank!r} out of range")
-    if kind == "c":
-        return rank, Compute(float(v[2]), float(v[3]), float(v[4]))
-    if kind == "x":
-        if v[3] not in OPS:
-            raise ValueError(f"unknown op {v[3]!r}")
-        group = tuple(v[5]) if v[5] is not None else None
-        return rank, Collective(int(v[2]), v[3], int(v[4]), group, bool(v[6]), str(v[7]), v[8], v[9])
-    if kind == "w":
-        return rank, Wait(int(v[2]))
-    if kind == "s":
+class _Reader:
+    """Decodes a file's event lines, keeping what the builder knows: ids issued and async ids to wait on."""
+
+    _ARITY = {"c": 5, "x": 10, "w": 3, "s": 2}
+
+    def __init__(self, num_nodes: int) -> None:
+        self.num_nodes = num_nodes
+        self.cids: list[set[int]] = [set() for _ in range(num_nodes)]
+        self.async_cids: list[set[int]] = [set() for _ in range(num_nodes)]
+
+    def decode(self, v: Any) -> tuple[int, Event]:
+        if not isinstance(v, list) or not v or v[0] not in self._ARITY:
+            raise ValueError(f"expected an event [kind, rank, ...] with kind one of {', '.join(self._ARITY)}")
+        kind = v[0]
+        if len(v) != self._ARITY[kind]:
+            raise ValueError(f"a {kind!r} event has {self._ARITY[kind]} fields, got {len(v)}")
+        rank = v[1]
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.num_nodes:
+            raise ValueError(f"rank {rank!r} out of range [0, {self.num_nodes})")
+        if kind == "c":
+            return rank, _compute(v[2], v[3], v[4])
+        if kind == "x":
+            if v[6] not in (0, 1) or isinstance(v[6], float):
+                raise ValueError(f"async must be 0 or 1, got {v[6]!r}")
+            e = _collective(rank, self.num_nodes, v[2], v[3], v[4], v[5], bool(v[6]), v[7], v[8], v[9])
+            if e.cid in self.cids[rank]:
+                raise ValueError(f"rank {rank} issued collective id {e.cid} twice")
+            self.cids[rank].add(e.cid)
+            if e.async_op:
+                self.async_cids[rank].add(e.cid)
+            return rank, e
+        if kind == "w":
+            cid = _integer("cid", v[2])
+            if cid not in self.async_cids[rank]:
+                raise ValueError(f"rank {rank} waits for collective id {cid}, which it has not issued as async")
+            return rank, Wait(cid)
         return rank, _STEP
-    raise ValueError(f"unknown event kind {kind!r}")
 
 
-def _parse_line(path: Path, lineno: int, line: str) -> Any:
+def _parse_line(path: Path, lineno: int, line: str, strict: bool = True) -> Any:
     try:
-        return json.loads(line)
+        return json.loads(line, parse_constant=_reject_constant if strict else None)
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    except ValueError as exc:  # NaN / Infinity, which Python writes and JSON lacks
+        raise TraceError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise TraceError(f"{path}:{lineno}: not valid JSON (nested too deeply)") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")

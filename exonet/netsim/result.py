@@ -13,6 +13,7 @@ Per node, ``compute_s + comm_s + idle_s == wall_clock_s`` (to rounding):
 from __future__ import annotations
 
 import json
+import math
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -75,7 +76,11 @@ class SimResult:
         return list(zip(self.step_end_times, self.history))
 
     def to_chrome_trace(self, path: str | os.PathLike) -> Path:
-        """Write the timeline as Chrome trace JSON (chrome://tracing, ui.perfetto.dev): one track per node."""
+        """Write the timeline as Chrome trace JSON (chrome://tracing, ui.perfetto.dev): one track per node.
+
+        The file is strict JSON: a time that is not finite raises ValueError instead of writing
+        ``nan`` or ``inf``, which JSON lacks and viewers reject.
+        """
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
@@ -90,7 +95,7 @@ class SimResult:
                         spans.append((line.end, self.wall_clock_s, IDLE))
                     f.writelines(
                         f',\n{{"ph": "X", "pid": 0, "tid": {rank}, "name": "{KINDS[kind]}", "cat": "{KINDS[kind]}", '
-                        f'"ts": {start * 1e6!r}, "dur": {(end - start) * 1e6!r}}}'
+                        f'"ts": {_microseconds(start, rank)}, "dur": {_microseconds(end - start, rank)}}}'
                         for start, end, kind in spans
                     )
                 f.write("\n]}\n")
@@ -110,6 +115,14 @@ class SimResult:
         for node, sent in zip(self.per_node, self.wire_bytes):
             rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} {sent / 1e6:>12.3f}")
         return "\n".join([head, *rows])
+
+
+def _microseconds(seconds: float, rank: int) -> str:
+    """``seconds`` in microseconds as a JSON number (Python's repr, which round-trips)."""
+    us = seconds * 1e6
+    if not math.isfinite(us):
+        raise ValueError(f"SimResult.to_chrome_trace: node {rank} has a span of {seconds!r} s; a Chrome trace needs finite times")
+    return repr(us)
 
 
 def _duration(seconds: float) -> str:
