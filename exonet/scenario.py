@@ -95,7 +95,8 @@ class Resolved:
         speed: per-rank relative compute throughput (compute time / speed).
         algorithms: op name -> algorithm name, for every op in exonet.trace.OPS.
         sharing: "max-min" or "fifo".
-        tcp_window: bytes, or None; a flow's rate is capped at window / (2 * latency of its path).
+        tcp_window: bytes, or None; a flow's rate is capped at window / (2 * latency of its path), and not
+            at all on a path whose latency is 0.
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
         events: transient slowdowns and outages.

@@ -209,6 +209,12 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         raise ScenarioError(
             f'{where} network.bandwidth is required (e.g. bandwidth = "1 Gbit/s") unless both uplink and downlink are given'
         )
+    if "tcp_window" in net and not (net.get("latency", 0.0) > 0 or any(l.get("latency", 0.0) > 0 for l in p.get("links", []))):
+        raise ScenarioError(
+            f"{where} network.tcp_window: has no effect, because every latency is 0: a window caps a flow at "
+            "window / (2 · latency), so a zero round trip never binds; set network.latency (or a link's latency) "
+            "or remove tcp_window"
+        )
     compute = p.get("compute", {})
     if compute.get("mode") == "flops" and "tflops" not in compute:
         raise ScenarioError(f'{where} compute.tflops is required when compute.mode = "flops" (e.g. tflops = 989.0)')

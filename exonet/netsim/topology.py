@@ -4,6 +4,9 @@ Every rank has a NIC with an uplink and a downlink (bytes/s). A message from ran
 to rank b crosses a's uplink, then the inter-region link in the a→b direction when
 the two ranks sit in different regions (shared by every flow crossing it that way),
 then b's downlink. Latency α is one-way and paid once per message, end to end.
+A TCP window W caps a flow at W / (2α) on its path; on a path with α = 0 the round
+trip is 0 and the window never binds (the scenario schema refuses a window when
+every latency is 0, since it would then do nothing at all).
 
 Links are numbered so a flow is a tuple of small integers: uplinks ``0..n-1``,
 downlinks ``n..2n-1``, then two ids per inter-region link (one per direction).
@@ -29,7 +32,7 @@ class Path:
 
     links: tuple[int, ...]
     latency: float  # one-way seconds
-    cap: float  # per-flow rate cap in bytes/s (TCP window / RTT); inf when uncapped
+    cap: float  # per-flow rate cap in bytes/s (TCP window / RTT); inf when uncapped or the path's latency is 0
     rate: float  # the rate this path gives a lone flow: min(cap, every link's capacity)
 
 
