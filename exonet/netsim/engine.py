@@ -22,17 +22,35 @@ trace. How time passes:
 * ``Step`` marks only record the time. A rank's step i ends at its cursor; step i of
   the run ends when its slowest rank ends it.
 
+* Collectives on one group run one at a time, in issue order (NCCL runs a
+  communicator's collectives in order on one stream): the next starts when the
+  previous ends, so overlapped DDP buckets queue rather than share links. Set
+  ``network.group_concurrency`` to let more run at once (a gloo process group has
+  two worker threads). Collectives on different groups run at once and share links.
+
 Incremental feeding is safe because a rank that is waiting for input (open, not
 blocked, nothing queued) holds the clock back: no event at or after its cursor is
 processed until it is fed or closed, so nothing it will do can land in the past.
+
+Two rules make a replay exact however long it runs and in whatever order it is fed:
+
+* Time is an integer count of ticks of 2**-64 s, so a nanosecond collective after a
+  year of simulated time is still timed to 1e-10 relative; durations are summed
+  exactly and converted to seconds only in the result. The fluid network keeps its
+  clock relative to the last rate change for the same reason.
+* Everything due at one instant runs in a fixed order, whatever order it was
+  scheduled in: outages first, then network progress, then collective starts sorted
+  by (group, index). So FIFO sharing and the online clock do not depend on which
+  rank was fed first.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import simpy
 
@@ -45,9 +63,25 @@ from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
 from exonet.trace import Collective, Compute, Event, Step, Trace, Wait
 
+SCALE = 2**64  # ticks per second: simulated time is an integer number of ticks
+TICK = 1.0 / SCALE
+
+# The order of things due at the same instant (see the module docstring).
+_OUTAGE, _NETWORK, _START = 0, 1, 2
+
+
+def ticks(seconds: float) -> int:
+    """Seconds as a whole number of ticks (exact scaling by a power of two, then rounding)."""
+    return round(seconds * SCALE)
+
+
+def seconds(t: int) -> float:
+    """Ticks as seconds, correctly rounded (int to float rounds; scaling by 2**-64 is exact)."""
+    return t * TICK
+
 
 class _Rank:
-    """One rank's replay state: its queue of events, cursor, accounting and timeline."""
+    """One rank's replay state: its queue of events, cursor (ticks), accounting (ticks) and timeline."""
 
     __slots__ = (
         "async_ops",
@@ -62,6 +96,7 @@ class _Rank:
         "open",
         "queue",
         "rank",
+        "span_end",
         "step",
         "t",
         "times",
@@ -70,16 +105,17 @@ class _Rank:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.queue: deque[Event] = deque()
-        self.t = 0.0
+        self.t = 0
         self.step = 0
         self.blocked: _Collective | None = None
-        self.block_t = 0.0
+        self.block_t = 0
         self.open = True
         self.gate = False  # an outage by step begins at this step and its length is not yet known
-        self.compute = self.comm = self.idle = 0.0
-        self.times = array("d")
+        self.compute = self.comm = self.idle = 0
+        self.times = array("d")  # span (start, end) pairs in seconds
         self.kinds = bytearray()
-        self.counts: dict[tuple[int, ...] | None, int] = {}
+        self.span_end = -1  # the last span's end tick
+        self.counts: dict[tuple[int, ...], int] = {}
         self.async_ops: dict[int, _Collective] = {}
 
 
@@ -103,15 +139,15 @@ class _Collective:
         "waiters",
     )
 
-    def __init__(self, key: tuple, op: str, members: tuple[int, ...]) -> None:
+    def __init__(self, key: tuple[tuple[int, ...], int], op: str, members: tuple[int, ...]) -> None:
         self.key = key
         self.op = op
         self.members = members
         self.nbytes = 0
         self.ranks: list[int] = []  # who has issued it, in order
-        self.last = 0.0  # the latest arrival
+        self.last = 0  # the latest arrival
         self.waiters: list[_Rank] = []
-        self.start = self.end = 0.0
+        self.start = self.end = 0
         self.done = False
         self.plan: Plan | None = None
         self.phase = 0
@@ -134,6 +170,9 @@ class Simulation:
     def __init__(self, resolved: Resolved, *, fast_path: bool = True, name: str = "") -> None:
         if resolved.sharing not in SHARING:
             raise ScenarioError(f"scenario: network.sharing must be one of {', '.join(SHARING)}, got {resolved.sharing!r}")
+        concurrency = resolved.group_concurrency
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+            raise ScenarioError(f"scenario: network.group_concurrency must be an integer >= 1, got {concurrency!r}")
         n = resolved.num_nodes
         self.resolved = resolved
         self.name = name
@@ -141,19 +180,26 @@ class Simulation:
         self._topo = Topology(resolved)
         self._cm = ComputeModel(resolved)
         self._planner = Planner(self._topo, resolved.algorithms, resolved.sharing)
-        self._net = FluidNetwork(self._topo.capacity, resolved.sharing)
+        self._net = FluidNetwork(self._topo.capacity, resolved.sharing, resolution=TICK)
+        self._net_epoch = 0  # the tick at which the fluid network's clock reads 0
         self._net_token = 0
         self._fast = fast_path
         self._ranks = [_Rank(r) for r in range(n)]
         self._everyone = tuple(range(n))
+        self._members: dict[tuple[int, ...] | None, tuple[int, ...]] = {None: self._everyone}
         self._open: dict[tuple, _Collective] = {}  # issued by some members, not yet by all
+        self._concurrency = concurrency
+        self._running: dict[tuple[int, ...], int] = {}  # group -> collectives started or due to start
+        self._queued: dict[tuple[int, ...], deque[_Collective]] = {}  # group -> issued by all, waiting their turn
         self._active: dict[_Collective, None] = {}  # in flight on the event path
         self._lone: _Collective | None = None  # in flight on the fast path
-        self._step_ends: list[float] = []
+        self._agenda: dict[int, list] = {}  # tick -> heap of (order, seq, fn, args) due then
+        self._seq = 0
+        self._step_ends: list[int] = []
         self._wire = [0.0] * n
-        self._last_end = 0.0
+        self._last_end = 0
         self._events = 0
-        self._horizon = math.inf  # the earliest cursor of a rank waiting for input
+        self._horizon: float = math.inf  # the earliest cursor of a rank waiting for input
         self._gates = any(self._cm.gated_steps)
         for r, outages in enumerate(self._cm.down):
             for t0, t1 in outages:
@@ -184,22 +230,22 @@ class Simulation:
 
     @property
     def now(self) -> float:
-        """Simulated time up to which the network has been replayed."""
-        return self.env.now
+        """Simulated seconds up to which the network has been replayed."""
+        return seconds(self.env.now)
 
     def rank_time(self, rank: int) -> float:
-        """Simulated time ``rank`` has reached in its own events."""
-        return self._ranks[rank].t
+        """Simulated seconds ``rank`` has reached in its own events."""
+        return seconds(self._ranks[rank].t)
 
     def run_until_blocked(self) -> float:
-        """Replay as far as the input allows; returns the simulated time reached."""
+        """Replay as far as the input allows; returns the simulated seconds reached."""
         self._horizon = math.inf
         for rk in self._ranks:
             self._advance(rk)
         env = self.env
         while env.peek() < self._horizon:
             env.step()
-        return env.now
+        return seconds(env.now)
 
     def result(self, history: Sequence[float] | None = None) -> SimResult:
         """Close the input, replay to the end and return the outcome.
@@ -210,31 +256,56 @@ class Simulation:
         self.close()
         self.run_until_blocked()
         if self._open:
-            c = next(iter(self._open.values()))
-            group, k = c.key
-            missing = [r for r in c.members if r not in c.ranks]
-            raise TraceError(
-                f"trace: collective #{k} ({c.op}) on group {list(group) if group else 'all ranks'} was issued by "
-                f"ranks {c.ranks} but never by ranks {missing}; collectives must match across the group's members"
-            )
+            raise TraceError(self._deadlock())
         ends = self._step_ends
         if history is not None and len(history) != len(ends):
             raise ValueError(f"simulate: history has {len(history)} losses but the trace has {len(ends)} steps")
         wall = max(self._last_end, *(rk.t for rk in self._ranks))
-        nodes = [NodeTimes(rk.rank, rk.compute, rk.comm, rk.idle + (wall - rk.t), rk.step) for rk in self._ranks]
-        total = sum(node.compute_s for node in nodes)
+        nodes = [NodeTimes(rk.rank, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step)
+                 for rk in self._ranks]
+        total = sum(rk.compute for rk in self._ranks)
         return SimResult(
-            wall_clock_s=wall,
+            wall_clock_s=seconds(wall),
             per_node=nodes,
-            step_end_times=list(ends),
+            step_end_times=[seconds(t) for t in ends],
             wire_bytes=[round(b) for b in self._wire],
             utilization=total / (len(nodes) * wall) if wall > 0 else 0.0,
             scenario_name=self.name,
             num_steps=len(ends),
             events=self._events,
             history=None if history is None else [float(x) for x in history],
-            timelines=[Timeline(rk.times, bytes(rk.kinds), rk.t) for rk in self._ranks],
+            timelines=[Timeline(rk.times, bytes(rk.kinds), seconds(rk.t)) for rk in self._ranks],
         )
+
+    def _deadlock(self) -> str:
+        """What each stuck rank is blocked on, and why its peers never get there (the input has ended)."""
+        lines = []
+        for rk in self._ranks:
+            c = rk.blocked
+            if c is not None and not c.done:
+                lines.append(f"rank {rk.rank} waits in {self._describe(c)}")
+        if not lines:
+            lines.append(self._describe(next(iter(self._open.values()))))
+        return "trace: collectives must match across the group's members, and these never can: " + "; ".join(lines)
+
+    def _describe(self, c: _Collective) -> str:
+        """``c``, who issued it, and what each member that did not is doing instead."""
+        group, k = c.key
+        name = "all ranks" if group is self._everyone else f"group {list(group)}"
+        missing = [r for r in c.members if r not in c.ranks]
+        if not missing:
+            return f"{c.op} #{k} on {name}"
+        reasons = []
+        for r in missing:
+            other = self._ranks[r].blocked
+            if other is None:
+                reasons.append(f"rank {r} ended its events without issuing it")
+            else:
+                where = "all ranks" if other.key[0] is self._everyone else f"group {list(other.key[0])}"
+                reasons.append(f"rank {r} is blocked first in {other.op} #{other.key[1]} on {where}")
+        never = all(self._ranks[r].blocked is None for r in missing)
+        return (f"{c.op} #{k} on {name}, issued by ranks {c.ranks} but {'never' if never else 'not yet'} by ranks "
+                f"{missing} ({'; '.join(reasons)})")
 
     # ----------------------------------------------------------------- ranks
     def _advance(self, rk: _Rank) -> None:
@@ -252,11 +323,13 @@ class Simulation:
                 start = rk.t
                 work = cm.work(r, rk.step, e)
                 if cm.windowed[r]:
-                    end, pieces = cm.run(r, rk.step, start, work)
+                    _, pieces = cm.run(r, rk.step, seconds(start), work)
+                    end = start
                     for a, b, down in pieces:
-                        self._spend(rk, a, b, IDLE if down else COMPUTE)
+                        a_t, end = max(end, ticks(a)), max(end, ticks(b))
+                        self._spend(rk, a_t, end, IDLE if down else COMPUTE)
                 else:
-                    end = start + work
+                    end = start + round(work * SCALE)
                     self._spend(rk, start, end, COMPUTE)
                 rk.t = end
             elif kind is Collective:
@@ -273,8 +346,8 @@ class Simulation:
         if rk.blocked is None and rk.open and rk.t < self._horizon:
             self._horizon = rk.t
 
-    def _spend(self, rk: _Rank, a: float, b: float, kind: int) -> None:
-        """Account [a, b) of ``rk``'s time to ``kind`` and add it to its timeline."""
+    def _spend(self, rk: _Rank, a: int, b: int, kind: int) -> None:
+        """Account ticks [a, b) of ``rk``'s time to ``kind`` and add them to its timeline."""
         if b <= a:
             return
         if kind == COMPUTE:
@@ -284,12 +357,13 @@ class Simulation:
         else:
             rk.idle += b - a
         kinds, times = rk.kinds, rk.times
-        if kinds and kinds[-1] == kind and times[-1] == a:
-            times[-1] = b
+        if kinds and kinds[-1] == kind and rk.span_end == a:
+            times[-1] = b * TICK
         else:
-            times.append(a)
-            times.append(b)
+            times.append(a * TICK)
+            times.append(b * TICK)
             kinds.append(kind)
+        rk.span_end = b
 
     def _step(self, rk: _Rank) -> None:
         i, ends = rk.step, self._step_ends
@@ -307,27 +381,42 @@ class Simulation:
         if lengths is None:
             return False
         rk.gate = False
+        t0 = seconds(rk.t)
         for length in lengths:
             if length > 0:
-                self._cm.add_down(rk.rank, rk.t, rk.t + length)
-                self._schedule_outage(rk.rank, rk.t, rk.t + length)
+                self._cm.add_down(rk.rank, t0, t0 + length)
+                self._schedule_outage(rk.rank, t0, t0 + length)
         return True
 
+    def _group(self, rank: int, group: tuple[int, ...] | None) -> tuple[int, ...]:
+        """The sorted members of ``group`` (None = every rank); the same tuple for every spelling of a group."""
+        members = self._members.get(group)
+        if members is None:
+            members = tuple(sorted(set(group)))
+            bad = [r for r in members if not 0 <= r < len(self._ranks)]
+            if bad:
+                raise TraceError(f"trace: rank {rank} issued a collective on group {list(group)}, "
+                                 f"but rank {bad[0]} is not among the {len(self._ranks)} nodes")
+            if len(members) == len(self._ranks):
+                members = self._everyone
+            self._members[group] = members
+        if rank not in members:
+            raise TraceError(f"trace: rank {rank} issued a collective on group {list(group or ())}, which it is not in")
+        return members
+
     def _issue(self, rk: _Rank, e: Collective) -> None:
-        """``rk`` arrives at a collective; the last member to arrive schedules its start."""
-        group = e.group
-        k = rk.counts.get(group, 0)
-        rk.counts[group] = k + 1
-        key = (group, k)
+        """``rk`` arrives at a collective; the last member to arrive queues it on its group."""
+        members = self._group(rk.rank, e.group)
+        k = rk.counts.get(members, 0)
+        rk.counts[members] = k + 1
+        key = (members, k)
         c = self._open.get(key)
         if c is None:
-            if group is not None and rk.rank not in group:
-                raise TraceError(f"trace: rank {rk.rank} issued a collective on group {list(group)}, which it is not in")
-            c = self._open[key] = _Collective(key, e.op, tuple(sorted(group)) if group is not None else self._everyone)
+            c = self._open[key] = _Collective(key, e.op, members)
         elif c.op != e.op:
             raise TraceError(
-                f"trace: collective #{k} on group {list(group) if group else 'all ranks'} is {c.op} on rank {c.ranks[0]} "
-                f"but {e.op} on rank {rk.rank}"
+                f"trace: collective #{k} on group {list(members) if members is not self._everyone else 'all ranks'} "
+                f"is {c.op} on rank {c.ranks[0]} but {e.op} on rank {rk.rank}"
             )
         c.ranks.append(rk.rank)
         c.nbytes = max(c.nbytes, e.nbytes)
@@ -336,9 +425,14 @@ class Simulation:
             rk.async_ops[e.cid] = c
         else:
             self._block(rk, c)
-        if len(c.ranks) == len(c.members):
+        if len(c.ranks) == len(members):
             del self._open[key]
-            self._at(c.last, self._start, c)
+            running = self._running.get(members, 0)
+            if running < self._concurrency:
+                self._running[members] = running + 1
+                self._at(c.last, self._start, c, order=(_START, members, k))
+            else:
+                self._queued.setdefault(members, deque()).append(c)
 
     def _block(self, rk: _Rank, c: _Collective) -> None:
         rk.blocked = c
@@ -357,7 +451,7 @@ class Simulation:
         if self._cm.down[rk.rank]:
             cursor = start
             for t0, t1 in sorted(self._cm.down[rk.rank]):
-                lo, hi = max(t0, cursor), min(t1, end)
+                lo, hi = max(ticks(t0), cursor), min(ticks(t1), end)
                 if hi > lo:
                     self._spend(rk, cursor, lo, COMM)
                     self._spend(rk, lo, hi, IDLE)
@@ -368,16 +462,28 @@ class Simulation:
         rk.t = end
         rk.blocked = None
 
-    # ------------------------------------------------------------ collectives
-    def _at(self, t: float, fn, *args) -> None:
-        """Call ``fn(t, *args)`` when the clock reaches ``t`` (which is passed exactly, not via env.now)."""
-        ev = self.env.timeout(max(0.0, t - self.env.now))
-        ev.callbacks.append(lambda _: fn(t, *args))
+    # ------------------------------------------------------------ the agenda
+    def _at(self, t: int, fn: Callable[..., None], *args: object, order: tuple = (_NETWORK,)) -> None:
+        """Call ``fn(t, *args)`` at tick ``t``; calls due at one tick run sorted by ``order``, then by scheduling."""
+        slot = self._agenda.get(t)
+        if slot is None:
+            slot = self._agenda[t] = []
+            self.env.timeout(t - self.env.now).callbacks.append(lambda _: self._run_slot(t))
+        self._seq += 1
+        heapq.heappush(slot, (order, self._seq, fn, args))
 
-    def _start(self, t: float, c: _Collective) -> None:
-        up = self._cm.up_time(c.members, t)
-        if up > t:
-            self._at(up, self._start, c)
+    def _run_slot(self, t: int) -> None:
+        slot = self._agenda[t]
+        while slot:
+            _, _, fn, args = heapq.heappop(slot)
+            fn(t, *args)
+        del self._agenda[t]
+
+    # ------------------------------------------------------------ collectives
+    def _start(self, t: int, c: _Collective) -> None:
+        up = self._cm.up_time(c.members, seconds(t))
+        if up > seconds(t):
+            self._at(max(t + 1, ticks(up)), self._start, c, order=(_START, *c.key))
             return
         c.start = t
         plan = c.plan = self._planner.plan(c.op, c.members, c.nbytes)
@@ -388,35 +494,34 @@ class Simulation:
             self._end(t, c)
         elif self._fast and self._lone is None and not self._active:
             self._lone = c
-            self._at(t + self._planner.duration(plan), self._lone_end, c, c.token)
+            self._at(t + ticks(self._planner.duration(plan)), self._lone_end, c, c.token)
         else:
             if self._lone is not None:
                 self._take_over(t, self._lone)
             self._active[c] = None
             self._begin_phase(t, c, 0)
 
-    def _lone_end(self, t: float, c: _Collective, token: int) -> None:
+    def _lone_end(self, t: int, c: _Collective, token: int) -> None:
         if c.token != token:
             return
         if self._lone is c:
             self._lone = None
         self._end(t, c)
 
-    def _take_over(self, t: float, c: _Collective) -> None:
-        """Move the fast-path collective ``c`` onto the event path at time ``t``, mid-phase if need be."""
+    def _take_over(self, t: int, c: _Collective) -> None:
+        """Move the fast-path collective ``c`` onto the event path at tick ``t``, mid-phase if need be."""
         self._lone = None
         plan = c.plan
         assert plan is not None and plan.offsets is not None
-        if c.start + plan.offsets[-1] <= t:
+        if c.start + ticks(plan.offsets[-1]) <= t:
             return  # it ends now: its end event is due at this very time and it has no flows left
         c.token += 1
-        p, p_start, done, rest = self._planner.state_at(plan, t - c.start, c)
+        p, p_start, done, rest = self._planner.state_at(plan, seconds(t - c.start), c)
         c.phase = p
         c.pending = len(plan.phases[p])
-        base = c.start + p_start
-        later: list[tuple[float, Flow]] = []
+        later: list[tuple[int, Flow]] = []
         for f, at in done:
-            arrive = base + at + f.latency
+            arrive = c.start + ticks(p_start + at + f.latency)
             if arrive <= t:
                 c.pending -= 1
             else:
@@ -424,55 +529,61 @@ class Simulation:
         self._active[c] = None
         self._deliver_later(later)
         if rest:
-            self._net.advance(t)
+            self._drain(t)
             for f in rest:
                 self._net.add(f)
             self._net_changed(t)
         if c.pending == 0:
             self._phase_done(t, c)
 
-    def _begin_phase(self, t: float, c: _Collective, p: int) -> None:
+    def _begin_phase(self, t: int, c: _Collective, p: int) -> None:
         assert c.plan is not None
         c.phase = p
         flows = self._topo.flows(c.plan.phases[p], c)
         c.pending = len(flows)
-        net = self._net
-        net.advance(t)
+        self._drain(t)
         for f in flows:
-            net.add(f)
+            self._net.add(f)
         self._net_changed(t)
 
-    def _net_changed(self, t: float) -> None:
-        """After flows were added, paused or drained to ``t``: deliver finished ones, reschedule the next."""
-        done = self._net.update()
-        if done:
-            self._deliver_later((t + f.latency, f) for f in done)
-        self._net_token += 1
-        nxt = self._net.next_finish()
-        if nxt < math.inf:
-            self._at(nxt, self._flows_due, self._net_token)
+    def _drain(self, t: int) -> None:
+        """Let the flows in transit drain at their current rates up to tick ``t``."""
+        self._net.advance(seconds(t - self._net_epoch))
 
-    def _deliver_later(self, timed: Iterable[tuple[float, Flow]]) -> None:
-        """Deliver each flow at its time, one event per distinct time."""
-        by_time: dict[float, list[Flow]] = {}
+    def _net_changed(self, t: int) -> None:
+        """After flows were added, paused or drained to ``t``: deliver finished ones, reschedule the next."""
+        net = self._net
+        done = net.update()
+        if done:
+            self._deliver_later((t + ticks(f.latency), f) for f in done)
+        net.rebase()
+        self._net_epoch = t
+        self._net_token += 1
+        nxt = net.next_finish()
+        if nxt < math.inf:
+            self._at(t + max(1, ticks(nxt)), self._flows_due, self._net_token)
+
+    def _deliver_later(self, timed: Iterable[tuple[int, Flow]]) -> None:
+        """Deliver each flow at its tick, one event per distinct tick."""
+        by_time: dict[int, list[Flow]] = {}
         for at, f in timed:
             by_time.setdefault(at, []).append(f)
         for at, batch in by_time.items():
             self._at(at, self._deliver, batch)
 
-    def _flows_due(self, t: float, token: int) -> None:
+    def _flows_due(self, t: int, token: int) -> None:
         if token == self._net_token:
-            self._net.advance(t)
+            self._drain(t)
             self._net_changed(t)
 
-    def _deliver(self, t: float, flows: list[Flow]) -> None:
+    def _deliver(self, t: int, flows: list[Flow]) -> None:
         for f in flows:
             c = f.tag
             c.pending -= 1
             if c.pending == 0:
                 self._phase_done(t, c)
 
-    def _phase_done(self, t: float, c: _Collective) -> None:
+    def _phase_done(self, t: int, c: _Collective) -> None:
         assert c.plan is not None
         if c.phase + 1 < len(c.plan.phases):
             self._begin_phase(t, c, c.phase + 1)
@@ -480,10 +591,16 @@ class Simulation:
             del self._active[c]
             self._end(t, c)
 
-    def _end(self, t: float, c: _Collective) -> None:
+    def _end(self, t: int, c: _Collective) -> None:
         c.end = t
         c.done = True
         self._last_end = max(self._last_end, t)
+        queued = self._queued.get(c.members)
+        if queued:
+            nxt = queued.popleft()
+            self._at(max(t, nxt.last), self._start, nxt, order=(_START, *nxt.key))
+        else:
+            self._running[c.members] -= 1
         waiters, c.waiters = c.waiters, []
         for rk in waiters:
             self._release(rk, c)
@@ -492,15 +609,16 @@ class Simulation:
 
     # --------------------------------------------------------------- outages
     def _schedule_outage(self, rank: int, t0: float, t1: float) -> None:
-        self._at(t0, self._outage, rank, True)
-        self._at(t1, self._outage, rank, False)
+        """Take ``rank`` down over [t0, t1) seconds."""
+        self._at(ticks(t0), self._outage, rank, True, order=(_OUTAGE, rank))
+        self._at(ticks(t1), self._outage, rank, False, order=(_OUTAGE, rank))
 
-    def _outage(self, t: float, rank: int, down: bool) -> None:
+    def _outage(self, t: int, rank: int, down: bool) -> None:
         """``rank`` goes down (its flows stop) or comes back."""
         lone = self._lone
         if down and lone is not None and rank in lone.members:
             self._take_over(t, lone)
-        self._net.advance(t)
+        self._drain(t)
         self._net.pause(rank, down)
         self._net_changed(t)
 

@@ -102,8 +102,9 @@ class FluidNetwork:
     pause flows, then ``update()`` to collect finished flows and recompute rates.
     """
 
-    def __init__(self, capacity: Sequence[float], sharing: str = "max-min") -> None:
+    def __init__(self, capacity: Sequence[float], sharing: str = "max-min", *, resolution: float = 0.0) -> None:
         self.capacity = capacity
+        self.resolution = resolution  # seconds: a flow this close to its end is done (the caller's clock tick)
         self._allocate = SHARING[sharing]
         self.flows: dict[Flow, None] = {}  # an insertion-ordered set: arrival order matters to FIFO
         self._paused: dict[int, int] = {}  # rank -> how many outages hold it down
@@ -134,10 +135,10 @@ class FluidNetwork:
 
     def update(self) -> list[Flow]:
         """Remove and return the flows that have finished by ``now``, then recompute rates."""
-        now = self.now
+        tolerance = max(REL_TOL * self.now, self.resolution)
         done = [
             f for f in self.flows
-            if f.remaining <= REL_TOL * f.size or (f.rate > 0 and f.remaining <= f.rate * REL_TOL * now)
+            if f.remaining <= REL_TOL * f.size or (f.rate > 0 and f.remaining <= f.rate * tolerance)
         ]
         for f in done:
             f.remaining = 0.0
@@ -155,6 +156,14 @@ class FluidNetwork:
         if active:
             self._allocate(active, self.capacity)
         return done
+
+    def rebase(self) -> None:
+        """Restart this network's clock at 0 (flows keep their remaining bytes).
+
+        A caller with a long-running clock rebases at every rate change, so ``now`` only
+        ever spans the time since the last change and never loses precision to a large offset.
+        """
+        self.now = 0.0
 
     def next_finish(self) -> float:
         """When the next flow finishes at current rates (inf if none can)."""

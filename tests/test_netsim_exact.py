@@ -1,0 +1,132 @@
+"""The simulator stays exact where floats would drift: feed order, late times, per-group order, stuck traces."""
+
+from __future__ import annotations
+
+import pytest
+
+from exonet import Trace
+from exonet.errors import TraceError
+from exonet.netsim import Simulation, simulate
+from exonet.scenario import Resolved
+from exonet.trace import Collective
+
+
+def uniform(n: int, bw: float, latency: float = 0.0, **options) -> Resolved:
+    return Resolved(num_nodes=n, uplink=(bw,) * n, downlink=(bw,) * n, region=("default",) * n, latency=latency,
+                    speed=(1.0,) * n, **options)
+
+
+def fed_in_order(trace: Trace, resolved: Resolved, order: list[int]):
+    """Feed whole ranks one at a time in ``order``, replaying as far as allowed after each."""
+    sim = Simulation(resolved)
+    for r in order:
+        for e in trace.events[r]:
+            sim.feed(r, e)
+        sim.close(r)
+        sim.run_until_blocked()
+    return sim.result()
+
+
+def two_gathers() -> Trace:
+    """Ranks 0 and 1 each all-gather with rank 2 (1 MB and 2 MB); rank 2 issues both async."""
+    t = Trace(3)
+    t.add_collective(0, "all_gather", 1_000_000, group=(0, 2))
+    t.add_collective(1, "all_gather", 2_000_000, group=(1, 2))
+    a = t.add_collective(2, "all_gather", 1_000_000, group=(0, 2), async_op=True)
+    b = t.add_collective(2, "all_gather", 2_000_000, group=(1, 2), async_op=True)
+    t.add_wait(2, a)
+    t.add_wait(2, b)
+    for r in range(3):
+        t.add_step(r)
+    return t
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2], [2, 1, 0], [1, 2, 0], [2, 0, 1]])
+def test_fifo_does_not_depend_on_the_order_ranks_are_fed(order):
+    resolved = uniform(3, 1e6, sharing="fifo", algorithms={"all_gather": "direct"})
+    whole = simulate(two_gathers(), resolved)
+    fed = fed_in_order(two_gathers(), resolved, order)
+    # Both start at t=0; the (0, 2) gather is first by (group, index), so rank 2's downlink takes it first.
+    assert [n.comm_s for n in whole.per_node] == pytest.approx([1.0, 3.0, 3.0], rel=1e-12)
+    assert [n.comm_s for n in fed.per_node] == [n.comm_s for n in whole.per_node]
+    assert fed.wall_clock_s == whole.wall_clock_s
+
+
+@pytest.mark.parametrize("t0", [0.0, 1e4, 1e6, 1e8])
+def test_a_tiny_collective_late_in_a_long_run_is_timed_exactly(t0):
+    n, nbytes, bw = 64, 1000, 10e9 / 8
+    t = Trace(n)
+    for r in range(n):
+        t.add_compute(r, t0)
+        t.add_collective(r, "all_reduce", nbytes)
+        t.add_step(r)
+    resolved = uniform(n, bw, algorithms={"all_reduce": "ring"})
+    closed = 2 * (n - 1) / n * nbytes / bw
+    for fast in (True, False):
+        result = simulate(t, resolved, fast_path=fast)
+        assert result.per_node[0].comm_s == pytest.approx(closed, rel=1e-9)
+        assert result.per_node[0].compute_s == t0
+    fast, event = (simulate(t, resolved, fast_path=f).per_node[5].comm_s for f in (True, False))
+    assert fast == pytest.approx(event, rel=1e-9)
+
+
+def queued_pair(resolved: Resolved) -> list[float]:
+    """Two async all-reduces of 1 MB on the same group, issued together; each waited for in turn."""
+    t = Trace(2)
+    for r in range(2):
+        a = t.add_collective(r, "all_reduce", 1_000_000, async_op=True)
+        b = t.add_collective(r, "all_reduce", 1_000_000, async_op=True)
+        t.add_wait(r, a)
+        t.add_step(r)
+        t.add_wait(r, b)
+        t.add_step(r)
+    return simulate(t, resolved).step_end_times
+
+
+def test_collectives_on_one_group_run_one_at_a_time_in_issue_order():
+    one = 1_000_000 / 1e6  # ring, n=2: S/B
+    assert queued_pair(uniform(2, 1e6)) == pytest.approx([one, 2 * one], rel=1e-12)
+    # With two at once (gloo's two worker threads) they share the NICs and end together.
+    assert queued_pair(uniform(2, 1e6, group_concurrency=2)) == pytest.approx([2 * one, 2 * one], rel=1e-12)
+
+
+def test_collectives_on_different_groups_still_share_links():
+    t = Trace(3)
+    for r, group in ((0, (0, 2)), (1, (1, 2))):
+        t.add_collective(r, "all_gather", 1_000_000, group=group)
+        t.add_step(r)
+    a = t.add_collective(2, "all_gather", 1_000_000, group=(0, 2), async_op=True)
+    b = t.add_collective(2, "all_gather", 1_000_000, group=(1, 2), async_op=True)
+    t.add_wait(2, a)
+    t.add_wait(2, b)
+    t.add_step(2)
+    result = simulate(t, uniform(3, 1e6, algorithms={"all_gather": "direct"}))
+    assert result.wall_clock_s == pytest.approx(2.0, rel=1e-12)  # rank 2's downlink carries 2 MB at once, max-min
+
+
+def test_every_spelling_of_a_group_is_the_same_group():
+    t = Trace(3)
+    t.events[0].append(Collective(0, "all_reduce", 3000, (0, 1, 2)))
+    t.events[1].append(Collective(0, "all_reduce", 3000, None))
+    t.events[2].append(Collective(0, "all_reduce", 3000, (2, 1, 0)))
+    ref = Trace(3)
+    for r in range(3):
+        ref.add_collective(r, "all_reduce", 3000)
+    resolved = uniform(3, 1e6, latency=1e-3)
+    assert simulate(t, resolved).wall_clock_s == simulate(ref, resolved).wall_clock_s
+
+
+def test_a_cyclic_wait_names_what_each_rank_is_blocked_on():
+    t = Trace(3)
+    t.add_collective(0, "all_reduce", 10, group=(0, 1))
+    t.add_collective(0, "broadcast", 10)
+    t.add_collective(1, "broadcast", 10)
+    t.add_collective(1, "all_reduce", 10, group=(0, 1))
+    t.add_collective(2, "broadcast", 10)
+    with pytest.raises(TraceError) as info:
+        simulate(t, uniform(3, 1e6))
+    message = str(info.value)
+    assert "rank 0 waits in all_reduce #0 on group [0, 1], issued by ranks [0] but not yet by ranks [1]" in message
+    assert "rank 1 is blocked first in broadcast #0 on all ranks" in message
+    assert "rank 1 waits in broadcast #0 on all ranks, issued by ranks [1, 2] but not yet by ranks [0]" in message
+    assert "never by" not in message
