@@ -97,6 +97,7 @@ class Resolved:
         sharing: "max-min" or "fifo".
         tcp_window: bytes, or None; a flow's rate is capped at window / (2 * latency of its path), and not
             at all on a path whose latency is 0.
+        group_concurrency: how many collectives of one group may run at once (1: in issue order, as NCCL).
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
         events: transient slowdowns and outages.
@@ -112,6 +113,7 @@ class Resolved:
     algorithms: dict[str, str] = field(default_factory=dict)
     sharing: str = "max-min"
     tcp_window: float | None = None
+    group_concurrency: int = 1
     compute_mode: str = "measured"
     tflops: float | None = None
     mfu: float = 1.0
@@ -306,6 +308,7 @@ class Scenario:
             algorithms=algorithms,
             sharing=net.get("sharing", "max-min"),
             tcp_window=net.get("tcp_window"),
+            group_concurrency=net.get("group_concurrency", 1),
             compute_mode=compute.get("mode", "measured"),
             tflops=compute.get("tflops"),
             mfu=compute.get("mfu", 1.0),

@@ -87,6 +87,12 @@ def _count(value: Any, where: str) -> int:
     return value
 
 
+def _positive_count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScenarioError(f"{where}: expected an integer >= 1, got {value!r}")
+    return value
+
+
 def _enum(choices: tuple[str, ...]) -> Check:
     def check(value: Any, where: str) -> str:
         if value not in choices or not isinstance(value, str):
@@ -166,7 +172,7 @@ def _array(spec: Mapping[str, Check], label: str) -> Check:
 _ALGORITHMS = {op: _enum(choices) for op, choices in ALGORITHMS.items()}
 NETWORK = {
     "collective": _enum(tuple(FAMILIES)), "bandwidth": _rate, "uplink": _rate, "downlink": _rate, "latency": _time,
-    "sharing": _enum(SHARING), "efficiency": _number(0, 1), "tcp_window": _window,
+    "sharing": _enum(SHARING), "efficiency": _number(0, 1), "tcp_window": _window, "group_concurrency": _positive_count,
     "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
 }
 _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
