@@ -17,23 +17,32 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from exonet.comparison import Run
+    from exonet.comparison import Run, expand_runs
     from exonet.netsim import simulate
 
-    run = Run.coerce(Path(args.run).name, args.run)
-    for name in args.scenario:
-        sim = simulate(run.trace, name, history=run.history.get("train_loss"))
-        print(sim.summary())
-        if args.chrome_trace:
-            path = Path(args.chrome_trace)
-            if len(args.scenario) > 1:
-                path = path.with_name(f"{path.stem}-{sim.scenario_name}{path.suffix}")
-            sim.to_chrome_trace(path)
-            print(f"chrome trace: {path}")
+    runs, notes = expand_runs(Path(args.run).name, args.run)
+    for note in notes:
+        print(f"exonet simulate: note: {note}", file=sys.stderr)
+    for run_name, run_path in runs.items():
+        run = Run.coerce(run_name, run_path)
+        for name in args.scenario:
+            sim = simulate(run.trace, name, history=run.history.get("train_loss"))
+            if len(runs) > 1:
+                print(f"run {run_name}:")
+            print(sim.summary())
+            if args.chrome_trace:
+                path = Path(args.chrome_trace)
+                if len(args.scenario) > 1 or len(runs) > 1:
+                    tag = "-".join(([Path(run_name).name] if len(runs) > 1 else []) + [sim.scenario_name])
+                    path = path.with_name(f"{path.stem}-{tag}{path.suffix}")
+                sim.to_chrome_trace(path)
+                print(f"chrome trace: {path}")
     return 0
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    import warnings
+
     from exonet.comparison import compare
 
     runs: dict[str, str] = {}
@@ -47,7 +56,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         if name in runs:
             raise ValueError(f"compare: {path} is given twice")
         runs[name] = path
-    table = compare(runs, args.scenario, target_loss=args.target_loss)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = compare(runs, args.scenario, target_loss=args.target_loss)
+    for w in caught:
+        print(f"exonet compare: note: {str(w.message).removeprefix('compare: ')}", file=sys.stderr)
     print(table.to_markdown())
     if args.plot:
         print(f"plot: {table.plot(args.plot)}")
@@ -85,6 +98,12 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from exonet.validate.command import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="exonet", description="Low-communication distributed training, simulated networks.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -97,13 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_quickstart)
 
     p = sub.add_parser("simulate", help="replay a run directory or trace file in a scenario")
-    p.add_argument("run", help="run directory or trace.jsonl")
+    p.add_argument("run", help="run directory, trace.jsonl, or the folder given to fit(run_dir=...) (its complete runs)")
     p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
     p.add_argument("--chrome-trace", help="also write a Perfetto/chrome://tracing JSON here")
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("compare", help="compare runs across scenarios")
-    p.add_argument("runs", nargs="+", help="run directories or traces, optionally NAME=PATH")
+    p.add_argument("runs", nargs="+", help="run directories, traces or folders of runs (fit's run_dir), "
+                                           "optionally NAME=PATH")
     p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
     p.add_argument("--target-loss", type=float, help="report the simulated time to reach this loss")
     p.add_argument("--plot", help="write loss vs simulated time to this PNG")
@@ -125,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (default 0.4)")
     p.add_argument("--dtype", default="fp32", help="parameter/transfer dtype: fp32, bf16, fp16")
     p.set_defaults(func=_cmd_estimate)
+
+    from exonet.validate.command import add_arguments
+
+    p = sub.add_parser("validate", help="measure real gloo traffic between shaped network namespaces (root) "
+                                        "against the simulator; --calibrate fits the model")
+    add_arguments(p)
+    p.set_defaults(func=_cmd_validate)
     return parser
 
 

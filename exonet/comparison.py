@@ -2,13 +2,15 @@
 
 Each run (a FitResult, a Trace, or a run directory) is replayed in each scenario;
 one row per (run, scenario) holds the simulated wall-clock, the time to a target
-loss, bytes per node, utilisation and how far nodes drifted apart.
+loss, bytes per node, utilisation and how far nodes drifted apart. A folder given to
+``fit(run_dir=...)`` stands for every complete run inside it (exonet.rundir.find_runs).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -40,6 +42,26 @@ class Run:
                 return cls(name, trace, history)
             return cls(name, Trace.load(path))
         raise TypeError(f"compare: run {name!r} must be a FitResult, a Trace or a run directory, got {type(obj).__name__}")
+
+
+def expand_runs(name: str, obj: Any) -> tuple[dict[str, Any], list[str]]:
+    """The runs one ``compare`` entry stands for, by name, and notes on the incomplete ones.
+
+    A folder of runs (as given to ``fit(run_dir=...)``) stands for every complete run in it:
+    named ``name`` when it holds one, ``name/<run folder>`` when it holds several. A run
+    directory that is incomplete stays in, with a note saying so.
+    """
+    if not isinstance(obj, (str, os.PathLike)) or not Path(obj).is_dir():
+        return {name: obj}, []
+    from exonet.rundir import find_runs, incomplete
+
+    runs, notes = find_runs(obj)
+    if len(runs) == 1 and runs[0] == Path(obj):
+        why = incomplete(runs[0])
+        return {name: runs[0]}, [f"{runs[0]}: {why}"] if why else []
+    if len(runs) == 1:
+        return {name: runs[0]}, notes
+    return {f"{name}/{run.name}": run for run in runs}, notes
 
 
 def time_to_loss(history: Mapping[str, list], step_end_times: Sequence[float], target: float) -> float | None:
@@ -162,7 +184,8 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
     """Replay every run in every scenario.
 
     Args:
-        runs: name → FitResult, Trace or run directory.
+        runs: name → FitResult, Trace, run directory, or a folder of runs (every complete run in it;
+            incomplete ones are left out with a warning).
         scenarios: Scenario objects, preset names or paths.
         target_loss: report the simulated time at which each run first reached this loss.
 
@@ -176,7 +199,16 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
         raise ValueError("compare: runs is empty; pass a mapping of name -> FitResult, Trace or run directory")
     if isinstance(scenarios, (str, os.PathLike, Scenario)):
         scenarios = [scenarios]
-    loaded = {name: Run.coerce(name, obj) for name, obj in runs.items()}
+    named: dict[str, Any] = {}
+    for name, obj in runs.items():
+        found, notes = expand_runs(name, obj)
+        for note in notes:
+            warnings.warn(f"compare: {note}", stacklevel=2)
+        clash = sorted(set(found) & set(named))
+        if clash:
+            raise ValueError(f"compare: the run name {clash[0]!r} is given twice; names must be unique")
+        named.update(found)
+    loaded = {name: Run.coerce(name, obj) for name, obj in named.items()}
     scens = [Scenario.coerce(s) for s in scenarios]
     labels = _unique_labels([s.name for s in scens])
     rows, results = [], {}

@@ -45,6 +45,7 @@ from exonet.result import FitResult
 from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.strategies.base import Strategy
 from exonet.record import RunRecord
+from exonet.transport import ByValue, NodeProcess, check_picklable, pickle_model
 from exonet.watchdog import SLOTS, Watchdog
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ ECHO_S = 0.5  # how long a node's error waits for the failure it may echo (a pee
 
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "exonet.node"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "cloudpickle", "exonet.node"])
     return ctx
 
 
@@ -70,20 +71,7 @@ def _exit_reason(code: int | None) -> str:
             return f"killed by signal {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
-    if code == 1:
-        return ("exited with code 1 without reporting an error; if this is a script, is the fit() call under "
-                "`if __name__ == \"__main__\":`? Nodes are spawned processes that import the main module")
     return f"exited with code {code} without reporting an error"
-
-
-def _unpicklable(objects: dict[str, Any]) -> str:
-    """Name the first object that cannot be pickled, for a useful error."""
-    for name, obj in objects.items():
-        try:
-            pickle.dumps(obj)
-        except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to see
-            return f"{name} cannot be pickled ({type(exc).__name__}: {exc})"
-    return "an argument could not be pickled"
 
 
 class Supervisor:
@@ -114,17 +102,16 @@ class Supervisor:
         for rank in range(self.cfg.num_nodes):
             reader, writer = self.ctx.Pipe(duplex=False)
             self.pipes.append(reader)
-            p = self.ctx.Process(target=node_main, name=f"exonet-node-{rank}",
-                                 args=(rank, self.cfg, model_bytes, train, val, strategy, writer, self.beats))
+            p = NodeProcess(target=node_main, name=f"exonet-node-{rank}",
+                            args=(rank, ByValue(self.cfg), model_bytes, ByValue(train), ByValue(val),
+                                  ByValue(strategy), writer, self.beats))
             try:
                 p.start()
             except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                what = _unpicklable({"train_dataset": train, "val_dataset": val, "strategy": strategy})
-                raise TypeError(
-                    f"fit: {what}. Nodes are separate processes started by spawning, so the model, datasets, "
-                    "factories and strategy must be picklable: define classes and functions at module top level "
-                    f"(not lambdas, local classes or open handles). Original error: {exc}"
-                ) from None
+                check_picklable({"train_dataset": train, "val_dataset": val, "strategy": strategy,
+                                 "dataloader_kwargs": self.cfg.dataloader_kwargs})
+                raise TypeError(f"fit: the datasets, strategy or dataloader_kwargs cannot be sent to the node "
+                                f"processes ({exc})") from None
             finally:
                 writer.close()  # the node holds the only write end: its death reads as end-of-file here
             self.procs.append(p)
@@ -219,17 +206,6 @@ class Supervisor:
             reader.close()
 
 
-def _pickled_model(model: torch.nn.Module) -> bytes:
-    buf = io.BytesIO()
-    try:
-        torch.save(model, buf)
-    except Exception as exc:  # noqa: BLE001 - pickling can fail in many ways
-        raise TypeError(f"fit: the model cannot be pickled ({type(exc).__name__}: {exc}). Nodes are separate "
-                        "processes started by spawning, so the model must be picklable: define its class at "
-                        "module top level.") from None
-    return buf.getvalue()
-
-
 def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | None,
               resume_from: str | os.PathLike | None) -> tuple[Path | None, Resume | None]:
     """The run folder (created now, or the resumed one reopened) and the checkpoint to continue from."""
@@ -273,7 +249,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
         record, real_time = train_under_torchrun(trainer, strategy, cfg, meta, progress and is_zero, logger)
         return _finish(trainer, config, record, run_path, real_time, scenario, upload_to)
-    model_bytes = _pickled_model(trainer.model)
+    model_bytes = pickle_model(trainer.model)
     store = dist.TCPStore("127.0.0.1", 0, cfg.num_nodes, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     cfg = replace(cfg, store_port=store.port)

@@ -14,6 +14,9 @@ interrupted run can save what it has. Each file is written under a temporary nam
 renamed into place, and status.json comes last: a folder without it is a run still
 going (or one whose process was killed outright); ``complete: false`` marks a run that
 failed or was interrupted after saving its history and trace so far.
+
+The folder given to ``fit(run_dir=...)`` holds such runs one level down; ``find_runs``
+resolves either kind of path to run directories, for ``exonet simulate`` and ``compare``.
 """
 
 from __future__ import annotations
@@ -102,6 +105,51 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, list], 
     if not isinstance(config, dict):
         raise TraceError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
     return config, read_metrics(path / "metrics.jsonl"), Trace.load(path / "trace.jsonl")
+
+
+def find_runs(path: str | os.PathLike) -> tuple[list[Path], list[str]]:
+    """The run directories a path names, and a note for each run it leaves out.
+
+    A run directory names itself (complete or not: an incomplete one still has what it
+    recorded). A folder of runs, as given to ``fit(run_dir=...)``, names every complete run
+    one level down, oldest first (folder names start with the start time); the incomplete
+    and unfinished ones are left out with a note. A folder with no run in it is a TraceError
+    saying what it holds.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise TraceError(f"{path}: no such run directory or folder of runs")
+    if (path / "config.json").exists():
+        return [path], []
+    candidates = sorted(p for p in path.iterdir() if p.is_dir() and (p / "config.json").exists())
+    runs, notes = [], []
+    for run in candidates:
+        why = incomplete(run)
+        if why is None:
+            runs.append(run)
+        else:
+            notes.append(f"{run}: left out: {why}")
+    if runs:
+        return runs, notes
+    if candidates:
+        raise TraceError(f"{path}: no complete run in this folder ({'; '.join(notes)}); name a run directory "
+                         "itself to simulate what it recorded")
+    held = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    what = "nothing (it is empty)" if not held else ", ".join(held[:10]) + (f" and {len(held) - 10} more"
+                                                                           if len(held) > 10 else "")
+    raise TraceError(f"{path}: no run directory in this folder (a run directory holds config.json, metrics.jsonl, "
+                     f"trace.jsonl and status.json; fit(run_dir=...) makes one per run inside it); it holds {what}")
+
+
+def incomplete(run: Path) -> str | None:
+    """Why a run directory is not a complete run, or None when it is."""
+    if not (run / "status.json").exists():
+        return "no status.json: the run is still going, or its process was killed before it could save"
+    if run_status(run)["complete"]:
+        return None
+    steps = len(read_metrics(run / "metrics.jsonl")["train_loss"])
+    planned = read_json(run / "config.json").get("max_steps", "?")
+    return f"incomplete: it failed or was interrupted after {steps} of {planned} steps (those steps can be simulated)"
 
 
 def run_status(path: str | os.PathLike) -> dict[str, Any]:

@@ -113,7 +113,7 @@ class LocalTrainer:
             devices: CUDA device indices to spread nodes over (default: all visible).
             autocast: False, True (bf16), "bf16" or "fp16".
             val_interval: evaluate every this many steps (and at the end); 0 = never.
-            val_size: validation samples per evaluation.
+            val_size: validation samples per evaluation; 0 disables evaluation (the seed gym's meaning).
             seed: seeds model-side randomness and data order; same seed, same curves.
             count_flops: count forward+backward FLOPs once, for FLOPs-based simulation.
             progress: draw a progress bar (in this process only).
@@ -156,7 +156,7 @@ class LocalTrainer:
         if minibatch > batch_size:
             raise ValueError(f"fit: minibatch_size ({minibatch}) must be <= batch_size ({batch_size})")
         _check_int("val_interval", val_interval or 0, 0)
-        _check_int("val_size", val_size, 1)
+        _check_int("val_size", val_size, 0)
         _check_int("seed", seed, 0)
         device_type, backend, device_ids = self._resolve_device(device, devices, k)
         if autocast not in (False, None) and autocast not in AUTOCAST:
@@ -184,7 +184,7 @@ class LocalTrainer:
             num_nodes=k, max_steps=steps, batch_size=batch_size, minibatch_size=minibatch, device_type=device_type,
             devices=device_ids, backend=backend, seed=seed, shuffle=shuffle,
             autocast=AUTOCAST[autocast] if autocast not in (False, None) else None,
-            val_interval=val_interval or 0, val_size=val_size, threads=max(1, _cores() // k),
+            val_interval=(val_interval or 0) if val_size else 0, val_size=val_size, threads=max(1, _cores() // k),
             count_flops=count_flops, dataloader_kwargs=dict(dataloader_kwargs or {}), parent_pid=os.getpid(),
             timeout_s=timeout_s, checkpoint_interval=checkpoint_interval or 0,
         )
