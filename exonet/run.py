@@ -103,7 +103,7 @@ class Supervisor:
             reader, writer = self.ctx.Pipe(duplex=False)
             self.pipes.append(reader)
             p = NodeProcess(target=node_main, name=f"exonet-node-{rank}",
-                            args=(rank, ByValue(self.cfg), model_bytes, ByValue(train), ByValue(val),
+                            args=(rank, ByValue(self.cfg, environ=True), model_bytes, ByValue(train), ByValue(val),
                                   ByValue(strategy), writer, self.beats))
             try:
                 p.start()

@@ -66,7 +66,9 @@ class LocalTrainer:
             warnings.warn("LocalTrainer: start_port is ignored; exonet's rendezvous picks a free port itself",
                           stacklevel=2)
         self.model = model
-        self.train_dataset = train_dataset
+        # A sharded dataset splits itself across nodes (exonet.data.S3Dataset: a block of whole shards each).
+        split = getattr(train_dataset, "node_split", None)
+        self.train_dataset = split if callable(split) else train_dataset
         self.val_dataset = val_dataset
 
     def fit(

@@ -17,6 +17,7 @@ the object inside the argument, e.g. ``train_dataset.handle``, and the reason.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import threading
 from collections import ChainMap
@@ -45,15 +46,28 @@ class NodePickler(cloudpickle.Pickler):
 
 
 class ByValue:
-    """Pickles ``obj`` with NodePickler inside the process start (so tensors' shared memory goes along)."""
+    """Pickles ``obj`` with NodePickler inside the process start (so tensors' shared memory goes along).
 
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
+    With ``environ=True`` the node also takes this process's environment as it is now, as a
+    spawned process would: the forkserver's own is a snapshot from the first fit, so a
+    variable set since (``AWS_ENDPOINT_URL`` in a notebook cell) would otherwise be missed.
+    """
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+    def __init__(self, obj: Any, environ: bool = False) -> None:
+        self.obj, self.environ = obj, environ
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, dict[str, str] | None]]:
         buf = io.BytesIO()
         NodePickler(buf).dump(self.obj)
-        return pickle.loads, (buf.getvalue(),)
+        return _load, (buf.getvalue(), dict(os.environ) if self.environ else None)
+
+
+def _load(data: bytes, environ: dict[str, str] | None) -> Any:
+    if environ is not None:
+        for key in set(os.environ) - set(environ):
+            del os.environ[key]
+        os.environ.update(environ)
+    return pickle.loads(data)
 
 
 _PREPARING = threading.Lock()
