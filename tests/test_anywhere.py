@@ -1,8 +1,9 @@
 """fit from wherever a researcher works, and the seed gym's habits.
 
 Real interpreters run a study whose model, dataset, collate function and strategy are
-all defined in ``__main__``: piped to ``python -``, passed to ``python -c``, and as a
-script with no main guard (which must not re-run itself in the nodes). Then the seed
+all defined in ``__main__``: piped to ``python -``, passed to ``python -c``, as a script
+with no main guard (which must not re-run itself in the nodes), and in the cells of a
+notebook run by a real Jupyter kernel. Then the seed
 gym's ``val_size=0`` and ``exonet simulate|compare`` on the folder given to ``fit(run_dir=...)``.
 """
 
@@ -93,6 +94,22 @@ def test_a_script_without_a_main_guard_fits_once(tmp_path):
     script = tmp_path / "study.py"
     script.write_text(STUDY)
     _check(subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path))
+
+
+@pytest.mark.slow
+def test_a_jupyter_notebook_fits_with_classes_from_its_cells(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    head, fit = STUDY.split("torch.manual_seed(0)")
+    classes = head.split("class Net", 1)[1]
+    cells = [head.split("class Net", 1)[0], "class Net" + classes.split("class Data", 1)[0],
+             "class Data" + classes.split("class Data", 1)[1], "torch.manual_seed(0)" + fit,
+             "losses = result.history['train_loss']\nassert len(losses) == 12 and losses[-1] < 0.5 * losses[0], losses"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+                            ).execute()
+    outputs = "".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
+    assert outputs.count("STUDY STARTED") == 1 and "RESULT " in outputs
 
 
 def test_lambdas_and_local_classes_travel_by_value():
