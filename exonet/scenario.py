@@ -8,7 +8,8 @@ may say, field by field, and its error messages live in ``exonet.scenario_schema
 
 Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 
-* Defaults are ideal: ``latency`` "0 s", efficiency 1, no TCP window, no jitter,
+* Defaults are ideal: ``latency`` "0 s", efficiency 1, no TCP window, no packet framing
+  (``mss``/``header_bytes``), no per-message overhead, no jitter,
   sharing "max-min", collective "ring", compute mode "measured", speed 1, mfu 1.
   ``network.bandwidth`` is required unless both ``uplink`` and ``downlink`` are given.
   A link's ``latency`` defaults to ``network.latency``. ``efficiency`` scales every
@@ -97,6 +98,9 @@ class Resolved:
         sharing: "max-min" or "fifo".
         tcp_window: bytes, or None; a flow's rate is capped at window / (2 * latency of its path), and not
             at all on a path whose latency is 0.
+        mss / header_bytes: TCP payload bytes per packet (None: no framing) and the bytes per packet
+            the links count besides it; a message of s bytes puts s + ceil(s / mss) * header_bytes on them.
+        message_overhead: host seconds per message (send + receive), added to every message's latency.
         group_concurrency: how many collectives of one group may run at once (1: in issue order, as NCCL).
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
@@ -113,6 +117,9 @@ class Resolved:
     algorithms: dict[str, str] = field(default_factory=dict)
     sharing: str = "max-min"
     tcp_window: float | None = None
+    mss: float | None = None
+    header_bytes: float = 0.0
+    message_overhead: float = 0.0
     group_concurrency: int = 1
     compute_mode: str = "measured"
     tflops: float | None = None
@@ -308,6 +315,9 @@ class Scenario:
             algorithms=algorithms,
             sharing=net.get("sharing", "max-min"),
             tcp_window=net.get("tcp_window"),
+            mss=net.get("mss"),
+            header_bytes=net.get("header_bytes", 0.0),
+            message_overhead=net.get("message_overhead", 0.0),
             group_concurrency=net.get("group_concurrency", 1),
             compute_mode=compute.get("mode", "measured"),
             tflops=compute.get("tflops"),
@@ -365,6 +375,10 @@ class Scenario:
         extras = [f"efficiency {net.get('efficiency', 1.0):g}"]
         if "tcp_window" in net:
             extras.append(f"TCP window {units.format_bytes(net['tcp_window'], binary=True)}")
+        if "mss" in net:
+            extras.append(f"framing {net['mss']:g} B payload + {net.get('header_bytes', 0):g} B headers per packet")
+        if "message_overhead" in net:
+            extras.append(f"message overhead {secs(net['message_overhead'])}")
         lines.append(f"              {', '.join(extras)}")
         algos = {**FAMILIES[net.get("collective", "ring")], **net.get("algorithms", {})}
         per_op = ", ".join(f"{op}={algo}" for op, algo in algos.items())

@@ -35,7 +35,7 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "halving_doubling", "tree", "star", "direct"),
     "all_gather": ("ring", "halving_doubling", "star", "direct"),
     "reduce_scatter": ("ring", "halving_doubling", "star", "direct"),
-    "broadcast": ("chain", "binomial", "star", "direct"),
+    "broadcast": ("chain", "binomial", "binomial_fanout", "star", "direct"),
     "all_to_all": ("direct", "star"),
 }
 FAMILIES: dict[str, dict[str, str]] = {
@@ -174,6 +174,7 @@ NETWORK = {
     "collective": _enum(tuple(FAMILIES)), "bandwidth": _rate, "uplink": _rate, "downlink": _rate, "latency": _time,
     "sharing": _enum(SHARING), "efficiency": _number(0, 1), "tcp_window": _window, "group_concurrency": _positive_count,
     "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
+    "mss": _number(0), "header_bytes": _number(0, closed=True), "message_overhead": _time,
 }
 _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
 _REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
@@ -215,6 +216,8 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         raise ScenarioError(
             f'{where} network.bandwidth is required (e.g. bandwidth = "1 Gbit/s") unless both uplink and downlink are given'
         )
+    if "header_bytes" in net and "mss" not in net:
+        raise ScenarioError(f"{where} network.header_bytes only applies with network.mss (TCP payload bytes per packet)")
     if "tcp_window" in net and not (net.get("latency", 0.0) > 0 or any(l.get("latency", 0.0) > 0 for l in p.get("links", []))):
         raise ScenarioError(
             f"{where} network.tcp_window: has no effect, because every latency is 0: a window caps a flow at "

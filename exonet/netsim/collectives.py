@@ -66,6 +66,13 @@ broadcast (S; the trace does not record the source: it is taken to be g[0])
                     latency and B the slowest hop rate; c = 64 when α = 0
   binomial          at phase j every holder i < 2^j sends S to i + 2^j:
                     ⌈log2 n⌉·(α + S/B)
+  binomial_fanout   gloo's broadcast: the same binomial tree, but a node sends to all
+                    its children at once (its sends are posted without waiting), so
+                    they share its uplink. Position v (bit length h) receives from
+                    v − 2^(h−1) and sends S to every v + 2^i < n with i ≥ h; phase d
+                    holds the sends of the positions with d bits set. Phase d costs
+                    α + m_d·S/B, m_d the largest fan-out among them; n = 2^k:
+                    k·α + k(k+1)/2·S/B (n = 4: 2α + 3S/B, n = 8: 3α + 6S/B)
   star              the source sends S to everyone:  α + (n−1)·S/B
   direct            scatter then direct all-gather (Van de Geijn): the source sends
                     S/n to each rank, then every rank sends its chunk to every rank
@@ -219,6 +226,16 @@ def _broadcast_binomial(g: Members, S: float) -> list[Phase]:
     ]
 
 
+def _broadcast_fanout(g: Members, S: float) -> list[Phase]:
+    n = len(g)
+    phases: list[list[tuple[int, int, float]]] = [[] for _ in range((n - 1).bit_length())]
+    for v in range(n):
+        for i in range(v.bit_length(), (n - 1).bit_length()):
+            if v + (1 << i) < n:
+                phases[v.bit_count()].append((g[v], g[v + (1 << i)], S))
+    return [tuple(p) for p in phases if p]
+
+
 def _broadcast_direct(g: Members, S: float) -> list[Phase]:
     n = len(g)
     rest = tuple((a, b, S / n) for a in g for b in g[1:] if a != b)
@@ -250,6 +267,7 @@ BUILDERS: dict[str, dict[str, Builder]] = {
     "broadcast": {
         "chain": _broadcast_chain,
         "binomial": lambda g, S, t: _broadcast_binomial(g, S),
+        "binomial_fanout": lambda g, S, t: _broadcast_fanout(g, S),
         "star": lambda g, S, t: [_from_hub(g, S)],
         "direct": lambda g, S, t: _broadcast_direct(g, S),
     },

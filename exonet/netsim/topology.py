@@ -3,7 +3,10 @@
 Every rank has a NIC with an uplink and a downlink (bytes/s). A message from rank a
 to rank b crosses a's uplink, then the inter-region link in the a→b direction when
 the two ranks sit in different regions (shared by every flow crossing it that way),
-then b's downlink. Latency α is one-way and paid once per message, end to end.
+then b's downlink. Latency α is one-way and paid once per message, end to end; a
+scenario's ``message_overhead`` (host cost per message) adds to it. With ``mss`` set,
+a message of s payload bytes puts s + ⌈s/mss⌉·header_bytes on its links (the packets'
+headers, counted as a shaper or NIC counts them); without it, s.
 A TCP window W caps a flow at W / (2α) on its path; on a path with α = 0 the round
 trip is 0 and the window never binds (the scenario schema refuses a window when
 every latency is 0, since it would then do nothing at all).
@@ -31,7 +34,7 @@ class Path:
     """What a message from one rank to another goes through."""
 
     links: tuple[int, ...]
-    latency: float  # one-way seconds
+    latency: float  # one-way seconds, the scenario's message_overhead included
     cap: float  # per-flow rate cap in bytes/s (TCP window / RTT); inf when uncapped or the path's latency is 0
     rate: float  # the rate this path gives a lone flow: min(cap, every link's capacity)
 
@@ -90,12 +93,17 @@ class Topology:
         window = r.tcp_window
         cap = window / (2.0 * latency) if window is not None and latency > 0 else math.inf
         rate = min(cap, *(self.capacity[i] for i in links))
-        return Path(links, latency, cap, rate)
+        return Path(links, latency + r.message_overhead, cap, rate)
+
+    def wire_size(self, size: float) -> float:
+        """The bytes a message of ``size`` payload bytes puts on its links (payload plus packet headers)."""
+        mss = self._resolved.mss
+        return size if mss is None or size == 0 else size + math.ceil(size / mss) * self._resolved.header_bytes
 
     def flows(self, phase: Phase, tag: object) -> list[Flow]:
         """One flow per message of ``phase``, each tagged with ``tag`` (the collective that owns it)."""
         out = []
         for src, dst, size in phase:
             p = self.path(src, dst)
-            out.append(Flow(src, dst, p.links, size, p.cap, p.latency, tag))
+            out.append(Flow(src, dst, p.links, self.wire_size(size), p.cap, p.latency, tag))
         return out

@@ -1,0 +1,237 @@
+"""Calibration: fit the model's free parameters on half the cases, report the error on the other half.
+
+Three models are compared on every case:
+
+* **ideal**: the scenario defaults (protocol efficiency 1, no framing, no host cost,
+  the ring family of algorithms), i.e. what a user gets from ``bandwidth = ...`` alone;
+* **modelled**: what is known without fitting: TCP/IPv4 framing as Linux ``tbf`` counts it
+  (1448 payload bytes per 1514-byte frame: ``mss = 1448``, ``header_bytes = 66``) and
+  gloo's algorithms on CPU tensors (ring all-reduce and all-gather, binomial broadcast
+  with concurrent sends to the children, exonet's reduce-scatter as a direct all-to-all);
+* **calibrated**: the modelled scenario plus two fitted parameters, ``efficiency`` (what
+  remains of the bandwidth: ACKs on the reverse path, TCP pacing) and
+  ``message_overhead`` (host seconds per message, which plays α here, since the
+  namespaces add no propagation delay).
+
+The fit minimises the squared log-ratio of simulated to real time over the fitting
+half (a pattern search on the two parameters, no SciPy). Halves alternate in matrix
+order, so both hold every kind of case.
+
+A user's own measurements (``exonet validate --calibrate --measurements FILE.csv``) are a
+CSV with a header and one row per measured case::
+
+    op,nodes,bytes,count,bandwidth,seconds
+    all_reduce,4,8000000,1,1 Gbit/s,0.0712
+    all_reduce,4,4096,100,1 Gbit/s,0.0290
+
+``op`` is a collective (all_reduce, all_gather, reduce_scatter, broadcast, all_to_all),
+``bytes`` the payload each rank passes in (as exonet's trace counts it), ``count`` how
+many such collectives ran back to back in the timed span, ``bandwidth`` each NIC's rate,
+``seconds`` the measured time of the whole span (a median of repeats).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from exonet import units
+from exonet.scenario import Scenario
+from exonet.trace import OPS, Trace
+from exonet.validate.cases import Case, Measurement
+
+# What gloo runs for each op exonet issues on CPU tensors (see the module docstring).
+GLOO_ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "direct",
+                   "broadcast": "binomial_fanout", "all_to_all": "direct"}
+TCP_FRAMING = {"mss": 1448, "header_bytes": 66}  # MTU 1500, TCP timestamps, Ethernet header (what tbf counts)
+PARAMS = ("efficiency", "message_overhead")
+BOUNDS = {"efficiency": (0.5, 1.0), "message_overhead": (0.0, 0.05)}
+
+
+def ideal() -> Scenario:
+    return Scenario.from_dict({"name": "ideal", "network": {"bandwidth": "1 Gbit/s"}})
+
+
+def modelled(efficiency: float = 1.0, message_overhead: float = 0.0, name: str = "modelled") -> Scenario:
+    """The scenario with the known physics, and the two free parameters set."""
+    network: dict[str, Any] = {"bandwidth": "1 Gbit/s", **TCP_FRAMING, "algorithms": dict(GLOO_ALGORITHMS)}
+    if efficiency != 1.0:
+        network["efficiency"] = efficiency
+    if message_overhead:
+        network["message_overhead"] = f"{message_overhead * 1e6:.6g} us"
+    return Scenario.from_dict({"name": name, "network": network})
+
+
+@dataclass
+class Row:
+    """One case's real and simulated seconds, and which half it is in."""
+
+    name: str
+    real: float
+    ideal: float
+    modelled: float
+    calibrated: float
+    held_out: bool
+
+    @staticmethod
+    def error(sim: float, real: float) -> float:
+        return (sim - real) / real
+
+
+@dataclass
+class Calibration:
+    """Fitted parameters and the per-case comparison."""
+
+    params: dict[str, float]
+    rows: list[Row]
+
+    def scenario(self) -> Scenario:
+        return modelled(self.params["efficiency"], self.params["message_overhead"], name="calibrated")
+
+    def summary(self, which: str, held_out: bool | None = True) -> tuple[float, float]:
+        """(median |error|, worst |error|) of one model's column over the held-out half (or fit half, or all)."""
+        errs = [abs(Row.error(getattr(r, which), r.real)) for r in self.rows if held_out is None or r.held_out == held_out]
+        return (statistics.median(errs), max(errs)) if errs else (math.nan, math.nan)
+
+    def table(self) -> str:
+        """A Markdown table of every case and the held-out summary."""
+        out = ["| case | half | real s | ideal s | err | modelled s | err | calibrated s | err |",
+               "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in self.rows:
+            cells = [r.name, "held-out" if r.held_out else "fit", f"{r.real:.4g}"]
+            for col in ("ideal", "modelled", "calibrated"):
+                sim = getattr(r, col)
+                cells += [f"{sim:.4g}", f"{Row.error(sim, r.real):+.1%}"]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+        for half, label in ((True, "held-out"), (False, "fit half")):
+            parts = []
+            for col in ("ideal", "modelled", "calibrated"):
+                med, worst = self.summary(col, half)
+                parts.append(f"{col} median |err| {med:.1%}, worst {worst:.1%}")
+            out.append(f"{label}: " + "; ".join(parts))
+        p = self.params
+        out.append(f"fitted: efficiency = {p['efficiency']:.4f}, message_overhead = {p['message_overhead'] * 1e6:.1f} us "
+                   f"(with mss = {TCP_FRAMING['mss']}, header_bytes = {TCP_FRAMING['header_bytes']})")
+        return "\n".join(out)
+
+    def to_toml(self, name: str = "calibrated-loopback", description: str | None = None) -> str:
+        """The calibrated scenario as a preset file; set ``bandwidth`` (or ``replace(bandwidth=...)``) for the link."""
+        p = self.params
+        desc = description or ("exonet validate's fit to gloo between network namespaces shaped by tbf on this "
+                               "kind of machine; replace(bandwidth=...) sets the shaped rate")
+        algos = "\n".join(f'{op} = "{algo}"' for op, algo in GLOO_ALGORITHMS.items())
+        return (f'name = "{name}"\ndescription = "{desc}"\n\n[network]\nbandwidth = "1 Gbit/s"\n'
+                f"mss = {TCP_FRAMING['mss']}\nheader_bytes = {TCP_FRAMING['header_bytes']}\n"
+                f"efficiency = {p['efficiency']:.4f}\nmessage_overhead = \"{p['message_overhead'] * 1e6:.1f} us\"\n\n"
+                f"[network.algorithms]\n{algos}\n")
+
+
+def split(measurements: Sequence[Measurement]) -> list[bool]:
+    """Which cases are held out: every other one in matrix order (the first is fitted)."""
+    return [i % 2 == 1 for i in range(len(measurements))]
+
+
+def _loss(measurements: Sequence[Measurement], eff: float, overhead: float) -> float:
+    scen = modelled(eff, overhead)
+    return sum(math.log(m.simulate(scen) / m.real) ** 2 for m in measurements)
+
+
+def fit(measurements: Sequence[Measurement]) -> dict[str, float]:
+    """Pattern search over (efficiency, message_overhead) minimising the squared log error."""
+    if not measurements:
+        raise ValueError("calibrate: no cases to fit")
+    x = [0.95, 1e-4]
+    steps = [0.02, 2e-4]
+    best = _loss(measurements, *x)
+    while steps[0] > 1e-4 or steps[1] > 1e-7:
+        improved = False
+        for i in range(2):
+            for sign in (1, -1):
+                y = list(x)
+                lo, hi = BOUNDS[PARAMS[i]]
+                y[i] = min(hi, max(lo, x[i] + sign * steps[i]))
+                loss = _loss(measurements, *y)
+                if loss < best - 1e-15:
+                    x, best, improved = y, loss, True
+        if not improved:
+            steps = [s / 2 for s in steps]
+    return {"efficiency": x[0], "message_overhead": x[1]}
+
+
+def compare(measurements: Sequence[Measurement], params: dict[str, float], held: Sequence[bool]) -> Calibration:
+    """Every case under the ideal, modelled and calibrated (``params``) scenarios."""
+    ideal_s, model_s, calib_s = ideal(), modelled(), modelled(params["efficiency"], params["message_overhead"])
+    rows = [Row(m.case.name, m.real, m.simulate(ideal_s), m.simulate(model_s), m.simulate(calib_s), h)
+            for m, h in zip(measurements, held)]
+    return Calibration(dict(params), rows)
+
+
+def calibrate(measurements: Sequence[Measurement]) -> Calibration:
+    """Fit on one half of the cases and compare every case, the other half held out."""
+    held = split(measurements)
+    return compare(measurements, fit([m for m, h in zip(measurements, held) if not h]), held)
+
+
+def preset_params(name: str = "calibrated-loopback") -> dict[str, float]:
+    """The fitted parameters a calibrated preset carries."""
+    net = Scenario.load(name).to_dict()["network"]
+    overhead = net.get("message_overhead", 0.0)
+    return {"efficiency": float(net.get("efficiency", 1.0)),
+            "message_overhead": units.parse_time(overhead, f"{name}: network.message_overhead")}
+
+
+# ---------------------------------------------------------------- a user's own measurements
+def burst_trace(op: str, nodes: int, nbytes: int, count: int) -> Trace:
+    """``count`` back-to-back collectives of ``nbytes`` on every rank, nothing else."""
+    t = Trace(nodes)
+    for rank in range(nodes):
+        for _ in range(count):
+            t.add_collective(rank, op, nbytes)
+    return t
+
+
+def read_measurements(path: str | Path) -> list[Measurement]:
+    """Measurements from a CSV in the format of the module docstring; errors name the file and line."""
+    path = Path(path)
+    need = ("op", "nodes", "bytes", "count", "bandwidth", "seconds")
+    out = []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in need if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected a header {','.join(need)}")
+        for line, row in enumerate(reader, start=2):
+            where = f"{path}:{line}"
+            try:
+                op, nodes, nbytes, count = row["op"], int(row["nodes"]), int(row["bytes"]), int(row["count"])
+                bandwidth = units.parse_rate(row["bandwidth"], f"{where}: bandwidth") * 8
+                seconds = float(row["seconds"])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            if op not in OPS:
+                raise ValueError(f"{where}: op must be one of {', '.join(OPS)}, got {op!r}")
+            if nodes < 2 or nbytes < 0 or count < 1 or not seconds > 0:
+                raise ValueError(f"{where}: expected nodes >= 2, bytes >= 0, count >= 1 and seconds > 0")
+            case = Case("burst" if count > 1 else "collective", nodes, bandwidth, op, nbytes, count, repeats=1)
+            out.append(Measurement(case, [seconds], [burst_trace(op, nodes, nbytes, count)]))
+    if not out:
+        raise ValueError(f"{path}: no measurements")
+    return out
+
+
+def write_measurements(measurements: Sequence[Measurement], path: str | Path) -> Path:
+    """The homogeneous collective cases as a measurements CSV (the format ``read_measurements`` reads)."""
+    path = Path(path)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(("op", "nodes", "bytes", "count", "bandwidth", "seconds"))
+        for m in measurements:
+            c = m.case
+            if c.kind != "train" and not c.hetero and not c.regions:
+                w.writerow((c.op, c.nodes, c.nbytes, c.count, f"{c.bandwidth:g} bit/s", f"{m.real:.6g}"))
+    return path

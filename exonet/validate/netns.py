@@ -1,0 +1,247 @@
+"""A real network on one machine: one Linux network namespace per node, shaped by the kernel.
+
+Layout (root namespace holds the bridges, each node namespace one interface)::
+
+    node i:  netns <p>n<i>, interface <p>e<i> (10.77.0.<i+1>/16)  ──veth──  <p>h<i> ∈ bridge <p>b<region>
+    regions: bridges <p>b0 and <p>b1 joined by the veth pair <p>la ─ <p>lb
+
+Shaping: a node's uplink is an ``htb`` on its own interface (egress); its downlink, when
+it differs from the uplink, an ``htb`` on an ``ifb`` that the interface's ingress is
+redirected to (the usual ingress-shaping idiom). The inter-region link is an ``htb`` on
+each end of the joining veth pair, one per direction, so every flow crossing it in one
+direction shares one queue, which is the scenario's ``[[links]]`` semantics.
+
+Names carry a per-run prefix ``exv<pid in hex>-`` (15-character interface limit), so two runs
+never collide and a leftover of a crashed run names the process that made it:
+``leftovers()`` lists the objects whose process is gone, ``remove_leftovers()`` deletes
+them. ``Network`` tears everything down on exit, on Ctrl-C, on SIGTERM and, for a hard
+crash, at the next run's start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+PREFIX = "exv"
+SUBNET = "10.77"
+_NAME = re.compile(rf"^{PREFIX}([0-9a-f]+)-")
+
+
+class NetnsUnavailable(RuntimeError):
+    """This process cannot create network namespaces (not root, or no kernel support)."""
+
+
+def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True)
+    if check and proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def privilege() -> str | None:
+    """None when namespaces can be made here (tried, not guessed from the uid); else why not, in one line."""
+    name = f"{PREFIX}{os.getpid():x}-probe"
+    try:
+        proc = _sh("ip", "netns", "add", name, check=False)
+    except FileNotFoundError:
+        return "exonet validate needs the `ip` tool (iproute2), which is not installed"
+    if proc.returncode:
+        return f"exonet validate needs to create network namespaces (run as root): {proc.stderr.strip() or 'ip netns add failed'}"
+    _sh("ip", "netns", "del", name, check=False)
+    for tool in ("tc",):
+        if _sh("sh", "-c", f"command -v {tool}", check=False).returncode:
+            return f"exonet validate needs the `{tool}` tool (iproute2)"
+    return None
+
+
+def _shape(dev: str, rate_Bps: float, netns: str | None = None) -> None:
+    """Shape ``dev``'s egress to ``rate_Bps`` bytes/s (htb counts every byte of each L2 frame).
+
+    One htb class at the rate, split in two: small packets (IP length < 128: pure ACKs)
+    go first, bulk data after. With one FIFO, the ACKs of the flow coming in would queue
+    behind up to a second of outgoing data, starving it: a shaper artefact (a NIC's queue
+    is shallow), not the network the model describes, where the two directions are independent.
+    """
+    bits = f"{int(rate_Bps * 8)}bit"
+    burst = str(max(16 * 1514, int(rate_Bps * 0.002)))  # a few frames, or 2 ms at rate
+    pre = ("ip", "netns", "exec", netns) if netns else ()
+    tc = (*pre, "tc")
+    _sh(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "20")
+    _sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", bits, "ceil", bits,
+        "burst", burst, "cburst", burst)
+    for cls, share, prio in (("1:10", 0.05, "0"), ("1:20", 0.95, "1")):
+        _sh(*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", cls, "htb", "rate",
+            f"{int(rate_Bps * 8 * share)}bit", "ceil", bits, "burst", burst, "cburst", burst, "prio", prio)
+    _sh(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+        "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "1:10")
+
+
+@dataclass(frozen=True)
+class NodeLink:
+    """One node's NIC in bytes/s (None = unshaped)."""
+
+    uplink: float | None
+    downlink: float | None = None
+
+
+def address(rank: int) -> str:
+    return f"{SUBNET}.{rank // 250}.{rank % 250 + 1}"
+
+
+class Network:
+    """K namespaces on one or two bridges, shaped; a context manager that always tears down.
+
+    Args:
+        nodes: each rank's NIC rates.
+        region: each rank's region index (0 or 1); None puts every rank on one bridge.
+        link: the inter-region link's rate in bytes/s, each direction (needed with two regions).
+    """
+
+    def __init__(self, nodes: Sequence[NodeLink], region: Sequence[int] | None = None, link: float | None = None) -> None:
+        self.nodes = list(nodes)
+        self.region = list(region) if region is not None else [0] * len(self.nodes)
+        if len(self.region) != len(self.nodes) or not set(self.region) <= {0, 1}:
+            raise ValueError(f"Network: region must give 0 or 1 for each of the {len(self.nodes)} ranks, got {region!r}")
+        if len(set(self.region)) == 2 and link is None:
+            raise ValueError("Network: two regions need the inter-region link's rate (link=)")
+        self.link = link
+        self.prefix = f"{PREFIX}{os.getpid():x}-"
+        self._made: list[tuple[str, str]] = []  # ("netns" | "link", name), in creation order
+        self._old_handlers: dict[int, object] = {}
+
+    # ------------------------------------------------------------ names
+    def netns(self, rank: int) -> str:
+        return f"{self.prefix}n{rank}"
+
+    def iface(self, rank: int) -> str:
+        return f"{self.prefix}e{rank}"
+
+    def exec_prefix(self, rank: int) -> list[str]:
+        """The command prefix that runs a program inside ``rank``'s namespace."""
+        return ["ip", "netns", "exec", self.netns(rank)]
+
+    # ------------------------------------------------------------ life cycle
+    def __enter__(self) -> "Network":
+        remove_leftovers()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.close()
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+    def close(self) -> None:
+        """Delete everything this network made, newest first; safe to call twice."""
+        while self._made:
+            kind, name = self._made.pop()
+            if kind == "netns":
+                _sh("ip", "netns", "del", name, check=False)
+            else:
+                _sh("ip", "link", "del", name, check=False)
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._old_handlers.clear()
+
+    def _build(self) -> None:
+        p = self.prefix
+        bridges = sorted(set(self.region))
+        for b in bridges:
+            self._link(f"{p}b{b}", "type", "bridge")
+            _sh("ip", "link", "set", f"{p}b{b}", "up")
+        if len(bridges) == 2:
+            self._link(f"{p}la", "type", "veth", "peer", "name", f"{p}lb")
+            for end, b in (("la", 0), ("lb", 1)):
+                _sh("ip", "link", "set", f"{p}{end}", "master", f"{p}b{b}", "up")
+                _shape(f"{p}{end}", self.link)  # type: ignore[arg-type]  # egress of la: region 0 -> region 1
+        for rank, nic in enumerate(self.nodes):
+            ns, eth, host = self.netns(rank), self.iface(rank), f"{p}h{rank}"
+            _sh("ip", "netns", "add", ns)
+            self._made.append(("netns", ns))
+            self._link(host, "type", "veth", "peer", "name", eth)
+            _sh("ip", "link", "set", eth, "netns", ns)
+            _sh("ip", "link", "set", host, "master", f"{p}b{self.region[rank]}", "up")
+            inside = ("ip", "netns", "exec", ns)
+            _sh(*inside, "ip", "addr", "add", f"{address(rank)}/16", "dev", eth)
+            _sh(*inside, "ip", "link", "set", eth, "up")
+            _sh(*inside, "ip", "link", "set", "lo", "up")
+            if nic.uplink is not None:
+                _shape(eth, nic.uplink, ns)
+                # TCP small queues: a socket keeps at most ~2 ms of its rate (16 KB at least) in the shaper's
+                # queue, as over a NIC with a shallow queue. The default (4 MB) lets seconds of data queue at
+                # low rates, and the ACKs piggybacked on them arrive seconds late for the other direction.
+                limit = max(16384, int(nic.uplink * 0.002))
+                _sh(*inside, "sysctl", "-qw", f"net.ipv4.tcp_limit_output_bytes={limit}")
+            if nic.downlink is not None and nic.downlink != nic.uplink:
+                ifb = f"{p}i{rank}"
+                _sh(*inside, "ip", "link", "add", ifb, "type", "ifb")
+                _sh(*inside, "ip", "link", "set", ifb, "up")
+                _sh(*inside, "tc", "qdisc", "add", "dev", eth, "handle", "ffff:", "ingress")
+                _sh(*inside, "tc", "filter", "add", "dev", eth, "parent", "ffff:", "protocol", "all", "u32",
+                    "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", ifb)
+                _shape(ifb, nic.downlink, ns)
+
+    def _link(self, name: str, *spec: str) -> None:
+        _sh("ip", "link", "add", name, *spec)
+        self._made.append(("link", name))
+
+
+# ---------------------------------------------------------------- leftovers
+def _ours() -> Iterator[tuple[str, str]]:
+    """("netns" | "link", name) of every object in the root namespace that carries the exonet prefix."""
+    for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(PREFIX):
+            yield "netns", name
+    for line in _sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        fields = line.split(":")
+        if len(fields) > 1:
+            name = fields[1].strip().split("@")[0]
+            if name.startswith(PREFIX):
+                yield "link", name
+
+
+def _alive(pid_hex: str) -> bool:
+    with contextlib.suppress(ValueError):
+        pid = int(pid_hex, 16)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return False
+
+
+def leftovers(include_live: bool = False) -> list[tuple[str, str]]:
+    """Namespaces and links with the exonet prefix whose creating process has gone (or all, ``include_live``)."""
+    out = []
+    for kind, name in _ours():
+        m = _NAME.match(name)
+        if include_live or m is None or not _alive(m.group(1)):
+            out.append((kind, name))
+    return out
+
+
+def remove_leftovers() -> list[str]:
+    """Delete what a crashed earlier run left behind; returns the names removed."""
+    gone = []
+    for kind, name in leftovers():
+        _sh(*(("ip", "netns", "del") if kind == "netns" else ("ip", "link", "del")), name, check=False)
+        gone.append(name)
+    return gone
