@@ -73,6 +73,7 @@ class Communicator:
         self._groups: dict[tuple[int, ...], Any] = {}
         self._next_cid = 0
         self._pending_flops = 0.0
+        self._step_flops = 0.0  # FLOPs attributed since the last step boundary
         self._t0 = time.perf_counter()
         self._sync = torch.cuda.synchronize if device.type == "cuda" else None
         self._running = False
@@ -105,10 +106,21 @@ class Communicator:
     def add_flops(self, flops: float) -> None:
         """Attribute FLOPs to the compute span in progress."""
         self._pending_flops += flops
+        self._step_flops += flops
+
+    def flops_done(self, cumulative: float) -> None:
+        """This step has done ``cumulative`` FLOPs so far: the span in progress gets what is new.
+
+        The node calls it from gradient hooks with a profile counted once, so a step that
+        communicates mid-backward splits its FLOPs where its compute spans split.
+        """
+        if cumulative > self._step_flops:
+            self.add_flops(cumulative - self._step_flops)
 
     def mark_step(self) -> list[Event]:
         """End of a training step: close the compute span, record the boundary, hand over the step's events."""
         self._flush_compute()
+        self._step_flops = 0.0
         self.events.append(Step())
         events, self.events = self.events, []
         return events

@@ -177,9 +177,13 @@ class TrainNode:
         self._broadcast_initial_weights()
         batches = self._batches(cfg.start_step)
         val_loader = self._val_loader()
+        self._syncing = False
+        self._flops_at: list[float] = []
+        for i, p in enumerate(self._grad_params()):  # before the strategy's own hooks, so spans split first
+            p.register_post_accumulate_grad_hook(lambda _, i=i: self._grad_ready(i))
         self.strategy.setup(self.model, self.comm, NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
         first = next(batches)
-        flops = self._count_flops(first) if cfg.count_flops else 0.0
+        flops, self._flops_at = self._count_flops(first) if cfg.count_flops else (0.0, [])
         if cfg.resume_dir is not None:
             load_node(Path(cfg.resume_dir), self.rank, self.model, self.strategy)
         self.heartbeat.started()
@@ -190,7 +194,7 @@ class TrainNode:
             self.model.train()
             self.strategy.zero_grad()
             loss = self._forward_backward(batch)
-            self.comm.add_flops(flops)
+            self.comm.flops_done(flops)
             self.strategy.step()
             self.send(("step", self.rank, step, loss, self.comm.mark_step()))
             self.heartbeat.beat()
@@ -205,10 +209,12 @@ class TrainNode:
         state = self._final_state()
         self.send(("done", self.rank, tail, state))
 
-    def _forward_backward(self, batch: Any) -> float:
+    def _forward_backward(self, batch: Any, sync: bool = True) -> float:
+        """Forward and backward over the batch's micro-batches; ``sync`` lets the last backward start communication."""
         rows = _rows(batch)
         total = 0.0
-        for micro, n in split_batch(batch, self.cfg.minibatch_size) if self.cfg.minibatch_size < rows else [(batch, rows)]:
+        micros = split_batch(batch, self.cfg.minibatch_size) if self.cfg.minibatch_size < rows else [(batch, rows)]
+        for j, (micro, n) in enumerate(micros):
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 loss = self.model(micro)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
@@ -217,25 +223,48 @@ class TrainNode:
             if not loss.requires_grad:
                 raise ValueError("model(batch) returned a loss with no grad (requires_grad=False); "
                                  "is the forward pass detached or run under no_grad?")
+            self._syncing = sync and j == len(micros) - 1
+            self.strategy.prepare_backward(self._syncing)
             (loss * (n / rows)).backward()
+            self._syncing = False
             total += loss.item() * n / rows
         return total
 
-    def _count_flops(self, batch: Any) -> float:
-        """FLOPs of one forward+backward, counted once; buffers and grads are restored after."""
+    def _grad_params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _grad_ready(self, i: int) -> None:
+        """Hook: parameter ``i`` has its gradient; FLOPs up to here belong to the span in progress."""
+        if self._syncing and self._flops_at:
+            self.comm.flops_done(self._flops_at[i])
+
+    def _count_flops(self, batch: Any) -> tuple[float, list[float]]:
+        """FLOPs of one forward+backward, and the FLOPs done by the time each parameter's gradient is ready.
+
+        Counted once; buffers and grads are restored after. The profile lets a strategy that
+        communicates from gradient hooks split the step's FLOPs exactly where its spans split.
+        """
         from torch.utils.flop_counter import FlopCounterMode
 
         with self.comm.bookkeeping():
             buffers = [b.detach().clone() for b in self.model.buffers()]
             counter = FlopCounterMode(display=False)
-            with counter:
-                self.model.train()
-                self._forward_backward(batch)
+            params = self._grad_params()
+            at = [0.0] * len(params)
+            hooks = [p.register_post_accumulate_grad_hook(lambda _, i=i: at.__setitem__(i, counter.get_total_flops()))
+                     for i, p in enumerate(params)]
+            try:
+                with counter:
+                    self.model.train()
+                    self._forward_backward(batch, sync=False)
+            finally:
+                for h in hooks:
+                    h.remove()
             self.strategy.zero_grad()
             with torch.no_grad():
                 for b, saved in zip(self.model.buffers(), buffers):
                     b.copy_(saved)
-        return float(counter.get_total_flops())
+        return float(counter.get_total_flops()), [float(x) for x in at]
 
     # ------------------------------------------------------- bookkeeping
     def _checkpoint(self, step: int) -> None:

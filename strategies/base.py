@@ -223,6 +223,14 @@ class Strategy(abc.ABC):
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def prepare_backward(self, sync: bool) -> None:
+        """Called before each backward pass of a step; ``sync`` is True for the one that completes its gradient.
+
+        With gradient accumulation only the last micro-batch's backward has ``sync``: a
+        strategy that communicates from gradient hooks (overlapped DDP) starts then, and not
+        during the bookkeeping passes (FLOP counting) either.
+        """
+
     @abc.abstractmethod
     def step(self) -> None:
         """Apply one training step after backward (optimizer step plus communication)."""

@@ -1,30 +1,134 @@
-"""DDP / AllReduce: average gradients every step with one flattened all-reduce."""
+"""DDP / AllReduce: average gradients every step, in buckets that overlap the backward pass.
+
+As in PyTorch DDP, parameters are grouped into buckets in reverse order of
+``model.parameters()`` (roughly the order backward produces their gradients): the
+first bucket holds up to 1 MiB, the others up to ``bucket_cap_mb`` MiB. A
+post-accumulate-grad hook counts each bucket's gradients; once a bucket is complete,
+and every bucket before it has been launched, it is flattened and all-reduced
+asynchronously while backward goes on. ``step()`` launches any bucket left (a
+parameter that got no gradient contributes zeros), waits for all of them in order,
+then steps. Buckets launch in the same order on every node, so the k-th all-reduce
+matches across nodes. With gradient accumulation only the last micro-batch's backward
+launches buckets.
+
+The payload is exactly ``P * itemsize`` bytes per node per step either way; the
+trace shows each bucket's launch inside backward, so a replay knows how much compute
+was left to hide it behind. ``overlap=False`` is one flattened all-reduce after backward.
+"""
 
 from __future__ import annotations
 
-from exonet.strategies.base import Strategy, flatten, unflatten_into
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from exonet.strategies.base import NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, unflatten_into
+
+if TYPE_CHECKING:
+    from exonet.communicator import Communicator, Handle
+
+FIRST_BUCKET_BYTES = 1 << 20  # torch DDP's first bucket: small, so communication starts early
+
+
+def bucket_assignment(params: list[torch.Tensor], cap_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
+    """Parameter indices per bucket, in launch order: reverse parameter order, closed once a bucket reaches its cap."""
+    buckets: list[list[int]] = [[]]
+    size, limit = 0, min(first_bytes, cap_bytes)
+    for i in reversed(range(len(params))):
+        buckets[-1].append(i)
+        size += params[i].numel() * params[i].element_size()
+        if size >= limit:
+            buckets.append([])
+            size, limit = 0, cap_bytes
+    return [b for b in buckets if b]
 
 
 class DDPStrategy(Strategy):
-    """Data-parallel SGD: after backward, all nodes average their gradients, then step.
+    """Data-parallel SGD: gradients averaged over all nodes every step, then one optimizer step.
 
-    One all-reduce of a single flattened fp-gradient buffer per step, so the payload
-    is exactly ``P * itemsize`` bytes per node per step. Clipping (``max_norm``)
-    applies to the averaged gradient, as in PyTorch DDP.
+    Clipping (``max_norm``) applies to the averaged gradient, as in PyTorch DDP.
+
+    Args:
+        optim_spec: the optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        max_norm: clip the averaged gradient norm before each step.
+        bucket_cap_mb: the largest bucket in MiB (torch DDP's default 25).
+        overlap: all-reduce buckets from backward hooks as they fill (True), or one flat
+            all-reduce after backward (False).
+        lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the learning-rate schedule,
+            as in ``Strategy``.
     """
 
     name = "ddp"
 
+    def __init__(
+        self,
+        optim_spec: OptimSpec | str | type | None = None,
+        max_norm: float | None = None,
+        bucket_cap_mb: float = 25,
+        overlap: bool = True,
+        *,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
+    ) -> None:
+        super().__init__(optim_spec, **base_options(locals()))
+        check_range("bucket_cap_mb", bucket_cap_mb, low=0, low_open=True)
+        if not isinstance(overlap, bool):
+            raise TypeError(f"overlap must be True or False, got {overlap!r}")
+        self.bucket_cap_mb = bucket_cap_mb
+        self.overlap = overlap
+
+    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
+        super().setup(model, comm, ctx)
+        self._buckets = bucket_assignment(self.params, round(self.bucket_cap_mb * (1 << 20)))
+        self._bucket_of = {i: b for b, members in enumerate(self._buckets) for i in members}
+        self._armed = False
+        self._reset()
+        if self.overlap:
+            for i, p in enumerate(self.params):
+                p.register_post_accumulate_grad_hook(lambda _, i=i: self._grad_ready(i))
+
+    def _reset(self) -> None:
+        self._missing = [len(members) for members in self._buckets]
+        self._launched: list[tuple[torch.Tensor, Handle]] = []
+
+    def prepare_backward(self, sync: bool) -> None:
+        self._armed = sync and self.overlap
+
+    def _grad_ready(self, i: int) -> None:
+        """Hook: parameter ``i`` has its gradient; launch every complete bucket that is next in line."""
+        if not self._armed:
+            return
+        self._missing[self._bucket_of[i]] -= 1
+        while len(self._launched) < len(self._buckets) and self._missing[len(self._launched)] == 0:
+            self._launch(len(self._launched))
+
+    def _launch(self, b: int) -> None:
+        members = [self.params[i] for i in self._buckets[b]]
+        flat = flatten(p.grad if p.grad is not None else p.detach().new_zeros(p.shape) for p in members)
+        self._launched.append((flat, self.comm.all_reduce(flat, op="avg", async_op=True)))
+
     def step(self) -> None:
-        grads = [p.grad if p.grad is not None else p.detach().new_zeros(p.shape) for p in self.params]
-        flat = flatten(grads)
-        self.comm.all_reduce(flat, op="avg")
-        for p, g in zip(self.params, grads):
-            if p.grad is None:
-                p.grad = g
-        unflatten_into(flat, [p.grad for p in self.params])
+        if self.overlap:
+            self._armed = False
+            while len(self._launched) < len(self._buckets):
+                self._launch(len(self._launched))
+            for b, (flat, handle) in enumerate(self._launched):
+                handle.wait()
+                self._write_grads([self.params[i] for i in self._buckets[b]], flat)
+            self._reset()
+        else:
+            flat = flatten(p.grad if p.grad is not None else p.detach().new_zeros(p.shape) for p in self.params)
+            self.comm.all_reduce(flat, op="avg")
+            self._write_grads(self.params, flat)
         self.optimizer_step()
         self.local_step += 1
+
+    @staticmethod
+    def _write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+        for p in params:
+            if p.grad is None:
+                p.grad = p.detach().new_zeros(p.shape)
+        unflatten_into(flat, [p.grad for p in params])
 
 
 AllReduceStrategy = DDPStrategy

@@ -11,7 +11,8 @@ tensor travel in one flattened all-reduce.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -58,18 +59,53 @@ class SparseAverager:
             return torch.randperm(self.numel, generator=g)[: self.k].sort().values
         return torch.randint(self.numel, (self.k,), generator=g).unique()
 
-    def average(self, step: int) -> None:
-        """Average the coordinates drawn for ``step`` over all nodes, in place."""
-        if self.comm.world_size == 1:
-            return
+    def _select(self, step: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Per-tensor local indices drawn for ``step``, and the current values there (one flat buffer)."""
         idx = self.indices(step)
         bounds = torch.searchsorted(idx, self._offsets).tolist()
         local = [(idx[a:b] - off).to(p.device) for p, a, b, off in zip(self.params, bounds, bounds[1:], self.offsets)]
         with torch.no_grad():
-            values = torch.cat([p.take(i) for p, i in zip(self.params, local)])
-            self.comm.all_reduce(values, op="avg")
+            return local, torch.cat([p.take(i) for p, i in zip(self.params, local)])
+
+    def average(self, step: int) -> None:
+        """Average the coordinates drawn for ``step`` over all nodes, in place."""
+        if self.comm.world_size == 1:
+            return
+        local, values = self._select(step)
+        self.comm.all_reduce(values, op="avg")
+        with torch.no_grad():
             for p, i, v in zip(self.params, local, values.split([len(i) for i in local])):
                 p.put_(i, v.to(p.dtype))
+
+    def launch(self, step: int) -> "Exchange | None":
+        """Start averaging the coordinates drawn for ``step`` asynchronously (None on a single node)."""
+        if self.comm.world_size == 1:
+            return None
+        local, values = self._select(step)
+        return Exchange(local, values.clone(), values, self.comm.all_reduce(values, op="avg", async_op=True))
+
+    def apply(self, exchange: "Exchange | None") -> None:
+        """Wait for ``exchange`` and move its coordinates by (average − what this node sent).
+
+        Local progress made on those coordinates since the launch is kept, as in SPARTA's
+        asynchronous form; applied at once, this is plain averaging.
+        """
+        if exchange is None:
+            return
+        exchange.handle.wait()
+        with torch.no_grad():
+            sizes = [len(i) for i in exchange.local]
+            for p, i, avg, sent in zip(self.params, exchange.local, exchange.average.split(sizes), exchange.sent.split(sizes)):
+                p.put_(i, (avg - sent).to(p.dtype), accumulate=True)
+
+
+class Exchange(NamedTuple):
+    """A sparse exchange in flight: where it reads, what this node sent, the buffer being averaged, its handle."""
+
+    local: list[torch.Tensor]
+    sent: torch.Tensor
+    average: torch.Tensor
+    handle: Any
 
 
 class SparseAveraging(Strategy):
@@ -87,12 +123,19 @@ class SPARTAStrategy(SparseAveraging):
 
     Payload per node per step: about ``p_sparta * P * itemsize`` bytes, no mask bytes.
     With ``p_sparta = 1`` it is per-step parameter averaging (FedAvg with H = 1). The
-    index sets derive from (seed, step), so ``local_step`` is the only state beyond the base's.
+    index sets derive from (seed, step).
+
+    With ``delay_steps = d > 0`` the exchange is asynchronous, as in the paper: the
+    average of step t's coordinates is launched after step t and applied after step
+    t + d, so it travels while the next d steps compute; applying it adds (average − the
+    value this node sent), keeping the local progress made meanwhile. ``d = 0`` is the
+    blocking form. Exchanges still in flight at the end are applied by ``finish``.
 
     Args:
         inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
         p_sparta: fraction of the parameters averaged after every step, in (0, 1].
         max_norm: clip the local gradient norm before each step.
+        delay_steps: how many steps an exchange may stay in flight (0: blocking).
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the learning-rate schedule,
             as in ``Strategy``.
@@ -105,16 +148,32 @@ class SPARTAStrategy(SparseAveraging):
         inner_optim: OptimSpec | str | type | None = None,
         p_sparta: float = 0.005,
         max_norm: float | None = None,
+        delay_steps: int = 0,
         *,
         optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        check_range("delay_steps", delay_steps, low=0, integer=True)
         self.sparse = SparseAverager(p_sparta)
         self.p_sparta = p_sparta
+        self.delay_steps = delay_steps
+
+    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
+        super().setup(model, comm, ctx)
+        self._in_flight: deque[Exchange | None] = deque()
 
     def step(self) -> None:
         self.optimizer_step()
         self.local_step += 1
-        self.sparse.average(self.local_step)
+        if self.delay_steps == 0:
+            self.sparse.average(self.local_step)
+            return
+        self._in_flight.append(self.sparse.launch(self.local_step))
+        if len(self._in_flight) > self.delay_steps:
+            self.sparse.apply(self._in_flight.popleft())
+
+    def finish(self) -> None:
+        while self._in_flight:
+            self.sparse.apply(self._in_flight.popleft())
