@@ -27,12 +27,13 @@ def tiny_run(tmp_path_factory):
 
 
 def small_trace(n: int) -> Trace:
+    """Seconds for "measured" presets, FLOPs for presets that name their devices."""
     t = Trace(n)
     for _ in range(3):
         for r in range(n):
-            t.add_compute(r, 0.01 * (r + 1))
+            t.add_compute(r, 0.01 * (r + 1), flops=1e12 * (r + 1))
             cid = t.add_collective(r, "all_reduce", 1_000_000, async_op=True)
-            t.add_compute(r, 0.005)
+            t.add_compute(r, 0.005, flops=5e11)
             t.add_wait(r, cid)
             t.add_step(r)
     return t
