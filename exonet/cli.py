@@ -79,22 +79,41 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
-    from exonet.estimate import estimate
-    from exonet.netsim import simulate
-    from exonet.units import format_bytes, format_time
+    import json
 
+    from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate
+    from exonet.units import format_bytes, format_rate, format_time
+
+    targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
     est = estimate(args.strategy, params=args.model_params, nodes=args.nodes, steps=args.steps,
                    step_time=args.step_time, tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu,
-                   dtype=args.dtype)
+                   dtype=args.dtype, layers=args.layers, model=args.model)
+    report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
+                    "assumptions": est.assumptions, "payload_bytes_per_node": est.trace.payload_bytes(0), "scenarios": []}
+    for name in args.scenario:
+        sim = simulate_estimate(est.trace, name)
+        row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s, "utilization": sim.utilization,
+               "wire_bytes_per_node": sum(sim.wire_bytes) / args.nodes}
+        if targets:
+            row["bandwidth_for_utilization"] = {
+                f"{u:g}": bandwidth_for_utilization(est.trace, name, u) for u in targets}
+        report["scenarios"].append(row)
+    first = report["scenarios"][0]
+    report.update({k: first[k] for k in ("wall_clock_s", "utilization", "bandwidth_for_utilization") if k in first})
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
     print(f"estimate: {args.strategy} with K={args.nodes}, {args.steps} steps, {est.params:,} parameters")
     print("assumptions:")
     for a in est.assumptions:
         print(f"  - {a}")
-    print(f"payload per node: {format_bytes(est.trace.payload_bytes(0))}")
-    for name in args.scenario:
-        sim = simulate(est.trace, name)
-        print(f"{sim.scenario_name}: simulated wall-clock {format_time(sim.wall_clock_s)}, "
-              f"compute utilisation {sim.utilization:.1%}, wire bytes per node {format_bytes(sum(sim.wire_bytes) / args.nodes)}")
+    print(f"payload per node: {format_bytes(report['payload_bytes_per_node'])}")
+    for row in report["scenarios"]:
+        print(f"{row['scenario']}: simulated wall-clock {format_time(row['wall_clock_s'])}, "
+              f"compute utilisation {row['utilization']:.1%}, wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
+        for u, bw in row.get("bandwidth_for_utilization", {}).items():
+            need = "not reachable at any bandwidth" if bw is None else f"{format_rate(bw / 8)} per NIC"
+            print(f"  compute utilisation {float(u):.0%} needs {need}")
     return 0
 
 
@@ -134,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_scenarios)
 
     p = sub.add_parser("estimate", help="estimate a run's time without training (strategy logic on meta tensors)")
-    p.add_argument("--model-params", type=float, required=True, help="parameter count, e.g. 7e9")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model-params", type=float, help="parameter count of a transformer-like stack, e.g. 7e9")
+    model.add_argument("--model", help="module:factory returning an nn.Module (built on the meta device)")
+    p.add_argument("--layers", type=int, default=24, help="blocks in the --model-params stack (default 24)")
     p.add_argument("--strategy", required=True, help="e.g. ddp, diloco:H=500, sparta:p_sparta=0.005")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
@@ -144,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tflops", type=float, help="device peak TFLOP/s")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (default 0.4)")
     p.add_argument("--dtype", default="fp32", help="parameter/transfer dtype: fp32, bf16, fp16")
+    p.add_argument("--solve-utilization", metavar="U,U,...",
+                   help="find the NIC bandwidth (within 1%%) at which compute utilisation reaches each U, e.g. 0.5,0.9")
+    p.add_argument("--json", action="store_true", help="print a machine-readable result")
     p.set_defaults(func=_cmd_estimate)
 
     from exonet.validate.command import add_arguments

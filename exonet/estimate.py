@@ -5,8 +5,16 @@ recording communicator that performs no communication but records every
 collective it is asked for. Compute per step is given (seconds, or tokens with
 device TFLOP/s and MFU). The resulting trace is simulated like a recorded one.
 
+The model is a stack of layers: by default a transformer-like stack of ``layers``
+blocks of 12·d² parameters each (attention 4·d², MLP 8·d²), or any ``nn.Module`` built
+on the meta device (``--model module:factory``). Each step is a forward pass (a third
+of the step's compute), then backward in reverse parameter order: each parameter
+tensor's gradient arrives after backward compute proportional to its size (FLOPs of a
+dense layer are proportional to its parameters), and its post-accumulate-grad hooks
+run at that moment. So DDP's buckets and Streaming DiLoCo's fragments overlap the
+remaining backward exactly as they do in a recorded run.
+
 Assumptions (printed with every estimate):
-* the model is a stack of equal 2-D weight matrices holding ``params`` parameters;
 * each step's compute is the same on every node (scenario speeds and jitter still apply);
 * compute inside ``strategy.step()`` (e.g. DeMo's transforms) is not counted, and the inner
   optimizer is not run (its numerics never change what goes on the wire);
@@ -16,6 +24,7 @@ Assumptions (printed with every estimate):
 from __future__ import annotations
 
 import ast
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,7 +35,8 @@ from exonet.communicator import Communicator
 from exonet.strategies.base import NodeContext, Strategy
 from exonet.trace import Collective, Compute, Step, Trace
 
-ROW = 4096
+DEFAULT_LAYERS = 24
+FORWARD_SHARE = 1 / 3  # forward 2·P FLOPs per token, backward 4·P (Kaplan et al. 2020)
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 
@@ -58,14 +68,41 @@ class RecordingCommunicator(Communicator):
         """Compute is injected per step by the estimator, never measured here."""
 
 
-class MetaModel(torch.nn.Module):
-    """``params`` parameters as equal (rows × 4096) matrices on the meta device."""
+class LayerStack(torch.nn.Module):
+    """``params`` parameters as ``layers`` transformer-like blocks on the meta device.
 
-    def __init__(self, params: int, dtype: torch.dtype, tensors: int = 8) -> None:
+    Each block holds four matrices, d×3d (QKV), d×d (output), d×4d and 4d×d (MLP): 12·d²
+    parameters, with d chosen so the stack holds about ``params`` (at least 1).
+    """
+
+    def __init__(self, params: int, layers: int, dtype: torch.dtype) -> None:
         super().__init__()
-        rows = max(1, round(params / (tensors * ROW)))
-        self.weights = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.empty(rows, ROW, device="meta", dtype=dtype)) for _ in range(tensors))
+        d = max(1, round(math.sqrt(params / (12 * layers))))
+        self.width = d
+        shapes = ((d, 3 * d), (d, d), (d, 4 * d), (4 * d, d))
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ParameterList(torch.nn.Parameter(torch.empty(*shape, device="meta", dtype=dtype)) for shape in shapes)
+            for _ in range(layers))
+
+
+def load_model(spec: str, dtype: torch.dtype) -> torch.nn.Module:
+    """``"package.module:factory"`` → the module the factory returns, built on the meta device in ``dtype``."""
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise ValueError(f"--model: expected module:factory (e.g. mypkg.models:build), got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:
+        raise ValueError(f"--model: cannot import {module_name!r}: {exc}") from None
+    except AttributeError:
+        raise ValueError(f"--model: module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(factory):
+        raise TypeError(f"--model: {spec} is not callable")
+    with torch.device("meta"):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"--model: {spec}() returned {type(model).__name__}, expected a torch.nn.Module")
+    return model.to(dtype=dtype)
 
 
 @dataclass
@@ -98,23 +135,43 @@ def parse_strategy(spec: str) -> Strategy:
     return STRATEGIES[key](**kwargs)
 
 
-def _run_rank(strategy: Strategy, rank: int, nodes: int, steps: int, dtype: torch.dtype, params: int,
-              step_time: float, flops: float) -> tuple[list, bool]:
+def _fire_grad_hooks(p: torch.nn.Parameter) -> None:
+    """Run ``p``'s post-accumulate-grad hooks, as autograd does once its gradient is accumulated.
+
+    Meta tensors have no real backward pass worth its cost (milliseconds per step), so the
+    estimator fires the hooks itself in backward order.
+    """
+    hooks = getattr(p, "_post_accumulate_grad_hooks", None) or {}
+    for hook in hooks.values():
+        hook(p)
+
+
+def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], rank: int, nodes: int, steps: int, step_time: float,
+              flops: float) -> tuple[list, bool]:
     """One rank's events, and whether its strategy declared subgroups (then ranks differ)."""
     import copy
 
     strat = copy.deepcopy(strategy)
-    model = MetaModel(params, dtype)
+    model = make_model()  # a model of its own: the strategy registers hooks on it
     comm = RecordingCommunicator(rank, nodes, torch.device("meta"))
     strat.setup(model, comm, NodeContext(rank, nodes, steps, 0, torch.device("meta")))
     strat.optimizer.step = lambda *a, **k: None  # local numerics never change what goes on the wire
-    grads = [torch.empty_like(p) for p in model.parameters()]
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(p.numel() for p in params) or 1
+    grads = [torch.empty_like(p) for p in params]
+    forward = Compute(step_time * FORWARD_SHARE, step_time * FORWARD_SHARE, flops * FORWARD_SHARE)
+    backward = [Compute(step_time * (1 - FORWARD_SHARE) * p.numel() / total,
+                        step_time * (1 - FORWARD_SHARE) * p.numel() / total,
+                        flops * (1 - FORWARD_SHARE) * p.numel() / total) for p in params]
     events: list = []
     for _ in range(steps):
         strat.zero_grad()
-        for p, g in zip(model.parameters(), grads):
-            p.grad = g
-        comm.events.append(Compute(step_time, step_time, flops))
+        strat.prepare_backward(True)
+        comm.events.append(forward)
+        for i in reversed(range(len(params))):
+            comm.events.append(backward[i])
+            params[i].grad = grads[i]
+            _fire_grad_hooks(params[i])
         strat.step()
         comm.events.append(Step())
         events.extend(comm.events)
@@ -124,14 +181,15 @@ def _run_rank(strategy: Strategy, rank: int, nodes: int, steps: int, dtype: torc
     return events, getattr(comm, "uses_groups", False)
 
 
-def estimate(strategy: Strategy | str, *, params: float, nodes: int, steps: int, step_time: float | None = None,
-             tokens_per_step: float | None = None, tflops: float | None = None, mfu: float = 0.4,
-             dtype: str = "fp32") -> Estimate:
+def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: int, steps: int,
+             step_time: float | None = None, tokens_per_step: float | None = None, tflops: float | None = None,
+             mfu: float = 0.4, dtype: str = "fp32", layers: int = DEFAULT_LAYERS,
+             model: str | Callable[[], torch.nn.Module] | None = None) -> Estimate:
     """Build the trace a run would produce, from the strategy's own logic on meta tensors.
 
     Args:
         strategy: a Strategy or a spec such as "diloco:H=500".
-        params: model parameters (e.g. 7e9).
+        params: model parameters (e.g. 7e9), for the default layer stack.
         nodes: K.
         steps: optimizer steps per node.
         step_time: compute seconds per step per node; or give tokens_per_step, tflops and mfu.
@@ -139,11 +197,35 @@ def estimate(strategy: Strategy | str, *, params: float, nodes: int, steps: int,
         tflops: device peak TFLOP/s.
         mfu: model FLOPs utilisation.
         dtype: parameter/transfer dtype: fp32, bf16 or fp16.
+        layers: blocks in the default stack.
+        model: instead of ``params``, a model: "module:factory", or a factory, built on the meta device.
     """
     if isinstance(strategy, str):
         strategy = parse_strategy(strategy)
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"--layers must be an integer >= 1, got {layers!r}")
+    torch_dtype = DTYPES[dtype]
+    if model is not None:
+        if params is not None:
+            raise ValueError("estimate: give --model-params or --model, not both")
+        if isinstance(model, str):
+            spec = model
+            make_model: Callable[[], torch.nn.Module] = lambda: load_model(spec, torch_dtype)  # noqa: E731
+            described = f"{spec}()"
+        else:
+            factory = model
+
+            def make_model() -> torch.nn.Module:
+                with torch.device("meta"):
+                    return factory().to(dtype=torch_dtype)
+
+            described = f"{getattr(factory, '__name__', repr(factory))}()"
+        net = make_model()
+        params = float(sum(p.numel() for p in net.parameters()))
+    elif params is None:
+        raise ValueError("estimate: give --model-params (a parameter count) or --model module:factory")
     if not (params >= 1 and nodes >= 1 and steps >= 1):
         raise ValueError(f"estimate: params, nodes and steps must be >= 1, got {params}, {nodes}, {steps}")
     flops = 6.0 * params * (tokens_per_step or 0.0)
@@ -155,22 +237,74 @@ def estimate(strategy: Strategy | str, *, params: float, nodes: int, steps: int,
         step_time = flops / (tflops * 1e12 * mfu)
     if step_time < 0 or not math.isfinite(step_time):
         raise ValueError(f"--step-time must be a finite number >= 0, got {step_time}")
-    torch_dtype = DTYPES[dtype]
-    n_params = MetaModel(int(params), torch_dtype).weights
-    real_params = sum(p.numel() for p in n_params)
-    first, uses_groups = _run_rank(strategy, 0, nodes, steps, torch_dtype, int(params), step_time, flops)
+    if model is None:
+        count = int(params)
+        make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
+        net = make_model()
+        described = f"{layers} transformer-like blocks of 12·d² parameters, d = {net.width}"
+    real_params = sum(p.numel() for p in net.parameters())
+    first, uses_groups = _run_rank(strategy, make_model, 0, nodes, steps, step_time, flops)
     per_rank = [first] + [
-        _run_rank(strategy, r, nodes, steps, torch_dtype, int(params), step_time, flops)[0] if uses_groups
-        else list(first)
+        _run_rank(strategy, make_model, r, nodes, steps, step_time, flops)[0] if uses_groups else list(first)
         for r in range(1, nodes)
     ]
     trace = Trace(nodes, meta={"estimate": True, "strategy": type(strategy).__name__, "params": real_params,
                                "steps": steps}, events=per_rank)
     assumptions = [
-        f"model: {real_params:,} parameters as 8 equal 2-D matrices of width {ROW} ({dtype})",
+        f"model: {real_params:,} parameters ({dtype}): {described}",
         f"compute: {step_time:.4g} s per step on every node"
-        + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g})" if tokens_per_step and tflops else ""),
-        "compute inside strategy.step() (e.g. transforms, quantisation) is not counted",
+        + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g})" if tokens_per_step and tflops else "")
+        + "; forward a third, backward two thirds, in reverse parameter order, each tensor's share by its size",
+        "compute inside strategy.step() (e.g. transforms, quantisation) is not counted; a scenario's [compute] "
+        "device is replaced by this compute (its per-node speeds and jitter still apply)",
         "every rank is run separately (the strategy uses subgroups)" if uses_groups else "every node behaves like rank 0",
     ]
     return Estimate(trace, real_params, step_time, assumptions)
+
+
+def scenario_for_estimate(scenario: Any) -> Any:
+    """``scenario`` with its compute taken from the estimate's own spans (``mode = "wall"``).
+
+    An estimate states its compute (a step time, or tokens at a device's TFLOP/s and MFU),
+    so a preset's ``[compute]`` device does not apply; per-node speeds and jitter still do.
+    """
+    from exonet.scenario import Scenario
+
+    return Scenario.coerce(scenario).replace(compute={"mode": "wall"})
+
+
+def simulate_estimate(trace: Trace, scenario: Any, bandwidth: float | None = None) -> Any:
+    """Replay an estimate's trace in ``scenario`` (optionally with every NIC at ``bandwidth`` bit/s)."""
+    from exonet.netsim import simulate
+
+    chosen = scenario_for_estimate(scenario)
+    if bandwidth is not None:
+        chosen = chosen.replace(bandwidth=f"{bandwidth!r} bit/s")
+    return simulate(trace, chosen)
+
+
+def utilization_at(trace: Trace, scenario: Any, bandwidth: float) -> float:
+    """Compute utilisation of an estimate's ``trace`` in ``scenario`` with every NIC at ``bandwidth`` bit/s."""
+    return simulate_estimate(trace, scenario, bandwidth).utilization
+
+
+def bandwidth_for_utilization(trace: Trace, scenario: Any, target: float, *, low: float = 1e3, high: float = 1e15,
+                              rtol: float = 0.01) -> float | None:
+    """The lowest NIC bandwidth (bit/s, within ``rtol``) at which ``trace`` reaches compute utilisation ``target``.
+
+    Utilisation never falls as bandwidth grows, so a bisection in log-bandwidth finds it.
+    Returns None when even ``high`` does not reach it (latency or compute imbalance bound).
+    """
+    if not 0 < target < 1:
+        raise ValueError(f"--solve-utilization: each target must be in (0, 1), got {target}")
+    if utilization_at(trace, scenario, high) < target:
+        return None
+    if utilization_at(trace, scenario, low) >= target:
+        return low
+    while high / low > 1 + rtol:
+        mid = math.sqrt(low * high)
+        if utilization_at(trace, scenario, mid) >= target:
+            high = mid
+        else:
+            low = mid
+    return high
