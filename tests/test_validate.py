@@ -1,0 +1,208 @@
+"""exonet validate: the model terms it adds (exact), calibration and measurements files, and, where this
+process may create network namespaces, real gloo nodes on shaped links against the calibrated model."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from exonet import Scenario, ScenarioError, Trace, simulate
+from exonet.validate import calibrate as cal
+from exonet.validate.cases import Case, Measurement, ci_matrix
+from exonet.validate.netns import leftovers, privilege, remove_leftovers
+
+B = 1e6  # bytes/s: "8 Mbit/s"
+
+
+def _one(op: str, n: int, nbytes: int, network: dict) -> float:
+    t = Trace(n)
+    for r in range(n):
+        t.add_collective(r, op, nbytes)
+    return simulate(t, Scenario.from_dict({"name": "t", "network": {"bandwidth": "8 Mbit/s", **network}})).wall_clock_s
+
+
+# ---------------------------------------------------------------- model terms, exact
+@pytest.mark.parametrize("n, phases, units", [(2, 1, 1), (3, 1, 2), (4, 2, 3), (5, 2, 4), (8, 3, 6)])
+def test_binomial_fanout_broadcast_closed_form(n, phases, units):
+    # gloo's broadcast: a node sends to all its children at once; n = 2^k: k·α + k(k+1)/2 · S/B
+    got = _one("broadcast", n, 1_000_000, {"latency": "1 ms", "algorithms": {"broadcast": "binomial_fanout"}})
+    assert got == pytest.approx(phases * 1e-3 + units * 1.0, rel=1e-12)
+
+
+def test_framing_puts_packet_headers_on_the_wire():
+    # ring all-reduce, n = 4, S = 1 MB: 6 messages of 250 kB, each ceil(250000/1448) = 173 packets of 66 header bytes
+    got = _one("all_reduce", 4, 1_000_000, {"mss": 1448, "header_bytes": 66})
+    assert got == pytest.approx(6 * (250_000 + 173 * 66) / B, rel=1e-12)
+    assert _one("all_reduce", 4, 1_000_000, {}) == pytest.approx(1.5, rel=1e-12)  # the default stays ideal
+
+
+def test_message_overhead_adds_to_every_message_latency():
+    got = _one("all_reduce", 4, 1_000_000, {"latency": "1 ms", "message_overhead": "250 us"})
+    assert got == pytest.approx(6 * 1.25e-3 + 1.5, rel=1e-12)
+
+
+def test_framing_fields_are_checked():
+    with pytest.raises(ScenarioError, match="header_bytes only applies with network.mss"):
+        Scenario.from_dict({"name": "x", "network": {"bandwidth": "1 Gbit/s", "header_bytes": 66}})
+    with pytest.raises(ScenarioError, match="mss"):
+        Scenario.from_dict({"name": "x", "network": {"bandwidth": "1 Gbit/s", "mss": 0}})
+
+
+def test_calibrated_preset_predicts_any_shaped_rate():
+    s = Scenario.load("calibrated-loopback").replace(bandwidth="80 Mbit/s")
+    r = s.resolve(4)
+    eff = cal.preset_params()["efficiency"]
+    assert r.uplink == (10e6 * eff,) * 4 and r.mss == 1448 and r.header_bytes == 66
+    assert r.algorithms["broadcast"] == "binomial_fanout" and r.algorithms["reduce_scatter"] == "direct"
+    assert r.message_overhead > 0
+
+
+# ---------------------------------------------------------------- calibration and measurements files
+def _synthetic(params: dict[str, float]) -> list[Measurement]:
+    """Measurements that the modelled scenario with ``params`` reproduces exactly."""
+    truth = cal.modelled(params["efficiency"], params["message_overhead"])
+    out = []
+    for k, bw, op, nbytes, count in [(4, 10e6, "all_reduce", 1_000_000, 1), (4, 10e6, "all_reduce", 4096, 30),
+                                     (2, 40e6, "all_reduce", 4_000_000, 1), (4, 40e6, "broadcast", 2_000_000, 1),
+                                     (4, 10e6, "all_gather", 250_000, 1), (4, 40e6, "all_reduce", 4096, 30)]:
+        case = Case("burst" if count > 1 else "collective", k, bw, op, nbytes, count, repeats=1)
+        m = Measurement(case, [1.0], [cal.burst_trace(op, k, nbytes, count)])
+        m.real_s = [m.simulate(truth)]
+        out.append(m)
+    return out
+
+
+def test_fit_recovers_the_parameters_that_made_the_measurements():
+    params = {"efficiency": 0.93, "message_overhead": 4e-4}
+    got = cal.fit(_synthetic(params))
+    assert got["efficiency"] == pytest.approx(0.93, abs=2e-3)
+    assert got["message_overhead"] == pytest.approx(4e-4, rel=0.02)
+
+
+def test_calibration_reports_held_out_error_and_writes_a_loadable_preset(tmp_path):
+    result = cal.calibrate(_synthetic({"efficiency": 0.95, "message_overhead": 3e-4}))
+    assert [r.held_out for r in result.rows] == [False, True] * 3
+    assert result.summary("calibrated")[1] < 0.01 < result.summary("ideal")[0]
+    path = tmp_path / "mine.toml"
+    path.write_text(result.to_toml(name="mine"))
+    net = Scenario.load(str(path)).to_dict()["network"]
+    assert net["efficiency"] == pytest.approx(result.params["efficiency"], abs=1e-4)
+    assert "| case | half | real s |" in result.table()
+
+
+def test_measurements_csv_round_trip_and_errors(tmp_path):
+    ms = _synthetic({"efficiency": 0.95, "message_overhead": 3e-4})
+    path = cal.write_measurements(ms, tmp_path / "m.csv")
+    back = cal.read_measurements(path)
+    assert [(m.case.op, m.case.nodes, m.case.nbytes, m.case.count, m.case.bandwidth) for m in back] == \
+        [(m.case.op, m.case.nodes, m.case.nbytes, m.case.count, m.case.bandwidth) for m in ms]
+    assert [m.real for m in back] == pytest.approx([m.real for m in ms], rel=1e-5)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("op,nodes,bytes,count,bandwidth,seconds\nall_reduce,4,1000,1,fast,0.1\n")
+    with pytest.raises(ValueError, match="bad.csv:2"):
+        cal.read_measurements(bad)
+    bad.write_text("op,nodes,bytes\n")
+    with pytest.raises(ValueError, match="missing column"):
+        cal.read_measurements(bad)
+
+
+def test_send_first_pairs_are_shown_but_not_claimed():
+    assert not cal.covered(Case("collective", 2, 10e6, "all_gather", 1000))
+    assert not cal.covered(Case("collective", 4, 10e6, "reduce_scatter", 1000, regions=True))
+    assert cal.covered(Case("collective", 2, 10e6, "all_reduce", 1000))
+    assert cal.covered(Case("collective", 4, 10e6, "all_gather", 1000))
+
+
+# ---------------------------------------------------------------- real namespaces (root)
+REASON = privilege()
+needs_netns = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+def test_without_privilege_validate_says_why_in_one_line():
+    if REASON is None:
+        pytest.skip("this process may create namespaces")
+    proc = subprocess.run([sys.executable, "-m", "exonet.validate"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "namespaces" in proc.stderr
+
+
+_HOLD = textwrap.dedent("""
+    import sys, time
+    from exonet.validate.netns import Network, NodeLink
+    with Network([NodeLink(1e6), NodeLink(1e6, 4e6)], [0, 1], link=1e6):
+        print("up", flush=True)
+        time.sleep(60)
+""")
+
+
+def _hold_network() -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    return proc
+
+
+def _ours(pid: int) -> list[tuple[str, str]]:
+    return [x for x in leftovers(include_live=True) if x[1].startswith(f"exv{pid:x}-")]
+
+
+@needs_netns
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_tears_its_network_down(sig):
+    proc = _hold_network()
+    made = _ours(proc.pid)
+    assert {k for k, _ in made} == {"netns", "link"} and len([k for k, _ in made if k == "netns"]) == 2
+    proc.send_signal(sig)
+    proc.wait(30)
+    assert _ours(proc.pid) == []
+
+
+@needs_netns
+def test_leftovers_of_a_crashed_run_are_found_and_removed():
+    proc = _hold_network()
+    proc.kill()  # no chance to clean up
+    proc.wait(30)
+    assert _ours(proc.pid) and all(x in leftovers() for x in _ours(proc.pid))
+    removed = remove_leftovers()
+    assert _ours(proc.pid) == [] and removed
+
+
+@needs_netns
+@pytest.mark.slow
+def test_reduced_matrix_meets_the_error_bound_on_held_out_cases():
+    """K = 2 and 4, 10 and 40 Mbit/s, four collectives and a small-message burst, one DDP run: real gloo
+    traffic, calibrated on half, held-out median |error| <= 3% and worst <= 8% (the issue's targets)."""
+    from exonet.validate.cases import run_cases
+
+    t0 = time.perf_counter()
+    result = cal.calibrate(run_cases(ci_matrix(), log=lambda line: None))
+    elapsed = time.perf_counter() - t0
+    print(f"\nload average {os.getloadavg()[0]:.2f}, {elapsed:.0f} s\n" + result.table())
+    median, worst = result.summary("calibrated")
+    assert median <= 0.03 and worst <= 0.08, result.table()
+    assert result.summary("ideal")[0] > median  # the model earns its terms
+    assert elapsed < 180
+
+
+def test_nothing_is_left_behind():
+    """Runs last in this module: no namespace, veth, bridge, ifb or qdisc of a finished exonet run remains
+    (a run still in progress elsewhere, whose process is alive, is not a leftover)."""
+    if REASON is not None:
+        pytest.skip(REASON)
+    assert leftovers() == []
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    owners = {int(pid, 16) for pid in re.findall(r"dev exv([0-9a-f]+)-", qdiscs)}
+    assert all(_alive(pid) for pid in owners), qdiscs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
