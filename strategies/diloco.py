@@ -23,19 +23,22 @@ class DiLoCoStrategy(FedAvgStrategy):
     Each node keeps θ_global, a flat copy of the parameters at the last sync, and the
     outer optimizer over it. At the end of a round the group all-reduces (one flattened
     buffer, op "avg") its inner parameters θ_local, sets the outer gradient
-    Δ = θ_global − mean(θ_local), steps the outer optimizer and restarts from the new
-    θ_global. There is no master copy on rank 0 and no broadcast back: each participant
-    sends ``P * itemsize`` bytes per round. K = 1 still takes the outer step; the first
-    sync comes after exactly H inner steps; the inner optimizer keeps its state.
+    Δ = θ_global − mean(θ_local) (the mean pseudo-gradient, as the members share θ_global),
+    steps the outer optimizer and restarts from the new θ_global. There is no master copy on
+    rank 0 and no broadcast back: at full participation each node sends ``P * itemsize`` bytes
+    per round. K = 1 still takes the outer step; the first sync comes after exactly H inner
+    steps; the inner optimizer keeps its state.
 
-    Δ = θ_global − mean(θ_local) is the paper's averaged pseudo-gradient mean(θ_global − θ_local)
-    whenever the nodes share θ_global, which they always do at full participation. Averaging
-    θ_local rather than the pseudo-gradients is what keeps partial participation and islands
-    sound: a node that sat a round out still holds the old θ_global, and averaging
-    pseudo-gradients would leave it (and everyone it later meets) offset from the others
-    forever; averaging parameters pulls it back in its next round. Rounds, ``participation``
-    and ``island_size`` follow ``FedAvgStrategy``; a node that sits a round out leaves its
-    θ_global and outer state as they are.
+    Partial participation (``participation`` < 1) follows FedOpt's client sampling, which DiLoCo
+    builds on: every round starts from the current global state. After round r's outer step its
+    participants hold the new θ_global and outer-optimizer state; the nodes drawn for round r + 1
+    that sat round r out receive both (one broadcast of θ_global plus the outer state, from the
+    lowest-ranked participant of round r, traced and simulated like any collective) and restart
+    their inner steps from θ_global, discarding what they trained while out. So every member of a
+    round shares θ_global, Δ is the mean of the members' pseudo-gradients, and all participants
+    hold identical parameters after each sync. A node that is out neither sends nor receives.
+    With ``island_size`` (as in ``FedAvgStrategy``) each island averages inside itself, and a
+    node keeps the θ_global and outer state of the island it last synced in.
 
     Defaults: the outer optimizer is the paper's SGD lr 0.7, momentum 0.9, Nesterov;
     H = 100 and the inner AdamW lr 1e-3 are the seed gym's (the paper uses H = 500 and
@@ -79,6 +82,66 @@ class DiLoCoStrategy(FedAvgStrategy):
         with torch.no_grad():
             self.global_params = flatten(self.params)
         self.outer_optimizer = self.outer_optim.build([self.global_params])
+
+    def sync_round(self) -> None:
+        super().sync_round()
+        self.hand_off(self.local_step // self.H)
+
+    def hand_off(self, round_index: int) -> None:
+        """Give the nodes of the next round that sat round ``round_index`` out its global state.
+
+        Every node computes the same groups from the shared seed and declares the hand-off group;
+        nothing is sent when the next round has no newcomer or lies beyond ``max_steps``.
+        """
+        if self.participation == 1 or (round_index + 1) * self.H > self.ctx.max_steps:
+            return
+        fresh = {r for island in self.round_partition(round_index) for r in island}
+        newcomers = sorted({r for island in self.round_partition(round_index + 1) for r in island} - fresh)
+        if not newcomers:
+            return
+        group = (min(fresh), *newcomers)
+        self.comm.declare_groups([group])
+        if self.rank not in group:
+            return
+        with torch.no_grad():
+            state = self._global_state()
+            self.comm.broadcast(state, src=group[0], group=group)
+            if self.rank != group[0]:
+                self._load_global_state(state)
+                unflatten_into(self.global_params, self.params)
+
+    def _outer_state(self) -> dict[str, Any]:
+        """The outer optimizer's state for θ_global, in key order.
+
+        A node that has never taken an outer step has none yet: a zero-gradient step creates it
+        with the right keys and shapes, and the caller overwrites θ_global and the state at once.
+        """
+        if not self.outer_optimizer.state[self.global_params]:
+            self.global_params.grad = torch.zeros_like(self.global_params)
+            self.outer_optimizer.step()
+            self.global_params.grad = None
+        state = self.outer_optimizer.state[self.global_params]
+        return {key: state[key] for key in sorted(state)}
+
+    def _global_state(self) -> torch.Tensor:
+        """θ_global followed by every outer-optimizer state value, as one buffer of θ_global's dtype."""
+        values = [torch.as_tensor(v).reshape(-1).to(self.global_params.dtype) for v in self._outer_state().values()]
+        return torch.cat([self.global_params.detach().reshape(-1), *values])
+
+    def _load_global_state(self, buffer: torch.Tensor) -> None:
+        """Adopt a buffer made by ``_global_state`` on another node."""
+        values = self._outer_state()
+        state = self.outer_optimizer.state[self.global_params]
+        offset = self.global_params.numel()
+        self.global_params.copy_(buffer[:offset])
+        for key, value in values.items():
+            n = torch.as_tensor(value).numel()
+            part = buffer[offset : offset + n]
+            if isinstance(value, torch.Tensor):
+                value.copy_(part.view_as(value))
+            else:
+                state[key] = type(value)(part.item())
+            offset += n
 
     def apply_average(self, mean: torch.Tensor) -> None:
         """Outer step on θ_global with gradient θ_global − mean(θ_local); restart the inner steps from it."""

@@ -9,12 +9,15 @@ node's full parameters to form islands).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import (OptimSpec, Strategy, base_options, check_range, flatten, inner_spec, shared_generator,
-                                    unflatten_into)
+from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, inner_spec,
+                                    shared_generator, unflatten_into)
+
+if TYPE_CHECKING:
+    from exonet.communicator import Communicator
 
 
 class FedAvgStrategy(Strategy):
@@ -26,9 +29,10 @@ class FedAvgStrategy(Strategy):
 
     Round groups (round r ends at step r·H), drawn on every node from ``(seed, r)``:
 
-    - ``participation`` < 1: ⌈participation·K⌉ nodes (at least one) take part. A node
-      that sits a round out neither sends nor updates, and keeps training from its own
-      parameters; it rejoins by averaging at the next round it is drawn for.
+    - ``participation`` < 1: ⌈participation·K⌉ nodes take part; with K > 1 that must be at
+      least two (else nothing is ever exchanged, a ValueError at setup). A node that sits a
+      round out neither sends nor updates, and keeps training from its own parameters; it
+      rejoins by averaging at the next round it is drawn for.
     - ``island_size``: the participants are shuffled and cut into islands of that size,
       each averaging only inside itself (an all-reduce on a subgroup). The remainder
       forms a smaller island, except that a single leftover node joins the previous
@@ -71,6 +75,19 @@ class FedAvgStrategy(Strategy):
         self.island_size = island_size
         self.participation = participation
 
+    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
+        k = ctx.num_nodes
+        if k > 1 and self.round_size(k) < 2:
+            raise ValueError(
+                f"participation={self.participation} with K={k} nodes puts ⌈participation·K⌉ = 1 node in each round, "
+                f"so no round ever exchanges anything; use participation > 1/K = {1 / k:.4g} (or 1.0)"
+            )
+        super().setup(model, comm, ctx)
+
+    def round_size(self, k: int) -> int:
+        """How many of ``k`` nodes take part in a round: ⌈participation·k⌉, at least one."""
+        return max(1, math.ceil(self.participation * k - 1e-9))  # the epsilon keeps ⌈0.3·10⌉ at 3
+
     def step(self) -> None:
         self.optimizer_step()
         self.local_step += 1
@@ -83,8 +100,7 @@ class FedAvgStrategy(Strategy):
         g = shared_generator(self.ctx.seed, "round", round_index)
         members = torch.arange(k)
         if self.participation < 1:
-            count = max(1, math.ceil(self.participation * k - 1e-9))  # the epsilon keeps ⌈0.3·10⌉ at 3
-            members = torch.randperm(k, generator=g)[:count]
+            members = torch.randperm(k, generator=g)[:self.round_size(k)]
         islands = [members]
         if self.island_size is not None and self.island_size < len(members):
             islands = list(members[torch.randperm(len(members), generator=g)].split(self.island_size))
