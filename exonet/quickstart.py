@@ -9,7 +9,10 @@ directories and Chrome traces.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from exonet.comparison import Comparison
 
 DEFAULT_SCENARIOS = ("datacenter", "cross-region", "home-broadband")
 TARGET_LOSS = 0.25
@@ -30,8 +33,19 @@ def quickstart_strategies() -> dict:
     }
 
 
+def compute_model(scenario: str, nodes: int) -> str:
+    """How ``scenario`` times compute, in words (the quickstart prints it beside the table)."""
+    from exonet.scenario import Scenario
+
+    r = Scenario.load(scenario).resolve(nodes)
+    if r.compute_mode == "flops":
+        return f"counted FLOPs / ({r.tflops:g} TFLOP/s x MFU {r.mfu:g}), same on every machine"
+    return f"this machine's {'thread-CPU' if r.compute_mode == 'measured' else 'wall'} seconds (varies with load)"
+
+
 def quickstart(out_dir: Path = Path("exonet_quickstart"), steps: int = 400, nodes: int = 4,
-               scenarios: Sequence[str] | None = None) -> None:
+               scenarios: Sequence[str] | None = None) -> Comparison:
+    """Train, compare, print, plot; returns the comparison (its table is what was printed)."""
     from exonet import LocalTrainer, compare
     from exonet.toy import digits, digits_mlp
 
@@ -48,8 +62,12 @@ def quickstart(out_dir: Path = Path("exonet_quickstart"), steps: int = 400, node
     print()
     print(f"Simulated wall-clock per strategy and network (K={nodes}, {steps} steps, target val loss {TARGET_LOSS}):")
     print(table.to_markdown())
+    print("\ncompute model per scenario:")
+    for name in scenarios:
+        print(f"  {name}: {compute_model(name, nodes)}")
     plot = table.plot(out_dir / "loss_vs_time.png")
     for (run, scen), sim in table.results.items():
         if scen == scenarios[-1]:
             sim.to_chrome_trace(out_dir / f"trace-{run.split()[0].lower()}-{scen}.json")
     print(f"\nplot: {plot}\nChrome traces (open in https://ui.perfetto.dev): {out_dir}/trace-*.json")
+    return table
