@@ -40,6 +40,7 @@ import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+from einops import rearrange
 
 from exonet.strategies.base import NodeContext, OptimSpec, Strategy, base_options, check_range
 
@@ -107,14 +108,14 @@ class ChunkedDCT:
         self.index_dtype = torch.int16 if self.block_numel <= INT16_LIMIT else torch.int32
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        blocks = x.reshape(self.rows // self.h, self.h, self.cols // self.w, self.w)
+        blocks = rearrange(x.reshape(self.rows, self.cols), "(a h) (b w) -> a h b w", h=self.h, w=self.w)
         coeffs = torch.einsum("ahbw,hi,wj->abij", blocks, self.basis_h, self.basis_w)
-        return coeffs.reshape(self.num_blocks, self.block_numel)
+        return rearrange(coeffs, "a b i j -> (a b) (i j)")
 
     def decode(self, coeffs: torch.Tensor) -> torch.Tensor:
-        blocks = coeffs.reshape(self.rows // self.h, self.cols // self.w, self.h, self.w)
+        blocks = rearrange(coeffs, "(a b) (i j) -> a b i j", b=self.cols // self.w, i=self.h)
         x = torch.einsum("abij,hi,wj->ahbw", blocks, self.basis_h, self.basis_w)
-        return x.reshape(self.shape)
+        return rearrange(x, "a h b w -> (a h) (b w)").reshape(self.shape)
 
 
 def compress(coeffs: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,13 +203,12 @@ class DeMoStrategy(Strategy):
             parts += [idx.to(dct.index_dtype).reshape(-1).view(torch.uint8), val.reshape(-1).view(torch.uint8)]
 
         gathered = self.comm.all_gather(torch.cat(parts))
-        n, offset = gathered.shape[0], 0
+        offset = 0
         for p, dct in zip(self.params, self._dct):
             k = min(self.compression_topk, dct.block_numel)
             idx, offset = _take(gathered, offset, dct.index_dtype, dct.num_blocks, k)
             val, offset = _take(gathered, offset, p.dtype, dct.num_blocks, k)
-            q = dct.decode(decompress(idx.reshape(dct.num_blocks, n * k), val.reshape(dct.num_blocks, n * k),
-                                      dct.block_numel))
+            q = dct.decode(decompress(idx, val, dct.block_numel))
             p.grad = q.sign_()
         self.optimizer.step()
         if self.scheduler is not None:
@@ -225,7 +225,8 @@ class DeMoStrategy(Strategy):
 
 
 def _take(gathered: torch.Tensor, offset: int, dtype: torch.dtype, blocks: int, k: int) -> tuple[torch.Tensor, int]:
-    """Every node's ``(blocks, k)`` array of ``dtype`` at byte ``offset`` as ``(blocks, n, k)``, and the next offset."""
+    """Every node's ``(blocks, k)`` array of ``dtype`` at byte ``offset``, side by side per block as
+    ``(blocks, n·k)`` (what ``decompress`` scatters), and the next offset."""
     nbytes = blocks * k * torch.empty((), dtype=dtype).element_size()
     raw = gathered[:, offset : offset + nbytes].clone()
-    return raw.view(dtype).reshape(-1, blocks, k).transpose(0, 1), offset + nbytes
+    return rearrange(raw.view(dtype), "n (b k) -> b (n k)", b=blocks), offset + nbytes

@@ -128,3 +128,21 @@ def test_rounds_of_a_single_node_are_an_error_naming_participation_and_k(make, p
         bound(make(participation=participation), 0, k)
     bound(make(participation=participation), 0, 1)      # K = 1: a round of one is all there is
     bound(make(participation=min(1.0, 2.0 / k)), 0, k)  # two a round: fine
+
+
+# ------------------------------------------------------------------ item 9: einops in DeMo's block reshapes
+@pytest.mark.parametrize("shape", [(256, 256), (256,), (7,), (64, 3, 3, 3), (130, 96), (12, 10, 5)])
+def test_demo_cuts_blocks_with_einops_bit_identically_to_plain_reshapes(shape):
+    import einops
+
+    from exonet.strategies import demo
+
+    assert demo.rearrange is einops.rearrange                # the declared dependency is the one in use
+    dct = demo.ChunkedDCT(shape, 64)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    a, h, b, w = dct.rows // dct.h, dct.h, dct.cols // dct.w, dct.w
+    blocks = x.reshape(a, h, b, w)                           # what the reshapes said before einops
+    coeffs = torch.einsum("ahbw,hi,wj->abij", blocks, dct.basis_h, dct.basis_w).reshape(a * b, h * w)
+    assert torch.equal(dct.encode(x), coeffs)
+    back = torch.einsum("abij,hi,wj->ahbw", coeffs.reshape(a, b, h, w), dct.basis_h, dct.basis_w).reshape(shape)
+    assert torch.equal(dct.decode(coeffs), back)
