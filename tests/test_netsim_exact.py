@@ -7,7 +7,7 @@ import pytest
 from exonet import Trace
 from exonet.errors import TraceError
 from exonet.netsim import Simulation, simulate
-from exonet.scenario import Resolved
+from exonet.scenario import LinkSpec, Resolved
 from exonet.trace import Collective
 
 
@@ -130,3 +130,35 @@ def test_a_cyclic_wait_names_what_each_rank_is_blocked_on():
     assert "rank 1 is blocked first in broadcast #0 on all ranks" in message
     assert "rank 1 waits in broadcast #0 on all ranks, issued by ranks [1, 2] but not yet by ranks [0]" in message
     assert "never by" not in message
+
+
+def symmetric_buckets(n: int, steps: int) -> Trace:
+    """Overlapped-DDP-shaped steps, identical on every rank (as ``estimate`` builds them)."""
+    t = Trace(n)
+    for r in range(n):
+        for _ in range(steps):
+            t.add_compute(r, 0.003)
+            ids = []
+            for b in range(4):
+                t.add_compute(r, 0.001 * (b + 1))
+                ids.append(t.add_collective(r, "all_reduce", 250_000 * (b + 1), async_op=True))
+            for cid in ids:
+                t.add_wait(r, cid)
+            t.add_step(r)
+    return t
+
+
+@pytest.mark.parametrize("resolved", [uniform(8, 1e8, latency=1e-4),
+                                      Resolved(num_nodes=8, uplink=(1e8,) * 4 + (2e7,) * 4, downlink=(1e8,) * 8,
+                                               region=("a",) * 4 + ("b",) * 4, latency=1e-4, speed=(1.0,) * 8,
+                                               links={("a", "b"): LinkSpec(5e7, 0.02)})])
+def test_identical_ranks_are_replayed_once_with_the_same_result(resolved):
+    trace = symmetric_buckets(8, 5)
+    mirrored = simulate(trace, resolved)
+    full = fed_in_order(trace, resolved, list(range(8)))  # incremental feeding replays every rank
+    assert mirrored.wall_clock_s == full.wall_clock_s
+    assert mirrored.step_end_times == full.step_end_times
+    assert mirrored.per_node == full.per_node and mirrored.wire_bytes == full.wire_bytes
+    assert mirrored.events == full.events
+    jittered = Resolved(**{**resolved.__dict__, "jitter": "lognormal", "sigma": 0.1})
+    assert simulate(trace, jittered).per_node[0] != simulate(trace, jittered).per_node[1]  # no mirroring then
