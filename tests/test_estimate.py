@@ -1,0 +1,49 @@
+"""estimate: a layer stack or the user's own module on meta tensors, with backward hooks that overlap buckets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exonet.estimate import LayerStack, estimate, simulate_estimate
+from exonet.trace import Collective, Compute, Step, Wait
+from exonet.toy import bench_mlp
+
+BENCH_P = sum(p.numel() for p in bench_mlp().parameters())
+
+
+def first_step(events):
+    return events[: next(i for i, e in enumerate(events) if isinstance(e, Step))]
+
+
+def test_a_users_module_is_built_on_meta_and_its_buckets_overlap_backward():
+    e = estimate("ddp:bucket_cap_mb=0.1", model="exonet.toy:bench_mlp", nodes=2, steps=3, step_time=0.3)
+    assert e.params == BENCH_P and e.trace.payload_bytes_per_step(0) == [4 * BENCH_P] * 3
+    step = first_step(e.trace.events[0])
+    kinds = [type(x).__name__ for x in step]
+    assert kinds[0] == "Compute" and step[0].wall_s == pytest.approx(0.1)  # forward: a third of the step
+    launches = [i for i, x in enumerate(step) if isinstance(x, Collective)]
+    assert len(launches) >= 2 and all(step[i].async_op for i in launches)
+    assert any(isinstance(x, Compute) and x.wall_s > 0 for x in step[launches[0]:launches[-1]])  # backward between
+    assert sum(x.wall_s for x in step if isinstance(x, Compute)) == pytest.approx(0.3)
+    assert [x for x in step if isinstance(x, Wait)] and max(launches) < min(i for i, x in enumerate(step) if isinstance(x, Wait))
+
+
+def test_the_layer_stack_holds_about_the_parameters_asked_for():
+    stack = LayerStack(1_000_000_000, 24, torch.bfloat16)
+    assert stack.width == 1863 and sum(p.numel() for p in stack.parameters()) == 24 * 12 * 1863**2
+    with pytest.raises(ValueError, match="--layers"):
+        estimate("ddp", params=1e6, nodes=2, steps=1, step_time=1.0, layers=0)
+    with pytest.raises(ValueError, match="--model"):
+        estimate("ddp", model="no_such_module:f", nodes=2, steps=1, step_time=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        estimate("ddp", params=1e6, model="exonet.toy:bench_mlp", nodes=2, steps=1, step_time=1.0)
+
+
+def test_overlap_beats_one_flat_all_reduce_in_an_estimate():
+    scenario = {"name": "lan", "network": {"bandwidth": "10 Gbit/s"}}
+    kwargs = dict(params=4e8, nodes=4, steps=3, step_time=0.2, dtype="bf16", layers=8)
+    over = simulate_estimate(estimate("ddp", **kwargs).trace, scenario)
+    flat = simulate_estimate(estimate("ddp:overlap=False", **kwargs).trace, scenario)
+    assert over.per_node[0].compute_s == pytest.approx(flat.per_node[0].compute_s) == pytest.approx(0.6)
+    assert 0.6 <= over.wall_clock_s < flat.wall_clock_s
