@@ -40,6 +40,8 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 FORMAT = "exonet-trace"
 VERSION = 1
 MAX_NODES = 1 << 20  # a header claiming more is corrupt; loading would allocate a list per node
+MAX_SECONDS = 1e15  # a compute span longer (about 30 million years) is corrupt, and sums of such overflow
+MAX_BYTES = (1 << 63) - 1  # a payload is a tensor's byte count, an int64
 
 
 @dataclass(slots=True, frozen=True)
@@ -291,13 +293,15 @@ class Trace:
         return cls(num_nodes, dict(meta or {}), events)
 
 
-def _seconds(name: str, value: Any) -> float:
-    """A finite, non-negative number of seconds (or FLOPs): what a compute span is made of."""
+def _seconds(name: str, value: Any, limit: float = MAX_SECONDS) -> float:
+    """A finite, non-negative number of seconds (or FLOPs, with no limit): what a compute span is made of."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r}")
     x = _finite(value)
     if x is None or x < 0:
         raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    if x > limit:
+        raise ValueError(f"{name} must be at most {limit:g}, got {value!r}")
     return x
 
 
@@ -316,8 +320,8 @@ def _integer(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be a non-negative integer, got {value!r}")
     if isinstance(value, float) and not value.is_integer():
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if not 0 <= value <= MAX_BYTES:
+        raise ValueError(f"{name} must be a non-negative integer below 2**63, got {value!r}")
     return int(value)
 
 
@@ -331,7 +335,7 @@ def _time_stamp(name: str, value: Any) -> float | None:
 
 
 def _compute(wall_s: Any, cpu_s: Any, flops: Any) -> Compute:
-    return Compute(_seconds("seconds", wall_s), _seconds("cpu_s", cpu_s), _seconds("flops", flops))
+    return Compute(_seconds("seconds", wall_s), _seconds("cpu_s", cpu_s), _seconds("flops", flops, math.inf))
 
 
 def _collective(rank: int, num_nodes: int, cid: Any, op: Any, nbytes: Any, group: Any, async_op: bool, dtype: Any,

@@ -47,6 +47,8 @@ def strict_json(text: str):
     ('["c", 0, Infinity, 0.5, 0]', "Infinity is not a JSON number"),
     ('["c", 0, 1e400, 0.5, 0]', "seconds must be finite"),                   # a literal that overflows to inf
     ('["c", 0, "1.5", 0.5, 0]', "seconds must be a number"),
+    ('["c", 0, 1e16, 0.5, 0]', r"seconds must be at most 1e\+15"),          # sums of such spans overflow
+    ('["x", 0, 0, "all_reduce", 9223372036854775808, null, 0, "float32", null, null]', r"below 2\*\*63"),
     ('["x", 0, 0, "all_reduce", -8, null, 0, "float32", null, null]', "nbytes must be a non-negative integer"),
     ('["x", 0, 0, "all_reduce", 8.5, null, 0, "float32", null, null]', "nbytes must be a non-negative integer"),
     ('["x", 0, 0, "all_reduce", 8, [0, 0, 1], 0, "float32", null, null]', "lists a rank twice"),
