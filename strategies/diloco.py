@@ -125,8 +125,9 @@ class DiLoCoStrategy(FedAvgStrategy):
 
     def _global_state(self) -> torch.Tensor:
         """θ_global followed by every outer-optimizer state value, as one buffer of θ_global's dtype."""
-        values = [torch.as_tensor(v).reshape(-1).to(self.global_params.dtype) for v in self._outer_state().values()]
-        return torch.cat([self.global_params.detach().reshape(-1), *values])
+        theta = self.global_params.detach()
+        values = [torch.as_tensor(v, device=theta.device).reshape(-1).to(theta.dtype) for v in self._outer_state().values()]
+        return torch.cat([theta.reshape(-1), *values])
 
     def _load_global_state(self, buffer: torch.Tensor) -> None:
         """Adopt a buffer made by ``_global_state`` on another node."""

@@ -106,19 +106,22 @@ def test_no_hand_off_is_planned_past_the_last_round_or_at_full_participation():
     assert groups == []
 
 
-def test_a_node_that_never_stepped_adopts_the_outer_state_of_one_that_did():
-    donor, newcomer = bound(diloco(), 1), bound(diloco(), 0)
+@pytest.mark.parametrize("outer, size", [(None, 2 * P), (OptimSpec("adam", lr=0.1, weight_decay=0.1), 3 * P + 1)])
+def test_a_node_that_never_stepped_adopts_the_outer_state_of_one_that_did(outer, size):
+    donor, newcomer = (bound(DiLoCoStrategy(ADAMW, outer, H=H, participation=PARTICIPATION), r) for r in (1, 0))
     with torch.no_grad():
-        donor.global_params.grad = torch.ones_like(donor.global_params)
-        donor.outer_optimizer.step()                     # momentum buffer now exists on the donor only
+        for _ in range(2):
+            donor.global_params.grad = torch.randn_like(donor.global_params)
+            donor.outer_optimizer.step()                 # the outer state now exists on the donor only
         donor.global_params.grad = None
         buffer = donor._global_state()
-        assert buffer.numel() == 2 * P
+        assert buffer.numel() == size                    # θ_global + momentum; Adam: + two moments + step
         newcomer._global_state()                         # what the broadcast receives into: same size
         newcomer._load_global_state(buffer.clone())
     assert torch.equal(newcomer.global_params, donor.global_params)
-    assert torch.equal(newcomer.outer_optimizer.state[newcomer.global_params]["momentum_buffer"],
-                       donor.outer_optimizer.state[donor.global_params]["momentum_buffer"])
+    mine, theirs = (s.outer_optimizer.state[s.global_params] for s in (newcomer, donor))
+    assert mine.keys() == theirs.keys() and all(torch.equal(torch.as_tensor(mine[k]), torch.as_tensor(theirs[k]))
+                                                for k in mine)
 
 
 @pytest.mark.parametrize("make", [FedAvgStrategy, DiLoCoStrategy, SPARTADiLoCoStrategy])
