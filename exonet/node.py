@@ -57,6 +57,7 @@ class NodeConfig:
     checkpoint_dir: str | None = None
     resume_dir: str | None = None
     start_step: int = 0
+    max_sim_time_s: float | None = None  # the online clock decides whether each step runs (exonet.clock)
 
 
 def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> Dataset:
@@ -117,8 +118,10 @@ class TrainNode:
     """One rank: data, model, strategy and the step loop."""
 
     def __init__(self, rank: int, cfg: NodeConfig, model: torch.nn.Module, train_data: Any, val_data: Any,
-                 strategy: Strategy, send: Callable[[tuple], None], heartbeat: Heartbeat) -> None:
+                 strategy: Strategy, send: Callable[[tuple], None], heartbeat: Heartbeat,
+                 clock: Callable[[int], bool] | None = None) -> None:
         self.rank, self.cfg, self.send, self.heartbeat = rank, cfg, send, heartbeat
+        self.clock = clock  # step -> whether the online clock lets it run (fit(max_sim_time_s=...))
         self.device = self._device()
         self.model = model.to(self.device)
         self.comm = Communicator(rank, cfg.num_nodes, self.device, cfg.backend)
@@ -189,7 +192,10 @@ class TrainNode:
         self.heartbeat.started()
         self.comm.begin()
 
+        done = cfg.start_step
         for step in range(cfg.start_step, cfg.max_steps):
+            if step > cfg.start_step and self.clock is not None and not self.clock(step):
+                break
             batch = first if step == cfg.start_step else next(batches)
             self.model.train()
             self.strategy.zero_grad()
@@ -203,6 +209,8 @@ class TrainNode:
                 self._evaluate(done, val_loader)
             if cfg.checkpoint_dir is not None and done % cfg.checkpoint_interval == 0 and done < cfg.max_steps:
                 self._checkpoint(done)
+        if cfg.val_interval and self.val_data is not None and done % cfg.val_interval and done < cfg.max_steps:
+            self._evaluate(done, val_loader)  # the clock ended the run between evaluations
 
         self.strategy.finish()
         tail = self.comm.take_events()
@@ -386,12 +394,26 @@ def _loopback_interface() -> str | None:
     return next((n for n in names if n.startswith("lo")), None)
 
 
+def _clock_reader(control: Any, heartbeat: Heartbeat) -> Callable[[int], bool]:
+    """Whether step k may run: the parent's online clock sends (k, go) for every step, in order."""
+
+    def allows(step: int) -> bool:
+        with heartbeat.blocked():  # waiting for the clock, like waiting in a collective: not hung
+            k, go = control.recv()
+        if k != step:
+            raise RuntimeError(f"online clock: expected the decision for step {step}, got one for step {k}")
+        return go
+
+    return allows
+
+
 def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, val_data: Any,
-              strategy: Strategy, pipe: Any, beats: Any = None) -> None:
+              strategy: Strategy, pipe: Any, beats: Any = None, control: Any = None) -> None:
     """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero.
 
     ``pipe`` is this node's write end to the parent (exonet.run lists the messages); ``beats`` is the
-    parent's shared progress array (exonet.watchdog), or None when nobody watches.
+    parent's shared progress array (exonet.watchdog), or None when nobody watches; ``control`` is the
+    read end of the online clock's step decisions (exonet.clock), or None.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     heartbeat = Heartbeat(beats, rank)
@@ -412,7 +434,8 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, v
             dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes,
                                     timeout=timedelta(seconds=cfg.timeout_s))
         model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-        TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat).run()
+        clock = None if control is None else _clock_reader(control, heartbeat)
+        TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock).run()
     except BaseException:
         pipe.send(("error", rank, traceback.format_exc(), time.monotonic()))
         code = 1

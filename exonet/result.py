@@ -27,6 +27,7 @@ class FitResult:
         run_dir: where the run's artifacts were written, or None.
         real_time_s: wall-clock seconds the run took on this machine.
         sim: the SimResult when ``fit`` was given a scenario.
+        sim_wall_clock_s: that simulation's wall-clock (with ``max_sim_time_s``, the online clock at the end).
     """
 
     model: torch.nn.Module
@@ -36,6 +37,7 @@ class FitResult:
     run_dir: Path | None = None
     real_time_s: float = 0.0
     sim: "SimResult | None" = None
+    sim_wall_clock_s: float | None = None
 
     def payload_bytes(self, rank: int) -> int:
         """Total tensor payload bytes ``rank`` passed to the strategy's collectives."""

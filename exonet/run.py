@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from exonet.checkpoint import CheckpointBook, Resume, load_latest
+from exonet.clock import SimClock
 from exonet.errors import NodeFailure
 from exonet.node import NodeConfig, node_main
 from exonet.result import FitResult
@@ -87,8 +88,9 @@ class Supervisor:
     """
 
     def __init__(self, cfg: NodeConfig, progress: bool, meta: dict[str, Any], progress_timeout_s: float | None,
-                 book: CheckpointBook | None, resume: Resume | None) -> None:
-        self.cfg, self.progress_timeout_s, self.book = cfg, progress_timeout_s, book
+                 book: CheckpointBook | None, resume: Resume | None, clock: SimClock | None = None) -> None:
+        self.cfg, self.progress_timeout_s, self.book, self.clock = cfg, progress_timeout_s, book, clock
+        self.controls: list[Any] = []  # write ends of the clock's decisions, one per node
         self.ctx = _context()
         self.pipes: list[Any] = []
         self.beats = self.ctx.Array("d", SLOTS * cfg.num_nodes, lock=False)
@@ -102,9 +104,13 @@ class Supervisor:
         for rank in range(self.cfg.num_nodes):
             reader, writer = self.ctx.Pipe(duplex=False)
             self.pipes.append(reader)
+            control = None
+            if self.clock is not None:
+                control, decisions = self.ctx.Pipe(duplex=False)
+                self.controls.append(decisions)
             p = NodeProcess(target=node_main, name=f"exonet-node-{rank}",
                             args=(rank, ByValue(self.cfg, environ=True), model_bytes, ByValue(train), ByValue(val),
-                                  ByValue(strategy), writer, self.beats))
+                                  ByValue(strategy), writer, self.beats, control))
             try:
                 p.start()
             except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -114,6 +120,8 @@ class Supervisor:
                                 f"processes ({exc})") from None
             finally:
                 writer.close()  # the node holds the only write end: its death reads as end-of-file here
+                if control is not None:
+                    control.close()
             self.procs.append(p)
 
     def wait(self) -> None:
@@ -157,6 +165,19 @@ class Supervisor:
             raise self._blame(msg)
         else:
             self.record.handle(msg)
+            if self.clock is not None and kind in ("step", "done"):
+                self._tick(rank, msg[4] if kind == "step" else msg[2], done=kind == "done")
+
+    def _tick(self, rank: int, events: list, done: bool) -> None:
+        """Advance the online clock with a node's report and send every node the decisions it allows."""
+        clock = self.clock
+        assert clock is not None
+        clock.feed(rank, events)
+        if done:
+            clock.close(rank)
+        for decision in clock.decisions():
+            for pipe in self.controls:
+                pipe.send(decision)
 
     def _blame(self, error: tuple) -> NodeFailure:
         """The failure to report for a node's error: a peer killed by a signal, else the earliest error."""
@@ -204,6 +225,8 @@ class Supervisor:
                 p.join(timeout=GRACE_S)
         for reader in self.pipes:
             reader.close()
+        for writer in self.controls:
+            writer.close()
 
 
 def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | None,
@@ -242,8 +265,9 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     if dist.is_torchelastic_launched():
         from exonet.torchrun import train_under_torchrun
 
-        if resume_from is not None or cfg.checkpoint_interval:
-            raise ValueError("fit: checkpoint_interval and resume_from are not supported under torchrun yet")
+        if resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None:
+            raise ValueError("fit: checkpoint_interval, resume_from and max_sim_time_s are not supported under "
+                             "torchrun yet")
         is_zero = os.environ.get("RANK") == "0"
         run_path = _open_run(config, label, run_dir, None)[0] if is_zero else None
         logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
@@ -260,7 +284,8 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         cfg = replace(cfg, checkpoint_dir=str(book.root))
     if resume is not None:
         cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
-    sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume)
+    clock = None if cfg.max_sim_time_s is None else SimClock(scenario, cfg.num_nodes, cfg.max_sim_time_s, cfg.max_steps)
+    sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
     sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
     t0 = time.perf_counter()
     finished = False
@@ -278,7 +303,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         if sup.record.logger is not None and not finished:
             sup.record.logger.finish(exit_code=1)
 
-    return _finish(trainer, config, sup.record, run_path, real_time, scenario, upload_to)
+    return _finish(trainer, config, sup.record, run_path, real_time, scenario, upload_to, clock)
 
 
 def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_path: Path | None) -> Any:
@@ -291,8 +316,12 @@ def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_pa
 
 
 def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, run_path: Path | None,
-            real_time: float, scenario: Any, upload_to: str | None) -> FitResult:
-    """The FitResult of a finished run; its run directory, upload, simulation and wandb summary."""
+            real_time: float, scenario: Any, upload_to: str | None, clock: SimClock | None = None) -> FitResult:
+    """The FitResult of a finished run; its run directory, upload, simulation and wandb summary.
+
+    With a scenario, the history gains ``sim_time_s`` (each step's simulated end) and every
+    evaluation its ``sim_time_s``; a clocked run's simulation is the online clock's own.
+    """
     model = copy.deepcopy(trainer.model)
     if record.state is not None:
         model.load_state_dict(torch.load(io.BytesIO(record.state), weights_only=True))
@@ -304,7 +333,12 @@ def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, 
 
             upload_run(result.run_dir, upload_to)
     if scenario is not None:
-        result.sim = result.simulate(scenario)
+        result.sim = clock.result(record.history["train_loss"]) if clock is not None else result.simulate(scenario)
+        ends = result.sim.step_end_times
+        result.history["sim_time_s"] = list(ends)
+        for entry in result.history["eval"]:
+            entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
+        result.sim_wall_clock_s = result.sim.wall_clock_s
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
             print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "

@@ -92,6 +92,7 @@ class LocalTrainer:
         progress: bool = True,
         run_dir: str | os.PathLike | None = None,
         scenario: Any = None,
+        max_sim_time_s: float | None = None,
         timeout_s: float = 1800.0,
         progress_timeout_s: float | None = 30.0,
         checkpoint_interval: int | None = None,
@@ -122,6 +123,10 @@ class LocalTrainer:
             run_dir: create a run directory in this folder at the start of the run (config, metrics, trace,
                 status, checkpoints; see exonet.rundir). ``save_dir`` is its seed-compatible alias.
             scenario: a scenario (name, path or Scenario) to simulate the run in at the end.
+            max_sim_time_s: train until the simulated clock in ``scenario`` reaches this many seconds
+                (``max_steps`` stays a cap): the run is replayed online as it trains, and step k starts
+                only if step k−1 ended before the limit on its slowest node (exonet.clock). Needs a
+                scenario whose ``compute.mode`` is "flops".
             timeout_s: a collective waiting longer than this fails the run.
             progress_timeout_s: a node that shows no progress for this long (computing, not waiting on a
                 peer) fails the run, named; start-up may take max(120 s, 4x this). None disables the watchdog.
@@ -181,6 +186,12 @@ class LocalTrainer:
                                  "run directory")
             if not os.path.isdir(resume_from):
                 raise ValueError(f"fit: resume_from must be an existing run directory, got {resume_from!r}")
+        if max_sim_time_s is not None:
+            check_range("fit: max_sim_time_s", max_sim_time_s, low=0, low_open=True)
+            if scenario is None:
+                raise ValueError("fit: max_sim_time_s is simulated time in a scenario: pass scenario= too")
+            if resume_from is not None or not count_flops:
+                raise ValueError("fit: max_sim_time_s needs count_flops=True and cannot resume a run yet")
 
         cfg = NodeConfig(
             num_nodes=k, max_steps=steps, batch_size=batch_size, minibatch_size=minibatch, device_type=device_type,
@@ -189,6 +200,7 @@ class LocalTrainer:
             val_interval=(val_interval or 0) if val_size else 0, val_size=val_size, threads=max(1, _cores() // k),
             count_flops=count_flops, dataloader_kwargs=dict(dataloader_kwargs or {}), parent_pid=os.getpid(),
             timeout_s=timeout_s, checkpoint_interval=checkpoint_interval or 0,
+            max_sim_time_s=None if max_sim_time_s is None else float(max_sim_time_s),
         )
         from exonet.run import launch
 

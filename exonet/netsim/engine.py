@@ -261,6 +261,12 @@ class Simulation:
         """Simulated seconds ``rank`` has reached in its own events."""
         return seconds(self._ranks[rank].t)
 
+    def step_end(self, step: int) -> float | None:
+        """Simulated end of ``step`` (its slowest rank's time) once every rank has finished it, else None."""
+        if min(rk.step for rk in self._ranks) <= step:
+            return None
+        return seconds(self._step_ends[step])
+
     def run_until_blocked(self) -> float:
         """Replay as far as the input allows; returns the simulated seconds reached."""
         self._horizon = math.inf

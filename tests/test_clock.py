@@ -1,0 +1,63 @@
+"""The online clock: fit(scenario=..., max_sim_time_s=T) trains until the simulated clock reaches T."""
+
+from __future__ import annotations
+
+import pytest
+
+from exonet import LocalTrainer, Scenario
+from exonet.strategies import DDPStrategy, DiLoCoStrategy, OptimSpec
+from exonet.toy import synthetic_classification, tiny_mlp
+
+LIMIT = 0.05
+# A slow network and a slow, uneven pair of devices: FLOPs make compute deterministic.
+HETERO = Scenario.from_dict({
+    "name": "hetero-pair", "network": {"bandwidth": "1 Mbit/s", "latency": "1 ms"},
+    "compute": {"mode": "flops", "tflops": 1e-4, "mfu": 1.0}, "nodes": [{"ranks": [1], "speed": 0.5}],
+})
+
+
+def clocked(strategy, **kwargs):
+    data, val = synthetic_classification(512, 8, 4), synthetic_classification(128, 8, 4, train=False)
+    return LocalTrainer(tiny_mlp(), data, val).fit(strategy, num_nodes=2, max_steps=500, batch_size=16, seed=0,
+                                                   scenario=HETERO, max_sim_time_s=LIMIT, val_interval=4, val_size=64,
+                                                   progress=False, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {"ddp": clocked(DDPStrategy(OptimSpec("sgd", lr=0.1))),
+            "ddp_again": clocked(DDPStrategy(OptimSpec("sgd", lr=0.1))),
+            "diloco": clocked(DiLoCoStrategy(OptimSpec("sgd", lr=0.1), H=4))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "diloco"])
+def test_a_synchronous_run_stops_at_the_simulated_limit_with_equal_steps(runs, name):
+    r = runs[name]
+    ends = r.history["sim_time_s"]
+    assert len(ends) == len(r.history["train_loss"]) < 500
+    assert ends[-2] < LIMIT <= ends[-1]  # the last step began before the limit
+    assert r.trace.num_steps(0) == r.trace.num_steps(1) == len(ends)  # the slow node gates the fast one
+    assert r.sim_wall_clock_s == r.sim.wall_clock_s
+    assert r.simulate(HETERO).wall_clock_s == pytest.approx(r.sim_wall_clock_s, rel=1e-9)  # replay == the clock
+    evals = r.history["eval"]
+    assert evals[-1]["step"] == len(ends) and all(e["sim_time_s"] == ends[e["step"] - 1] for e in evals)
+
+
+@pytest.mark.slow
+def test_the_same_seed_gives_the_same_clocked_run(runs):
+    a, b = runs["ddp"], runs["ddp_again"]
+    assert a.history["train_loss"] == b.history["train_loss"] and a.history["sim_time_s"] == b.history["sim_time_s"]
+    assert [[(type(e), e.flops if hasattr(e, "flops") else None) for e in evs] for evs in a.trace.events] == \
+           [[(type(e), e.flops if hasattr(e, "flops") else None) for e in evs] for evs in b.trace.events]
+
+
+def test_the_clock_needs_a_scenario_with_deterministic_compute():
+    trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4))
+    with pytest.raises(ValueError, match="max_sim_time_s.*scenario"):
+        trainer.fit(DDPStrategy(), num_nodes=2, max_steps=2, max_sim_time_s=1.0, progress=False)
+    with pytest.raises(ValueError, match="compute.mode 'measured'"):
+        trainer.fit(DDPStrategy(), num_nodes=2, max_steps=2, max_sim_time_s=1.0, scenario="cross-continent",
+                    progress=False)
+    with pytest.raises(ValueError, match="max_sim_time_s"):
+        trainer.fit(DDPStrategy(), num_nodes=2, max_steps=2, max_sim_time_s=-1.0, scenario=HETERO, progress=False)
