@@ -334,7 +334,10 @@ def check_scenario_file(data: bytes, folder: Path) -> None:
     try:
         scenario = Scenario.load(str(path))
     except ScenarioError as exc:
-        assert str(exc).startswith(str(path)), exc
+        message = str(exc)
+        assert message.startswith(str(path)), message
+        if "malformed TOML" in message:
+            assert re.search(r"line \d+", message), message
         return
     for n in range(1, 5):
         try:
