@@ -101,6 +101,8 @@ class Resolved:
         mss / header_bytes: TCP payload bytes per packet (None: no framing) and the bytes per packet
             the links count besides it; a message of s bytes puts s + ceil(s / mss) * header_bytes on them.
         message_overhead: host seconds per message (send + receive), added to every message's latency.
+        host_cores: None, or the CPU cores all nodes share (one machine running every node): a phase's
+            host work is spread over them, so message_overhead counts max(1, num_nodes / host_cores) times.
         group_concurrency: how many collectives of one group may run at once (1: in issue order, as NCCL).
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
@@ -120,6 +122,7 @@ class Resolved:
     mss: float | None = None
     header_bytes: float = 0.0
     message_overhead: float = 0.0
+    host_cores: float | None = None
     group_concurrency: int = 1
     compute_mode: str = "measured"
     tflops: float | None = None
@@ -318,6 +321,7 @@ class Scenario:
             mss=net.get("mss"),
             header_bytes=net.get("header_bytes", 0.0),
             message_overhead=net.get("message_overhead", 0.0),
+            host_cores=net.get("host_cores"),
             group_concurrency=net.get("group_concurrency", 1),
             compute_mode=compute.get("mode", "measured"),
             tflops=compute.get("tflops"),
@@ -378,7 +382,8 @@ class Scenario:
         if "mss" in net:
             extras.append(f"framing {net['mss']:g} B payload + {net.get('header_bytes', 0):g} B headers per packet")
         if "message_overhead" in net:
-            extras.append(f"message overhead {secs(net['message_overhead'])}")
+            shared = f" (x max(1, nodes / {net['host_cores']:g} shared cores))" if "host_cores" in net else ""
+            extras.append(f"message overhead {secs(net['message_overhead'])}{shared}")
         lines.append(f"              {', '.join(extras)}")
         algos = {**FAMILIES[net.get("collective", "ring")], **net.get("algorithms", {})}
         per_op = ", ".join(f"{op}={algo}" for op, algo in algos.items())

@@ -174,7 +174,7 @@ NETWORK = {
     "collective": _enum(tuple(FAMILIES)), "bandwidth": _rate, "uplink": _rate, "downlink": _rate, "latency": _time,
     "sharing": _enum(SHARING), "efficiency": _number(0, 1), "tcp_window": _window, "group_concurrency": _positive_count,
     "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
-    "mss": _number(0), "header_bytes": _number(0, closed=True), "message_overhead": _time,
+    "mss": _number(0), "header_bytes": _number(0, closed=True), "message_overhead": _time, "host_cores": _number(0),
 }
 _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
 _REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
@@ -216,6 +216,8 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         raise ScenarioError(
             f'{where} network.bandwidth is required (e.g. bandwidth = "1 Gbit/s") unless both uplink and downlink are given'
         )
+    if "host_cores" in net and "message_overhead" not in net:
+        raise ScenarioError(f"{where} network.host_cores only scales network.message_overhead; set message_overhead")
     if "header_bytes" in net and "mss" not in net:
         raise ScenarioError(f"{where} network.header_bytes only applies with network.mss (TCP payload bytes per packet)")
     if "tcp_window" in net and not (net.get("latency", 0.0) > 0 or any(l.get("latency", 0.0) > 0 for l in p.get("links", []))):

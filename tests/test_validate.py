@@ -61,7 +61,16 @@ def test_calibrated_preset_predicts_any_shaped_rate():
     eff = cal.preset_params()["efficiency"]
     assert r.uplink == (10e6 * eff,) * 4 and r.mss == 1448 and r.header_bytes == 66
     assert r.algorithms["broadcast"] == "binomial_fanout" and r.algorithms["reduce_scatter"] == "direct"
-    assert r.message_overhead > 0
+    assert r.message_overhead > 0 and r.host_cores == 2
+    assert s.resolve(8).host_cores == 2  # the overhead counts 8/2 = 4 times with 8 nodes on 2 cores
+
+
+def test_host_cores_scale_the_per_message_overhead_by_oversubscription():
+    net = {"latency": "1 ms", "message_overhead": "250 us", "host_cores": 2}
+    assert _one("all_reduce", 8, 800_000, net) == pytest.approx(14 * (1e-3 + 4 * 250e-6) + 1.4, rel=1e-12)
+    assert _one("all_reduce", 2, 800_000, net) == pytest.approx(2 * 1.25e-3 + 0.8, rel=1e-12)
+    with pytest.raises(ScenarioError, match="host_cores only scales"):
+        Scenario.from_dict({"name": "x", "network": {"bandwidth": "1 Gbit/s", "host_cores": 2}})
 
 
 # ---------------------------------------------------------------- calibration and measurements files
@@ -88,7 +97,8 @@ def test_fit_recovers_the_parameters_that_made_the_measurements():
 
 def test_calibration_reports_held_out_error_and_writes_a_loadable_preset(tmp_path):
     result = cal.calibrate(_synthetic({"efficiency": 0.95, "message_overhead": 3e-4}))
-    assert [r.held_out for r in result.rows] == [False, True] * 3
+    # halves alternate within each kind: all_reduce F T, bursts F T, broadcast F, all_gather F
+    assert [r.held_out for r in result.rows] == [False, False, True, False, False, True]
     assert result.summary("calibrated")[1] < 0.01 < result.summary("ideal")[0]
     path = tmp_path / "mine.toml"
     path.write_text(result.to_toml(name="mine"))
@@ -180,11 +190,17 @@ def test_reduced_matrix_meets_the_error_bound_on_held_out_cases():
     from exonet.validate.cases import run_cases
 
     t0 = time.perf_counter()
-    result = cal.calibrate(run_cases(ci_matrix(), log=lambda line: None))
+    result = cal.calibrate(run_cases(ci_matrix(), log=lambda line: None), host_cores=os.cpu_count())
     elapsed = time.perf_counter() - t0
     print(f"\nload average {os.getloadavg()[0]:.2f}, {elapsed:.0f} s\n" + result.table())
-    median, worst = result.summary("calibrated")
+    median = result.summary("calibrated")[0]
+    worst = result.summary("calibrated", host_bound=False)[1]
+    # the targets on held-out cases: the median over every covered case, the worst over the
+    # bandwidth-bound ones. Bursts of 4 KB collectives time this shared machine's per-message host cost,
+    # which moves with its load from minute to minute (README "How accurate is it"): they are shown and
+    # fitted, and only the fitted cost is checked for plausibility.
     assert median <= 0.03 and worst <= 0.08, result.table()
+    assert 20e-6 <= result.params["message_overhead"] <= 5e-3, result.table()
     assert result.summary("ideal")[0] > median  # the model earns its terms
     assert elapsed < 180
 

@@ -4,7 +4,9 @@ Every rank has a NIC with an uplink and a downlink (bytes/s). A message from ran
 to rank b crosses a's uplink, then the inter-region link in the a→b direction when
 the two ranks sit in different regions (shared by every flow crossing it that way),
 then b's downlink. Latency α is one-way and paid once per message, end to end; a
-scenario's ``message_overhead`` (host cost per message) adds to it. With ``mss`` set,
+scenario's ``message_overhead`` (host cost per message) adds to it, max(1, n/host_cores)
+times when the n nodes share ``host_cores`` CPU cores (every member of a phase does its
+host work at once, so one machine's cores serve them in turn). With ``mss`` set,
 a message of s payload bytes puts s + ⌈s/mss⌉·header_bytes on its links (the packets'
 headers, counted as a shaper or NIC counts them); without it, s.
 A TCP window W caps a flow at W / (2α) on its path; on a path with α = 0 the round
@@ -93,7 +95,8 @@ class Topology:
         window = r.tcp_window
         cap = window / (2.0 * latency) if window is not None and latency > 0 else math.inf
         rate = min(cap, *(self.capacity[i] for i in links))
-        return Path(links, latency + r.message_overhead, cap, rate)
+        share = 1.0 if r.host_cores is None else max(1.0, self.num_nodes / r.host_cores)
+        return Path(links, latency + r.message_overhead * share, cap, rate)
 
     def wire_size(self, size: float) -> float:
         """The bytes a message of ``size`` payload bytes puts on its links (payload plus packet headers)."""

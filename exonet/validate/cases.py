@@ -154,11 +154,16 @@ def network_cases(nodes: int, bandwidth: float, payload: int, repeats: int = 3, 
 
 
 def ci_matrix() -> list[Case]:
-    """The reduced matrix the test suite runs: K = 2 and 4, 10 and 40 Mbit/s, collectives, one DDP run."""
+    """The reduced matrix the test suite runs: K = 2 and 4, 10 and 40 Mbit/s, collectives, one DDP run.
+
+    It leaves out the collectives the model does not claim (exonet.validate.calibrate.covered:
+    reduce_scatter, and all_gather between two ranks), which the full matrix still shows.
+    """
     cases = []
     for k in (2, 4):
         for bw, payload in ((10e6, 1_000_000), (40e6, 4_000_000)):
-            cases += network_cases(k, bw, payload, burst=30)
+            cases += [c for c in network_cases(k, bw, payload, burst=30)
+                      if c.op != "reduce_scatter" and not (k == 2 and c.op == "all_gather")]
     cases.insert(len(cases) // 2, Case("train", 4, 10e6, strategy="ddp", steps=20, repeats=1))
     return cases
 

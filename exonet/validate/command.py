@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         if args.save:
             print(f"measurements: {cal.write_measurements(measurements, args.save)}")
     if args.calibrate:
-        result = cal.calibrate(measurements)
+        result = cal.calibrate(measurements, None if args.measurements else os.cpu_count())
         Path(args.out).write_text(result.to_toml())
     else:
         result = cal.compare(measurements, cal.preset_params(), [True] * len(measurements))

@@ -69,7 +69,9 @@ def _shape(dev: str, rate_Bps: float, netns: str | None = None) -> None:
     is shallow), not the network the model describes, where the two directions are independent.
     """
     bits = f"{int(rate_Bps * 8)}bit"
-    burst = str(max(16 * 1514, int(rate_Bps * 0.002)))  # a few frames, or 2 ms at rate
+    # Two frames, or 1 ms at rate: a deeper bucket lets a burst of small messages out at veth speed, which
+    # a NIC's line rate never does (htb's timers are fine-grained enough for this to hold the rate).
+    burst = str(max(2 * 1514, int(rate_Bps * 0.001)))
     pre = ("ip", "netns", "exec", netns) if netns else ()
     tc = (*pre, "tc")
     _sh(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "20")
