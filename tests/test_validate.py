@@ -142,6 +142,31 @@ def test_without_privilege_validate_says_why_in_one_line():
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1 and "namespaces" in proc.stderr
 
 
+def test_privilege_is_detected_by_trying(monkeypatch, capsys):
+    from exonet.validate import command, netns
+
+    def refuse(*cmd, check=True):
+        return subprocess.CompletedProcess(cmd, 1, "", "mount --make-shared /run/netns failed: Operation not permitted")
+
+    monkeypatch.setattr(netns, "_sh", refuse)
+    assert "run as root" in netns.privilege() and "Operation not permitted" in netns.privilege()
+    assert command.main([]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("exonet validate: ")
+
+
+def test_calibrate_from_a_users_measurements_file(tmp_path, capsys):
+    from exonet.validate import command
+
+    csv = cal.write_measurements(_synthetic({"efficiency": 0.9, "message_overhead": 2e-4}), tmp_path / "mine.csv")
+    out = tmp_path / "cluster.toml"
+    assert command.main(["--calibrate", "--measurements", str(csv), "--out", str(out)]) == 0
+    s = Scenario.load(str(out))
+    assert s.name == "cluster" and "host_cores" not in s.to_dict()["network"]
+    assert s.to_dict()["network"]["efficiency"] == pytest.approx(0.9, abs=3e-3)
+    assert "held-out" in capsys.readouterr().out
+
+
 _HOLD = textwrap.dedent("""
     import sys, time
     from exonet.validate.netns import Network, NodeLink

@@ -43,7 +43,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"measurements: {cal.write_measurements(measurements, args.save)}")
     if args.calibrate:
         result = cal.calibrate(measurements, None if args.measurements else os.cpu_count())
-        Path(args.out).write_text(result.to_toml())
+        if args.measurements:
+            toml = result.to_toml(name=Path(args.out).stem,
+                                  description=f"fitted by exonet validate --calibrate to {Path(args.measurements).name}")
+        else:
+            toml = result.to_toml()
+        Path(args.out).write_text(toml)
     else:
         result = cal.compare(measurements, cal.preset_params(), [True] * len(measurements))
     print(result.table())

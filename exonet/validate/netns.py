@@ -241,9 +241,13 @@ def leftovers(include_live: bool = False) -> list[tuple[str, str]]:
 
 
 def remove_leftovers() -> list[str]:
-    """Delete what a crashed earlier run left behind; returns the names removed."""
+    """Delete what a crashed earlier run left behind (and stop its node processes); returns the names removed."""
     gone = []
     for kind, name in leftovers():
+        if kind == "netns":  # node processes of the crashed run may still be waiting inside
+            for pid in _sh("ip", "netns", "pids", name, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
         _sh(*(("ip", "netns", "del") if kind == "netns" else ("ip", "link", "del")), name, check=False)
         gone.append(name)
     return gone
