@@ -291,6 +291,37 @@ class Communicator:
         return self._run("broadcast", tensor, group, async_op,
                          lambda a: dist.broadcast(buf, src, group=pg, async_op=a), finish)
 
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False) -> Any:
+        """Send ``tensor`` to global rank ``dst``, which must ``recv`` it (the k-th send to dst, its k-th recv).
+
+        Counted as this rank's payload; simulated as one message on this rank's uplink, any
+        inter-region link and ``dst``'s downlink. Returns the tensor, or a Handle.
+        """
+        self._check_peer("send", dst)
+        buf, _ = self._staged(tensor)
+        buf = buf.contiguous()
+        return self._run("send", tensor, (self.rank, dst), async_op,
+                         lambda a: dist.isend(buf, dst) if a else dist.send(buf, dst), lambda: tensor)
+
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Any:
+        """Receive into ``tensor`` what global rank ``src`` sends; returns it (or a Handle whose wait() does)."""
+        self._check_peer("recv", src)
+        buf, copy_back = self._staged(tensor)
+        out = buf.contiguous()
+
+        def finish() -> torch.Tensor:
+            if out is not buf:
+                buf.copy_(out)
+            copy_back(buf)
+            return tensor
+
+        return self._run("recv", tensor, (src, self.rank), async_op,
+                         lambda a: dist.irecv(out, src) if a else dist.recv(out, src), finish)
+
+    def _check_peer(self, op: str, peer: int) -> None:
+        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.world_size or peer == self.rank:
+            raise ValueError(f"{op}: the peer must be another rank in [0, {self.world_size}), got {peer!r}")
+
     def all_to_all(self, tensor: torch.Tensor, group: GroupArg = None, async_op: bool = False) -> Any:
         """Split ``tensor`` along dim 0 into n equal chunks; chunk j goes to the j-th member.
 

@@ -147,6 +147,29 @@ class ProbeStrategy(Strategy):
         self.local_step += 1
 
 
+class RingPassStrategy(Strategy):
+    """Each step, every rank sends ``numel`` floats filled with its rank to the next rank and receives from the previous.
+
+    Exercises ``send``/``recv`` (for tests): the send is async, the receive blocks, and the
+    received values are checked.
+    """
+
+    name = "ring-pass"
+
+    def __init__(self, numel: int = 1000, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.numel = numel
+
+    def step(self) -> None:
+        n, r = self.num_nodes, self.rank
+        sent = self.comm.send(torch.full((self.numel,), float(r)), (r + 1) % n, async_op=True)
+        got = self.comm.recv(torch.empty(self.numel), (r - 1) % n)
+        sent.wait()
+        _expect("recv", got, torch.full((self.numel,), float((r - 1) % n)))
+        self.optimizer_step()
+        self.local_step += 1
+
+
 def _expect(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
     if not torch.allclose(got, want):
         raise AssertionError(f"{what}: got {got.tolist()}, expected {want.tolist()}")

@@ -10,7 +10,10 @@ A trace holds one ordered event list per node. Events are:
 * ``Step``: the end of a training step.
 
 The k-th collective a rank issues on a group matches the k-th collective of every
-other member on that group; that is how the simulator pairs them.
+other member on that group; that is how the simulator pairs them. A point-to-point
+message is a pair of events on its group of two: op "send" on the sender, "recv" on the
+receiver; the k-th send from a to b matches b's k-th recv from a. Only sends count as
+payload (the receiver passes in a buffer, not data).
 
 File format (line-oriented JSON, one value per line, UTF-8)::
 
@@ -37,6 +40,7 @@ from typing import Any, Iterator, Union
 from exonet.errors import TraceError
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+P2P_OPS = ("send", "recv")
 FORMAT = "exonet-trace"
 VERSION = 1
 MAX_NODES = 1 << 20  # a header claiming more is corrupt; loading would allocate a list per node
@@ -166,7 +170,7 @@ class Trace:
         """Payload bytes ``rank`` passed to collectives in each step (trailing events form no step)."""
         out, acc = [], 0
         for e in self._rank(rank):
-            if isinstance(e, Collective):
+            if isinstance(e, Collective) and e.op != "recv":
                 acc += e.nbytes
             elif isinstance(e, Step):
                 out.append(acc)
@@ -174,8 +178,8 @@ class Trace:
         return out
 
     def payload_bytes(self, rank: int) -> int:
-        """Total payload bytes ``rank`` passed to collectives."""
-        return sum(e.nbytes for e in self._rank(rank) if isinstance(e, Collective))
+        """Total payload bytes ``rank`` passed to collectives and sends."""
+        return sum(e.nbytes for e in self._rank(rank) if isinstance(e, Collective) and e.op != "recv")
 
     def collectives(self, rank: int) -> Iterator[Collective]:
         return (e for e in self._rank(rank) if isinstance(e, Collective))
@@ -340,8 +344,10 @@ def _compute(wall_s: Any, cpu_s: Any, flops: Any) -> Compute:
 
 def _collective(rank: int, num_nodes: int, cid: Any, op: Any, nbytes: Any, group: Any, async_op: bool, dtype: Any,
                 start_s: Any, end_s: Any) -> Collective:
-    if op not in OPS:
-        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+    if op not in OPS and op not in P2P_OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS + P2P_OPS)}, got {op!r}")
+    if op in P2P_OPS and (group is None and num_nodes != 2 or group is not None and len(group) != 2):
+        raise ValueError(f"a {op} needs its group to be the pair (sender, receiver), got {group!r}")
     if not isinstance(dtype, str) or not dtype:
         raise TypeError(f"dtype must be a non-empty string such as 'float32', got {dtype!r}")
     grp = _normalise_group(group, num_nodes)

@@ -61,3 +61,21 @@ def test_the_clock_needs_a_scenario_with_deterministic_compute():
                     progress=False)
     with pytest.raises(ValueError, match="max_sim_time_s"):
         trainer.fit(DDPStrategy(), num_nodes=2, max_steps=2, max_sim_time_s=-1.0, scenario=HETERO, progress=False)
+
+
+@pytest.mark.slow
+def test_send_and_recv_are_real_counted_traced_and_simulated():
+    from exonet.strategies.base import OptimSpec as Spec
+    from exonet.toy import RingPassStrategy
+
+    steps, numel = 3, 2500
+    r = LocalTrainer(tiny_mlp(), synthetic_classification(128, 8, 4)).fit(
+        RingPassStrategy(numel, optim_spec=Spec("sgd", lr=0.1)), num_nodes=3, max_steps=steps, batch_size=8,
+        progress=False)  # a wrong value received fails the run
+    for rank in range(3):
+        assert r.payload_bytes_per_step(rank) == [4 * numel] * steps  # sends only
+        ops = [(c.op, c.group) for c in r.trace.collectives(rank)]
+        assert ops == [("send", tuple(sorted((rank, (rank + 1) % 3)))), ("recv", tuple(sorted((rank, (rank - 1) % 3))))] * steps
+    sim = r.simulate({"name": "p2p", "network": {"bandwidth": "8 Mbit/s"}, "compute": {"mode": "wall"}})
+    assert sim.wire_bytes == [4 * numel * steps] * 3
+    assert sim.per_node[0].comm_s >= steps * 4 * numel / 1e6 * (1 - 1e-9)  # each recv waits for a 10 kB message at 1 MB/s

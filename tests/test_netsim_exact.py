@@ -162,3 +162,42 @@ def test_identical_ranks_are_replayed_once_with_the_same_result(resolved):
     assert mirrored.events == full.events
     jittered = Resolved(**{**resolved.__dict__, "jitter": "lognormal", "sigma": 0.1})
     assert simulate(trace, jittered).per_node[0] != simulate(trace, jittered).per_node[1]  # no mirroring then
+
+
+# ------------------------------------------------------------------ point-to-point messages
+def test_a_message_crosses_the_senders_uplink_the_link_and_the_receivers_downlink():
+    resolved = Resolved(num_nodes=3, uplink=(1e6, 4e6, 4e6), downlink=(4e6, 2e6, 4e6), region=("a", "a", "b"),
+                        latency=1e-3, speed=(1.0,) * 3, links={("a", "b"): LinkSpec(5e5, 0.03)})
+    t = Trace(3)
+    t.add_collective(0, "send", 1_000_000, group=(0, 1))
+    t.add_collective(1, "recv", 1_000_000, group=(0, 1))
+    t.add_collective(1, "send", 1_000_000, group=(1, 2))
+    t.add_collective(2, "recv", 1_000_000, group=(1, 2))
+    for r in range(3):
+        t.add_step(r)
+    result = simulate(t, resolved)
+    first = 1e-3 + 1_000_000 / 1e6  # α + s / min(uplink 0, downlink 1)
+    second = 0.03 + 1_000_000 / 5e5  # across the region link: its latency and bandwidth
+    assert result.step_end_times == pytest.approx([first + second], rel=1e-12)
+    assert result.per_node[0].comm_s == pytest.approx(first, rel=1e-12)
+    assert result.wire_bytes == [1_000_000, 1_000_000, 0]
+    assert t.payload_bytes(0) == t.payload_bytes(1) == 1_000_000 and t.payload_bytes(2) == 0  # a recv is no payload
+
+
+def test_messages_each_way_are_separate_channels_and_a_missing_recv_is_named():
+    t = Trace(2)
+    for r in range(2):
+        a = t.add_collective(r, "send", 2_000_000, group=(0, 1), async_op=True)
+        t.add_collective(r, "recv", 2_000_000, group=(0, 1))
+        t.add_wait(r, a)
+        t.add_step(r)
+    result = simulate(t, uniform(2, 1e6))
+    assert result.wall_clock_s == pytest.approx(2.0, rel=1e-12)  # both directions at once, full duplex
+    bad = Trace(2)
+    bad.add_collective(0, "send", 10, group=(0, 1))
+    bad.add_collective(1, "send", 10, group=(0, 1))
+    with pytest.raises(TraceError, match="rank 0 waits in message #0 from rank 0 to rank 1, issued by ranks \\[0\\] "
+                                         "but not yet by ranks \\[1\\] \\(rank 1 is blocked first in message #0 from rank 1"):
+        simulate(bad, uniform(2, 1e6))
+    with pytest.raises(ValueError, match="pair"):
+        Trace(3).add_collective(0, "send", 10)

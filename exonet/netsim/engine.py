@@ -61,7 +61,7 @@ from exonet.netsim.flows import SHARING, Flow, FluidNetwork
 from exonet.netsim.result import COMM, COMPUTE, IDLE, NodeTimes, SimResult, Timeline
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
-from exonet.trace import Collective, Compute, Event, Step, Trace, Wait
+from exonet.trace import P2P_OPS, Collective, Compute, Event, Step, Trace, Wait
 
 SCALE = 2**64  # ticks per second: simulated time is an integer number of ticks
 TICK = 1.0 / SCALE
@@ -245,7 +245,8 @@ class Simulation:
         first = trace.events[0]
         if any(events is not first and events != first for events in trace.events[1:]):
             return False
-        return all(e.group is None or len(set(e.group)) == n for e in first if type(e) is Collective)
+        return all((e.group is None or len(set(e.group)) == n) and e.op not in P2P_OPS
+                   for e in first if type(e) is Collective)
 
     def close(self, rank: int | None = None) -> None:
         """Declare that ``rank`` (default: every rank) will be fed nothing more."""
@@ -322,23 +323,27 @@ class Simulation:
             lines.append(self._describe(next(iter(self._open.values()))))
         return "trace: collectives must match across the group's members, and these never can: " + "; ".join(lines)
 
+    def _where(self, c: _Collective) -> str:
+        """``c`` for people: its op, index and group (or the direction of a message)."""
+        group, k = c.key
+        if c.op == "p2p":
+            return f"message #{k} from rank {c.members[0]} to rank {c.members[1]}"
+        return f"{c.op} #{k} on {'all ranks' if group is self._everyone else f'group {list(group)}'}"
+
     def _describe(self, c: _Collective) -> str:
         """``c``, who issued it, and what each member that did not is doing instead."""
-        group, k = c.key
-        name = "all ranks" if group is self._everyone else f"group {list(group)}"
         missing = [r for r in c.members if r not in c.ranks]
         if not missing:
-            return f"{c.op} #{k} on {name}"
+            return self._where(c)
         reasons = []
         for r in missing:
             other = self._ranks[r].blocked
             if other is None:
                 reasons.append(f"rank {r} ended its events without issuing it")
             else:
-                where = "all ranks" if other.key[0] is self._everyone else f"group {list(other.key[0])}"
-                reasons.append(f"rank {r} is blocked first in {other.op} #{other.key[1]} on {where}")
+                reasons.append(f"rank {r} is blocked first in {self._where(other)}")
         never = all(self._ranks[r].blocked is None for r in missing)
-        return (f"{c.op} #{k} on {name}, issued by ranks {c.ranks} but {'never' if never else 'not yet'} by ranks "
+        return (f"{self._where(c)}, issued by ranks {c.ranks} but {'never' if never else 'not yet'} by ranks "
                 f"{missing} ({'; '.join(reasons)})")
 
     # ----------------------------------------------------------------- ranks
@@ -438,16 +443,32 @@ class Simulation:
             raise TraceError(f"trace: rank {rank} issued a collective on group {list(group or ())}, which it is not in")
         return members
 
+    def _channel(self, rk: _Rank, e: Collective) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
+        """Where ``e`` queues and matches, its op and its members.
+
+        A collective queues on its group. A message from a to b is op "p2p" with members
+        (a, b), on channel (a, b, −1): never a group's name, so messages keep their own order.
+        """
+        members = self._group(rk.rank, e.group)
+        if e.op not in P2P_OPS:
+            return members, e.op, members
+        if len(members) != 2:
+            raise TraceError(f"trace: rank {rk.rank}'s {e.op} must name the pair (sender, receiver) as its group, "
+                             f"got {list(members)}")
+        peer = members[0] if members[1] == rk.rank else members[1]
+        pair = (rk.rank, peer) if e.op == "send" else (peer, rk.rank)
+        return (*pair, -1), "p2p", pair
+
     def _issue(self, rk: _Rank, e: Collective) -> None:
         """``rk`` arrives at a collective; the last member to arrive queues it on its group."""
-        members = self._group(rk.rank, e.group)
-        k = rk.counts.get(members, 0)
-        rk.counts[members] = k + 1
-        key = (members, k)
+        queue, op, members = self._channel(rk, e)
+        k = rk.counts.get(queue, 0)
+        rk.counts[queue] = k + 1
+        key = (queue, k)
         c = self._open.get(key)
         if c is None:
-            c = self._open[key] = _Collective(key, e.op, members)
-        elif c.op != e.op:
+            c = self._open[key] = _Collective(key, op, members)
+        elif c.op != op:
             raise TraceError(
                 f"trace: collective #{k} on group {list(members) if members is not self._everyone else 'all ranks'} "
                 f"is {c.op} on rank {c.ranks[0]} but {e.op} on rank {rk.rank}"
@@ -464,12 +485,12 @@ class Simulation:
             self._block(rk, c)
         if len(c.ranks) == len(members):
             del self._open[key]
-            running = self._running.get(members, 0)
+            running = self._running.get(queue, 0)
             if running < self._concurrency:
-                self._running[members] = running + 1
-                self._at(c.last, self._start, c, order=(_START, members, k))
+                self._running[queue] = running + 1
+                self._at(c.last, self._start, c, order=(_START, queue, k))
             else:
-                self._queued.setdefault(members, deque()).append(c)
+                self._queued.setdefault(queue, deque()).append(c)
 
     def _block(self, rk: _Rank, c: _Collective) -> None:
         rk.blocked = c
@@ -632,12 +653,12 @@ class Simulation:
         c.end = t
         c.done = True
         self._last_end = max(self._last_end, t)
-        queued = self._queued.get(c.members)
+        queued = self._queued.get(c.key[0])
         if queued:
             nxt = queued.popleft()
             self._at(max(t, nxt.last), self._start, nxt, order=(_START, *nxt.key))
         else:
-            self._running[c.members] -= 1
+            self._running[c.key[0]] -= 1
         waiters, c.waiters = c.waiters, []
         for rk in waiters:
             self._release(rk, c)

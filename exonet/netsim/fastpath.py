@@ -64,7 +64,10 @@ class Planner:
         key = (op, members, nbytes)
         plan = self._plans.get(key)
         if plan is None:
-            steps = phases(self._builders[op], members, nbytes, self._topo)
+            if op == "p2p":  # one message, members = (sender, receiver)
+                steps = [((members[0], members[1], float(nbytes)),)] if nbytes else []
+            else:
+                steps = phases(self._builders[op], members, nbytes, self._topo)
             sent: dict[int, float] = {}
             for phase in steps:
                 for src, _, size in phase:
