@@ -24,6 +24,9 @@ from exonet.strategies.base import Strategy, check_range, one_of
 DEVICES = ("cpu", "cuda", "mps")
 AUTOCAST = {True: "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 # DataLoader arguments exonet sets itself: the batch order must stay a pure function of (seed, rank, epoch).
+# The seed gym's fit arguments that have no meaning here, and why.
+IGNORED = {"correlation_interval": "exonet measures the nodes' correlation at every evaluation",
+           "log_x_axis": "exonet logs steps and, with a scenario, simulated time to wandb"}
 RESERVED_LOADER_ARGS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
 
 
@@ -50,10 +53,11 @@ class LocalTrainer:
         train_dataset: a ``Dataset`` (split across nodes) or a factory ``f(rank, num_nodes, train) -> Dataset``.
         val_dataset: the same kinds, or None.
         start_port: accepted for compatibility and ignored (rendezvous is race-free).
+        device, devices: defaults for ``fit``'s arguments of the same names (the seed gym takes them here).
     """
 
     def __init__(self, model: torch.nn.Module, train_dataset: Any, val_dataset: Any = None,
-                 start_port: int | None = None) -> None:
+                 start_port: int | None = None, device: str | None = None, devices: list[int] | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"LocalTrainer: model must be a torch.nn.Module, got {type(model).__name__}")
         for name, data in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
@@ -70,6 +74,7 @@ class LocalTrainer:
         split = getattr(train_dataset, "node_split", None)
         self.train_dataset = split if callable(split) else train_dataset
         self.val_dataset = val_dataset
+        self.device, self.devices = device, devices
 
     def fit(
         self,
@@ -141,7 +146,9 @@ class LocalTrainer:
             wandb_project: log config, losses, evaluations and (with ``scenario``) simulated time to
                 this Weights & Biases project, from this process only (needs the ``wandb`` extra).
             wandb_run_name: the wandb run's name (default: ``run_name``).
-            **legacy: ``save_dir``, accepted for seed compatibility.
+            **legacy: ``save_dir``, accepted for seed compatibility; the seed gym's ``correlation_interval``
+                (exonet measures correlation at every evaluation) and ``log_x_axis`` (a wandb plot choice) are
+                accepted and ignored with a warning.
         """
         if run_name is not None and (not isinstance(run_name, str) or not run_name or "/" in run_name
                                      or "\\" in run_name or run_name.startswith(".")):
@@ -152,9 +159,11 @@ class LocalTrainer:
             parse_s3_url(upload_to)
             if run_dir is None and legacy.get("save_dir") is None and resume_from is None:
                 raise ValueError("fit: upload_to copies the run directory, so it needs run_dir")
-        unknown = set(legacy) - {"save_dir"}
+        unknown = set(legacy) - {"save_dir", *IGNORED}
         if unknown:
             raise TypeError(f"fit: unexpected argument(s) {', '.join(sorted(unknown))}")
+        for name in sorted(set(legacy) & set(IGNORED)):
+            warnings.warn(f"fit: {name} is ignored: {IGNORED[name]}", stacklevel=2)
         if not isinstance(strategy, Strategy):
             raise TypeError(f"fit: strategy must be an exonet.strategies.Strategy instance, got {type(strategy).__name__}")
         k = _check_int("num_nodes", num_nodes, 1)
@@ -165,7 +174,8 @@ class LocalTrainer:
         _check_int("val_interval", val_interval or 0, 0)
         _check_int("val_size", val_size, 0)
         _check_int("seed", seed, 0)
-        device_type, backend, device_ids = self._resolve_device(device, devices, k)
+        device_type, backend, device_ids = self._resolve_device(device if device is not None else self.device,
+                                                                devices if devices is not None else self.devices, k)
         if autocast not in (False, None) and autocast not in AUTOCAST:
             raise ValueError(f"fit: autocast must be False, True, 'bf16' or 'fp16', got {autocast!r}")
         steps = self._resolve_steps(max_steps, num_epochs, k, batch_size)

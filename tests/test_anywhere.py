@@ -155,6 +155,15 @@ def test_val_size_zero_means_no_evaluation(tmp_path):
     assert json.loads((result.run_dir / "config.json").read_text())["val_size"] == 0
 
 
+def test_seed_gym_trainer_arguments():
+    with pytest.warns(UserWarning, match="start_port is ignored"):
+        trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, dim=8, classes=4), None, start_port=12355,
+                               device="tpu")
+    with pytest.warns(UserWarning, match="correlation_interval is ignored"), \
+            pytest.raises(ValueError, match="device must be one of cpu, cuda, mps .* got 'tpu'"):
+        trainer.fit(DDPStrategy(), num_nodes=2, max_steps=2, batch_size=8, correlation_interval=10)
+
+
 @pytest.fixture(scope="module")
 def run_folders(tmp_path_factory):
     """Two folders as given to fit(run_dir=...): one run in ``a``, two in ``b`` (plus a stray file)."""
