@@ -430,6 +430,8 @@ class Simulation:
     def _group(self, rank: int, group: tuple[int, ...] | None) -> tuple[int, ...]:
         """The sorted members of ``group`` (None = every rank); the same tuple for every spelling of a group."""
         members = self._members.get(group)
+        if members is self._everyone:
+            return members
         if members is None:
             members = tuple(sorted(set(group)))
             bad = [r for r in members if not 0 <= r < len(self._ranks)]
@@ -444,14 +446,12 @@ class Simulation:
         return members
 
     def _channel(self, rk: _Rank, e: Collective) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
-        """Where ``e`` queues and matches, its op and its members.
+        """Where the message ``e`` queues and matches, its op and its members.
 
-        A collective queues on its group. A message from a to b is op "p2p" with members
+        (A collective queues on its group.) A message from a to b is op "p2p" with members
         (a, b), on channel (a, b, −1): never a group's name, so messages keep their own order.
         """
         members = self._group(rk.rank, e.group)
-        if e.op not in P2P_OPS:
-            return members, e.op, members
         if len(members) != 2:
             raise TraceError(f"trace: rank {rk.rank}'s {e.op} must name the pair (sender, receiver) as its group, "
                              f"got {list(members)}")
@@ -461,7 +461,11 @@ class Simulation:
 
     def _issue(self, rk: _Rank, e: Collective) -> None:
         """``rk`` arrives at a collective; the last member to arrive queues it on its group."""
-        queue, op, members = self._channel(rk, e)
+        if e.op in P2P_OPS:
+            queue, op, members = self._channel(rk, e)
+        else:
+            queue = members = self._group(rk.rank, e.group)
+            op = e.op
         k = rk.counts.get(queue, 0)
         rk.counts[queue] = k + 1
         key = (queue, k)
