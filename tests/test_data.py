@@ -10,7 +10,9 @@ import json
 import logging
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,15 +22,20 @@ from exonet.data import S3Dataset, write_shards
 from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.toy import synthetic_classification, tiny_mlp
 
-moto_server = pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
-
 DATA = synthetic_classification(96, dim=8, classes=4)
+
+
+@dataclass
+class Server:
+    endpoint: str
+    client: Any  # a boto3 S3 client on the server
 
 
 @pytest.fixture(scope="module")
 def s3():
     """A moto server on loopback, the AWS environment pointing at it, and a bucket with DATA in 12 shards."""
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -39,9 +46,10 @@ def s3():
             env.setenv(key, value)
         for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
             env.delenv(key, raising=False)
-        boto3.client("s3").create_bucket(Bucket="exo")
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="exo")
         write_shards(DATA, "s3://exo/digits", shard_size=8)
-        yield f"http://{host}:{port}"
+        yield Server(f"http://{host}:{port}", client)
     server.stop()
 
 
@@ -52,7 +60,7 @@ def _same(a, b) -> bool:
 def test_round_trip_and_index(s3):
     ds = S3Dataset("s3://exo/digits")
     assert len(ds) == 96 and all(_same(ds[i], DATA[i]) for i in range(96))
-    index = json.loads(boto3.client("s3").get_object(Bucket="exo", Key="digits/index.json")["Body"].read())
+    index = json.loads(s3.client.get_object(Bucket="exo", Key="digits/index.json")["Body"].read())
     assert index["num_samples"] == 96 and len(index["shards"]) == 12
     assert [f["dtype"] for f in index["fields"]] == ["float32", "int64"]
     assert index["shards"][0]["bytes"] == 8 * 8 * 4 + 8 * 8  # 8 rows of 8 float32, then 8 int64 (64-aligned)
@@ -88,7 +96,7 @@ def test_missing_bucket_prefix_and_key_are_named(s3):
                                                 r"under the prefix s3://exo/nothere/"):
         S3Dataset("s3://exo/nothere")
     write_shards(DATA, "s3://exo/holed", shard_size=32)
-    boto3.client("s3").delete_object(Bucket="exo", Key="holed/shard-00001.bin")
+    s3.client.delete_object(Bucket="exo", Key="holed/shard-00001.bin")
     ds = S3Dataset("s3://exo/holed")
     assert _same(ds[0], DATA[0])
     with pytest.raises(FileNotFoundError, match=r"s3://exo/holed/shard-00001.bin: no such key"):
@@ -139,7 +147,7 @@ class DropFirst:
 
 
 def test_a_transient_failure_is_retried_once_with_backoff(s3, caplog):
-    proxy = DropFirst(s3, drops=1)
+    proxy = DropFirst(s3.endpoint, drops=1)
     try:
         with pytest.raises(OSError, match=r"s3://exo/digits/index.json: still failing after 0 retries"):
             S3Dataset("s3://exo/digits", endpoint_url=proxy.url, retries=0)
