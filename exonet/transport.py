@@ -117,7 +117,7 @@ def pickle_model(model: torch.nn.Module) -> bytes:
 
 
 def untravelled(objects: dict[str, Any]) -> str | None:
-    """Name the innermost object that cannot be pickled and why, e.g. ``train_dataset.fh (an open file ...)``."""
+    """Name the innermost object that cannot be pickled and why, e.g. ``train_dataset.lock (_thread.lock) ...``."""
     for name, obj in objects.items():
         found = _find(name, obj, set())
         if found is not None:

@@ -4,7 +4,10 @@ Used as ``fit``'s train dataset it splits itself by whole blocks of samples (nod
 samples ``[r·m, (r+1)·m)``, m = N // K), so each node downloads only the shards its
 block touches: disjoint shards when m is a multiple of the shard size, otherwise one
 boundary shard shared by two neighbours. Within its block a node shuffles per epoch
-(seeded), as with any dataset factory. As a validation dataset it is read from the start.
+(seeded), as with any dataset factory; so give ``cache_bytes`` room for a node's share, or
+shards are fetched more than once per epoch (``fit(shuffle=False)`` streams shard by shard
+through any cache; the parent warns when a share does not fit). As a validation dataset it
+is read from the start.
 
 Each process (node, DataLoader worker) keeps its own cache: a private temporary folder,
 removed when the process is done with the dataset. Shards are evicted least recently used
@@ -18,6 +21,7 @@ import copy
 import os
 import shutil
 import tempfile
+import warnings
 import weakref
 from collections import OrderedDict
 from pathlib import Path
@@ -29,7 +33,7 @@ from torch.utils.data import Dataset
 
 from exonet.data.shards import INDEX, OpenShard, parse_index
 from exonet.data.store import LocalStore, open_store
-from exonet.units import parse_size
+from exonet.units import format_bytes, parse_size
 
 
 class S3Dataset(Dataset):
@@ -80,6 +84,11 @@ class S3Dataset(Dataset):
         part = copy.copy(self)
         part.__dict__.update(self.__getstate__())
         part.start, part.stop = self.start + rank * m, self.start + (rank + 1) * m
+        share = sum(self.index["shards"][s]["bytes"] for s in part.shards_of())
+        if self._pid == os.getpid() and rank == 0 and share > self.cache_bytes:  # once, in the parent
+            warnings.warn(f"S3Dataset: each node's share of {self.store.url} is {format_bytes(share)}, more than "
+                          f"cache_bytes ({format_bytes(self.cache_bytes)}): shuffled, shards are fetched more than "
+                          "once per epoch; raise cache_bytes or use fit(shuffle=False)", stacklevel=2)
         return part
 
     def shards_of(self) -> list[int]:
