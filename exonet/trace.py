@@ -123,7 +123,7 @@ class Trace:
         try:
             evs.append(_compute(seconds, seconds if cpu_s is None else cpu_s, flops))
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"Trace.add_compute: {exc}") from None
+            raise type(exc)(f"Trace.add_compute: seconds, cpu_s and flops must be >= 0 and finite; {exc}") from None
 
     def add_collective(
         self,
@@ -324,8 +324,10 @@ def _integer(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be a non-negative integer, got {value!r}")
     if isinstance(value, float) and not value.is_integer():
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    if not 0 <= value <= MAX_BYTES:
-        raise ValueError(f"{name} must be a non-negative integer below 2**63, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if value > MAX_BYTES:
+        raise ValueError(f"{name} must be below 2**63, got {value!r}")
     return int(value)
 
 
@@ -370,12 +372,11 @@ def _normalise_group(group: Any, num_nodes: int) -> tuple[int, ...] | None:
     if not all(isinstance(r, (int, numbers.Integral)) and not isinstance(r, bool) for r in group):
         raise TypeError(f"group must list integer ranks, got {group!r}")
     grp = tuple(sorted(int(r) for r in group))
-    if not grp:
-        raise ValueError("group must not be empty")
-    if len(set(grp)) != len(grp):
-        raise ValueError(f"group lists a rank twice: {list(group)}")
-    if grp[0] < 0 or grp[-1] >= num_nodes:
-        raise ValueError(f"group {list(group)} names a rank outside [0, {num_nodes})")
+    twice = [a for a, b in zip(grp, grp[1:]) if a == b]
+    outside = [r for r in grp if not 0 <= r < num_nodes]
+    problem = "it is empty" if not grp else f"rank {twice[0]} twice" if twice else f"rank {outside[0]} is outside" if outside else ""
+    if problem:
+        raise ValueError(f"group must be distinct ranks in [0, {num_nodes}), got {list(group)} ({problem})")
     return None if len(grp) == num_nodes else grp
 
 
