@@ -24,7 +24,13 @@ File format (line-oriented JSON, one value per line, UTF-8)::
     ["s", rank]                                                         # Step
     {"end": true, "events": N}
 
-The closing line lets a reader tell a complete file from a truncated one.
+The closing line lets a reader tell a complete file from a truncated one. Reading checks
+every value as the builder does, and any defect is a TraceError naming the file and line:
+strict JSON (no NaN or Infinity in events), times finite and in [0, MAX_SECONDS], byte
+counts integers in [0, 2**63), ids unique per rank, a wait naming an earlier async
+collective of its rank, a group of distinct ranks in range that holds the issuing rank.
+A group is stored canonically, sorted and with the whole world as null, so ``[1, 0]``
+is ``(0, 1)`` and ``[0, 1, 2]`` of three nodes is null, and equal groups match.
 """
 
 from __future__ import annotations
@@ -374,9 +380,9 @@ def _normalise_group(group: Any, num_nodes: int) -> tuple[int, ...] | None:
     grp = tuple(sorted(int(r) for r in group))
     twice = [a for a, b in zip(grp, grp[1:]) if a == b]
     outside = [r for r in grp if not 0 <= r < num_nodes]
-    problem = "it is empty" if not grp else f"rank {twice[0]} twice" if twice else f"rank {outside[0]} is outside" if outside else ""
-    if problem:
-        raise ValueError(f"group must be distinct ranks in [0, {num_nodes}), got {list(group)} ({problem})")
+    problems = ["it is empty"] if not grp else [f"rank {r} twice" for r in twice[:1]] + [f"rank {r} is outside" for r in outside[:1]]
+    if problems:
+        raise ValueError(f"group must be distinct ranks in [0, {num_nodes}), got {list(group)} ({', '.join(problems)})")
     return None if len(grp) == num_nodes else grp
 
 
