@@ -117,6 +117,7 @@ class Calibration:
 
     params: dict[str, Any]  # efficiency, message_overhead (fitted) and host_cores (given, or None)
     rows: list[Row]
+    source: str = ""  # where the parameters came from when they were not fitted here (a preset's name)
 
     def scenario(self) -> Scenario:
         p = self.params
@@ -135,13 +136,15 @@ class Calibration:
         out = ["| case | half | real s | ideal s | err | modelled s | err | calibrated s | err |",
                "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in self.rows:
-            cells = [r.name, "unmodelled" if not r.covered else "held-out" if r.held_out else "fit", f"{r.real:.4g}"]
+            half = self.source or ("held-out" if r.held_out else "fit")
+            cells = [r.name, "unmodelled" if not r.covered else half, f"{r.real:.4g}"]
             for col in ("ideal", "modelled", "calibrated"):
                 sim = getattr(r, col)
                 cells += [f"{sim:.4g}", f"{Row.error(sim, r.real):+.1%}"]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
-        for half, label in ((True, "held-out"), (False, "fit half")):
+        halves = ((True, "held-out"), (False, "fit half")) if not self.source else ((True, f"with {self.source}"),)
+        for half, label in halves:
             for bound, which in ((None, "all covered"), (False, "bandwidth-bound"), (True, "host-bound")):
                 parts = []
                 for col in ("ideal", "modelled", "calibrated"):
@@ -150,7 +153,7 @@ class Calibration:
                 out.append(f"{label}, {which}: " + "; ".join(parts))
         p = self.params
         cores = f", host_cores = {p['host_cores']:g}" if p.get("host_cores") is not None else ""
-        out.append(f"fitted: efficiency = {p['efficiency']:.4f}, message_overhead = {p['message_overhead'] * 1e6:.1f} us "
+        out.append(f"{'parameters of ' + self.source if self.source else 'fitted'}: efficiency = {p['efficiency']:.4f}, message_overhead = {p['message_overhead'] * 1e6:.1f} us "
                    f"(with mss = {TCP_FRAMING['mss']}, header_bytes = {TCP_FRAMING['header_bytes']}{cores})")
         return "\n".join(out)
 
@@ -206,13 +209,14 @@ def fit(measurements: Sequence[Measurement], host_cores: float | None = None) ->
     return {"efficiency": x[0], "message_overhead": x[1], "host_cores": host_cores}
 
 
-def compare(measurements: Sequence[Measurement], params: dict[str, Any], held: Sequence[bool]) -> Calibration:
-    """Every case under the ideal, modelled and calibrated (``params``) scenarios."""
+def compare(measurements: Sequence[Measurement], params: dict[str, Any], held: Sequence[bool],
+            source: str = "") -> Calibration:
+    """Every case under the ideal, modelled and calibrated (``params``, from ``source`` if not fitted here)."""
     calib_s = modelled(params["efficiency"], params["message_overhead"], params.get("host_cores"))
     ideal_s, model_s = ideal(), modelled()
     rows = [Row(m.case.name, m.real, m.simulate(ideal_s), m.simulate(model_s), m.simulate(calib_s), h, covered(m.case),
                 host_bound(m.case)) for m, h in zip(measurements, held)]
-    return Calibration(dict(params), rows)
+    return Calibration(dict(params), rows, source)
 
 
 def calibrate(measurements: Sequence[Measurement], host_cores: float | None = None) -> Calibration:

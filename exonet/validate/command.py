@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             toml = result.to_toml()
         Path(args.out).write_text(toml)
     else:
-        result = cal.compare(measurements, cal.preset_params(), [True] * len(measurements))
+        result = cal.compare(measurements, cal.preset_params(), [True] * len(measurements), "calibrated-loopback")
     print(result.table())
     if args.calibrate:
         print(f"calibrated scenario: {args.out}")
