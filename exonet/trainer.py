@@ -167,6 +167,7 @@ class LocalTrainer:
         if not isinstance(strategy, Strategy):
             raise TypeError(f"fit: strategy must be an exonet.strategies.Strategy instance, got {type(strategy).__name__}")
         k = _check_int("num_nodes", num_nodes, 1)
+        strategy.check_world(k)
         batch_size = _check_int("batch_size", batch_size, 1)
         minibatch = batch_size if minibatch_size is None else _check_int("minibatch_size", minibatch_size, 1)
         if minibatch > batch_size:

@@ -223,6 +223,9 @@ class Strategy(abc.ABC):
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    def check_world(self, num_nodes: int) -> None:
+        """Reject arguments that cannot work with ``num_nodes`` nodes (called by ``fit`` before any node starts)."""
+
     def prepare_backward(self, sync: bool) -> None:
         """Called before each backward pass of a step; ``sync`` is True for the one that completes its gradient.
 

@@ -75,13 +75,16 @@ class FedAvgStrategy(Strategy):
         self.island_size = island_size
         self.participation = participation
 
-    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
-        k = ctx.num_nodes
+    def check_world(self, num_nodes: int) -> None:
+        k = num_nodes
         if k > 1 and self.round_size(k) < 2:
             raise ValueError(
                 f"participation={self.participation} with K={k} nodes puts ⌈participation·K⌉ = 1 node in each round, "
                 f"so no round ever exchanges anything; use participation > 1/K = {1 / k:.4g} (or 1.0)"
             )
+
+    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
+        self.check_world(ctx.num_nodes)  # under torchrun no parent checked it
         super().setup(model, comm, ctx)
 
     def round_size(self, k: int) -> int:

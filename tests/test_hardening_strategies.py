@@ -149,3 +149,14 @@ def test_demo_cuts_blocks_with_einops_bit_identically_to_plain_reshapes(shape):
     assert torch.equal(dct.encode(x), coeffs)
     back = torch.einsum("abij,hi,wj->ahbw", coeffs.reshape(a, b, h, w), dct.basis_h, dct.basis_w).reshape(shape)
     assert torch.equal(dct.decode(coeffs), back)
+
+
+def test_a_round_of_one_is_refused_by_fit_before_any_node_starts(node_pids):
+    from exonet import LocalTrainer
+    from exonet.strategies import DiLoCoStrategy
+    from exonet.toy import synthetic_classification, tiny_mlp
+
+    with pytest.raises(ValueError, match=r"participation=0.3 with K=3"):
+        LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4)).fit(
+            DiLoCoStrategy(participation=0.3, H=2), num_nodes=3, max_steps=2, progress=False)
+    assert node_pids() == []
