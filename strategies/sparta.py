@@ -137,6 +137,7 @@ class SPARTAStrategy(SparseAveraging):
         max_norm: clip the local gradient norm before each step.
         delay_steps: how many steps an exchange may stay in flight (0: blocking).
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
+        async_sparta_delay: alias of ``delay_steps`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the learning-rate schedule,
             as in ``Strategy``.
     """
@@ -151,10 +152,15 @@ class SPARTAStrategy(SparseAveraging):
         delay_steps: int = 0,
         *,
         optim_spec: OptimSpec | str | type | None = None,
+        async_sparta_delay: int | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        if async_sparta_delay is not None:
+            if delay_steps:
+                raise TypeError("delay_steps and async_sparta_delay are aliases of one argument; pass only one of them")
+            delay_steps = async_sparta_delay
         check_range("delay_steps", delay_steps, low=0, integer=True)
         self.sparse = SparseAverager(p_sparta)
         self.p_sparta = p_sparta

@@ -154,3 +154,11 @@ def test_delay_steps_is_validated():
         SPARTAStrategy(delay_steps=-1)
     with pytest.raises(TypeError, match="delay_steps"):
         SPARTAStrategy(delay_steps=1.5)
+
+
+def test_the_seed_gyms_async_sparta_delay_spelling():
+    from exonet.strategies import SPARTAStrategy
+
+    assert SPARTAStrategy(async_sparta_delay=3).delay_steps == 3
+    with pytest.raises(TypeError, match="aliases"):
+        SPARTAStrategy(delay_steps=1, async_sparta_delay=2)
