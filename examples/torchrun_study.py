@@ -3,8 +3,7 @@
 DDP or DiLoCo (H=5) trains a small classifier on a synthetic task with a fixed seed.
 Under torchrun each process is one node (num_nodes = WORLD_SIZE) and rank 0 prints the
 summary and writes the run directory; run locally, exonet starts the K nodes itself.
-The loss curve and payload bytes are the same either way. One fit per launch: a second
-fit in the same torchrun worker does not work yet.
+The loss curve and payload bytes are the same either way.
 
     python examples/torchrun_study.py --strategy diloco --nodes 4
     torchrun --standalone --nproc-per-node 2 examples/torchrun_study.py --strategy diloco
