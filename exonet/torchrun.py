@@ -32,18 +32,21 @@ if TYPE_CHECKING:
 _fits = 0  # fits run in this process: each rendezvous under its own store prefix
 
 
-def _store(timeout_s: float) -> dist.Store:
-    """The launcher's store (MASTER_ADDR:MASTER_PORT) under a prefix of this fit's own.
+def _store(rank: int, world: int, timeout_s: float) -> dist.Store:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT, as ``env://`` finds it, under a prefix of this fit's own.
 
-    Every rank runs the same fits in the same order, so the prefixes agree; a second fit in
-    one torchrun worker then never meets the keys the first left behind (it hung in
+    torchrun either hosts the store in its agent (``--standalone``) or has rank 0 host it
+    (c10d rendezvous across hosts); rank 0's server is multi-tenant, so a later fit in the
+    same process reuses it. Every rank runs the same fits in the same order, so the prefixes
+    agree, and a second fit never meets the keys the first left behind (it hung in
     ``init_process_group`` without this).
     """
     global _fits
     _fits += 1
-    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                           timeout=timedelta(seconds=timeout_s))
-    return dist.PrefixStore(f"exonet-fit-{_fits}", client)
+    hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=hosts,
+                          timeout=timedelta(seconds=timeout_s), multi_tenant=True)
+    return dist.PrefixStore(f"exonet-fit-{_fits}", store)
 
 
 def train_under_torchrun(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, meta: dict[str, Any],
@@ -56,7 +59,7 @@ def train_under_torchrun(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeC
         cfg = replace(cfg, devices=(int(os.environ.get("LOCAL_RANK", 0)),))
     messages: list[tuple] = []
     t0 = time.perf_counter()
-    dist.init_process_group(cfg.backend, store=_store(cfg.timeout_s), rank=rank, world_size=world,
+    dist.init_process_group(cfg.backend, store=_store(rank, world, cfg.timeout_s), rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_s))
     try:
         TrainNode(rank, cfg, copy.deepcopy(trainer.model), trainer.train_dataset, trainer.val_dataset,
