@@ -47,3 +47,14 @@ def test_what_if_bandwidth_example_finds_the_crossover_code_path(tmp_path):
     out = run_example("what_if_bandwidth.py", "--steps", "20", "--nodes", "2", "--points", "3", "--target-loss", "2.2",
                       "--out", str(tmp_path / "wi.png"))
     assert "10 Mbit/s" in out and (tmp_path / "wi.png").exists()
+
+
+@pytest.mark.slow
+def test_time_budget_example_gives_every_strategy_the_same_simulated_time():
+    out = run_example("time_budget.py", "--budget", "2", "--nodes", "2", "--max-steps", "300")
+    rows = {m.group(1).strip(): (int(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^(DDP|DiLoCo H=25|Streaming DiLoCo 4-bit)\s+(\d+)\s+([\d.]+)s", out, re.M)}
+    assert len(rows) == 3
+    for steps, sim in rows.values():
+        assert sim >= 2.0 or steps == 300  # the budget was spent, or the cap reached first
+    assert rows["DiLoCo H=25"][0] > 5 * rows["DDP"][0]  # it talks 25x less, so it takes many more steps
