@@ -288,23 +288,26 @@ def utilization_at(trace: Trace, scenario: Any, bandwidth: float) -> float:
     return simulate_estimate(trace, scenario, bandwidth).utilization
 
 
-def bandwidth_for_utilization(trace: Trace, scenario: Any, target: float, *, low: float = 1e3, high: float = 1e15,
-                              rtol: float = 0.01) -> float | None:
-    """The lowest NIC bandwidth (bit/s, within ``rtol``) at which ``trace`` reaches compute utilisation ``target``.
+def lowest_bandwidth(utilization: Callable[[float], float], target: float, *, low: float, high: float,
+                     rtol: float = 0.01) -> float | None:
+    """The lowest bandwidth in [low, high] (within ``rtol``) at which ``utilization(bandwidth)`` reaches ``target``.
 
     Utilisation never falls as bandwidth grows, so a bisection in log-bandwidth finds it.
     Returns None when even ``high`` does not reach it (latency or compute imbalance bound).
     """
-    if not 0 < target < 1:
-        raise ValueError(f"--solve-utilization: each target must be in (0, 1), got {target}")
-    if utilization_at(trace, scenario, high) < target:
+    if utilization(high) < target:
         return None
-    if utilization_at(trace, scenario, low) >= target:
+    if utilization(low) >= target:
         return low
     while high / low > 1 + rtol:
         mid = math.sqrt(low * high)
-        if utilization_at(trace, scenario, mid) >= target:
-            high = mid
-        else:
-            low = mid
+        low, high = (low, mid) if utilization(mid) >= target else (mid, high)
     return high
+
+
+def bandwidth_for_utilization(trace: Trace, scenario: Any, target: float, *, low: float = 1e3, high: float = 1e15,
+                              rtol: float = 0.01) -> float | None:
+    """The lowest NIC bandwidth (bit/s, within ``rtol``) at which an estimate's ``trace`` reaches ``target``."""
+    if not 0 < target < 1:
+        raise ValueError(f"--solve-utilization: each target must be in (0, 1), got {target}")
+    return lowest_bandwidth(lambda bw: utilization_at(trace, scenario, bw), target, low=low, high=high, rtol=rtol)

@@ -25,12 +25,12 @@ constants.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from exonet.estimate import lowest_bandwidth
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
 from exonet.trace import Collective, Compute, Step, Trace, Wait
@@ -126,24 +126,14 @@ class LayerDAG:
         return (last - first) * compute_per_step / (ends[last - 1] - ends[first - 1])
 
 
-def bandwidth_for(utilization: Callable[[float], float], target: float, *, low: float = 1e-3, high: float = 1e5,
-                  rtol: float = 0.01) -> float:
-    """The lowest bandwidth (within ``rtol``) at which a non-decreasing ``utilization`` reaches ``target``."""
-    if utilization(high) < target:
-        return math.inf
-    while high / low > 1 + rtol:
-        mid = math.sqrt(low * high)
-        low, high = (low, mid) if utilization(mid) >= target else (mid, high)
-    return high
-
-
-def streaming_diloco_table4(params: float = 1e9) -> dict[str, tuple[float, ...]]:
+def streaming_diloco_table4(params: float = 1e9) -> dict[str, tuple[float | None, ...]]:
     """Gbit/s each method needs for each of ``TARGETS``, as exonet replays the paper's DAG."""
     out = {}
     for method in METHODS:
         dag = LayerDAG(method, params=params)
         trace = dag.trace((10 if method == "data-parallel" else dag.H + 1) + dag.H)
-        out[method] = tuple(bandwidth_for(lambda g: dag.utilization(g, trace), u, rtol=1e-3) for u in TARGETS)
+        out[method] = tuple(lowest_bandwidth(lambda g: dag.utilization(g, trace), u, low=1e-3, high=1e5, rtol=1e-3)
+                            for u in TARGETS)
     return out
 
 

@@ -4,7 +4,8 @@
 replay fed event by event. Modules: ``topology`` (NICs, regions, paths),
 ``flows`` (fluid max-min / FIFO sharing), ``collectives`` (algorithms as phases and
 their closed forms), ``compute`` (speed, jitter, slowdowns, outages), ``fastpath``
-(lone collectives timed without events), ``engine`` (the SimPy replay), ``result``.
+(lone collectives timed without events), ``agenda`` (integer ticks, same-instant
+order), ``state`` (the replay's records), ``engine`` (the SimPy replay), ``result``.
 """
 
 from exonet.netsim.engine import Simulation, simulate

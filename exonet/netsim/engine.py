@@ -32,128 +32,27 @@ Incremental feeding is safe because a rank that is waiting for input (open, not
 blocked, nothing queued) holds the clock back: no event at or after its cursor is
 processed until it is fed or closed, so nothing it will do can land in the past.
 
-Two rules make a replay exact however long it runs and in whatever order it is fed:
-
-* Time is an integer count of ticks of 2**-64 s, so a nanosecond collective after a
-  year of simulated time is still timed to 1e-10 relative; durations are summed
-  exactly and converted to seconds only in the result. The fluid network keeps its
-  clock relative to the last rate change for the same reason.
-* Everything due at one instant runs in a fixed order, whatever order it was
-  scheduled in: outages first, then network progress, then collective starts sorted
-  by (group, index). So FIFO sharing and the online clock do not depend on which
-  rank was fed first.
+Time is integer ticks, and everything due at one instant runs in a fixed order
+(exonet.netsim.agenda): that keeps a replay exact however long it runs and in whatever
+order it is fed. The per-rank and per-collective records live in exonet.netsim.state.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-
-import simpy
+from collections.abc import Iterable, Sequence
 
 from exonet.errors import ScenarioError, TraceError
+from exonet.netsim.agenda import OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.compute import ComputeModel
-from exonet.netsim.fastpath import Plan, Planner
+from exonet.netsim.fastpath import Planner
 from exonet.netsim.flows import SHARING, Flow, FluidNetwork
 from exonet.netsim.result import COMM, COMPUTE, IDLE, NodeTimes, SimResult, Timeline
+from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
 from exonet.trace import P2P_OPS, Collective, Compute, Event, Step, Trace, Wait
-
-SCALE = 2**64  # ticks per second: simulated time is an integer number of ticks
-TICK = 1.0 / SCALE
-
-# The order of things due at the same instant (see the module docstring).
-_OUTAGE, _NETWORK, _START = 0, 1, 2
-
-
-def ticks(seconds: float) -> int:
-    """Seconds as a whole number of ticks (exact scaling by a power of two, then rounding)."""
-    return round(seconds * SCALE)
-
-
-def seconds(t: int) -> float:
-    """Ticks as seconds, correctly rounded (int to float rounds; scaling by 2**-64 is exact)."""
-    return t * TICK
-
-
-class _Rank:
-    """One rank's replay state: its queue of events, cursor (ticks), accounting (ticks) and timeline."""
-
-    __slots__ = (
-        "async_ops",
-        "block_t",
-        "blocked",
-        "comm",
-        "compute",
-        "counts",
-        "gate",
-        "idle",
-        "kinds",
-        "open",
-        "queue",
-        "rank",
-        "span_end",
-        "step",
-        "t",
-        "times",
-    )
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.queue: deque[Event] = deque()
-        self.t = 0
-        self.step = 0
-        self.blocked: _Collective | None = None
-        self.block_t = 0
-        self.open = True
-        self.gate = False  # an outage by step begins at this step and its length is not yet known
-        self.compute = self.comm = self.idle = 0
-        self.times = array("d")  # span (start, end) pairs in seconds
-        self.kinds = bytearray()
-        self.span_end = -1  # the last span's end tick
-        self.counts: dict[tuple[int, ...], int] = {}
-        self.async_ops: dict[int, _Collective] = {}
-
-
-class _Collective:
-    """One collective instance: its members' arrivals, then its progress on the network."""
-
-    __slots__ = (
-        "done",
-        "end",
-        "key",
-        "last",
-        "members",
-        "nbytes",
-        "op",
-        "pending",
-        "phase",
-        "plan",
-        "ranks",
-        "start",
-        "token",
-        "waiters",
-    )
-
-    def __init__(self, key: tuple[tuple[int, ...], int], op: str, members: tuple[int, ...]) -> None:
-        self.key = key
-        self.op = op
-        self.members = members
-        self.nbytes = 0
-        self.ranks: list[int] = []  # who has issued it, in order
-        self.last = 0  # the latest arrival
-        self.waiters: list[_Rank] = []
-        self.start = self.end = 0
-        self.done = False
-        self.plan: Plan | None = None
-        self.phase = 0
-        self.pending = 0  # messages of the current phase not yet delivered
-        self.token = 0  # invalidates a fast-path end event when the engine takes over
-
 
 class Simulation:
     """An incremental replay of per-rank events in one scenario.
@@ -176,7 +75,7 @@ class Simulation:
         n = resolved.num_nodes
         self.resolved = resolved
         self.name = name
-        self.env = simpy.Environment()
+        self._agenda = Agenda()
         self._topo = Topology(resolved)
         self._cm = ComputeModel(resolved)
         self._planner = Planner(self._topo, resolved.algorithms, resolved.sharing)
@@ -184,17 +83,15 @@ class Simulation:
         self._net_epoch = 0  # the tick at which the fluid network's clock reads 0
         self._net_token = 0
         self._fast = fast_path
-        self._ranks = [_Rank(r) for r in range(n)]
+        self._ranks = [RankState(r) for r in range(n)]
         self._everyone = tuple(range(n))
         self._members: dict[tuple[int, ...] | None, tuple[int, ...]] = {None: self._everyone}
-        self._open: dict[tuple, _Collective] = {}  # issued by some members, not yet by all
+        self._open: dict[tuple, Instance] = {}  # issued by some members, not yet by all
         self._concurrency = concurrency
         self._running: dict[tuple[int, ...], int] = {}  # group -> collectives started or due to start
-        self._queued: dict[tuple[int, ...], deque[_Collective]] = {}  # group -> issued by all, waiting their turn
-        self._active: dict[_Collective, None] = {}  # in flight on the event path
-        self._lone: _Collective | None = None  # in flight on the fast path
-        self._agenda: dict[int, list] = {}  # tick -> heap of (order, seq, fn, args) due then
-        self._seq = 0
+        self._queued: dict[tuple[int, ...], deque[Instance]] = {}  # group -> issued by all, waiting their turn
+        self._active: dict[Instance, None] = {}  # in flight on the event path
+        self._lone: Instance | None = None  # in flight on the fast path
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
         self._last_end = 0
@@ -256,7 +153,7 @@ class Simulation:
     @property
     def now(self) -> float:
         """Simulated seconds up to which the network has been replayed."""
-        return seconds(self.env.now)
+        return seconds(self._agenda.now)
 
     def rank_time(self, rank: int) -> float:
         """Simulated seconds ``rank`` has reached in its own events."""
@@ -273,10 +170,8 @@ class Simulation:
         self._horizon = math.inf
         for rk in self._ranks:
             self._advance(rk)
-        env = self.env
-        while env.peek() < self._horizon:
-            env.step()
-        return seconds(env.now)
+        self._agenda.run_before(self._horizon)
+        return seconds(self._agenda.now)
 
     def result(self, history: Sequence[float] | None = None) -> SimResult:
         """Close the input, replay to the end and return the outcome.
@@ -323,14 +218,14 @@ class Simulation:
             lines.append(self._describe(next(iter(self._open.values()))))
         return "trace: collectives must match across the group's members, and these never can: " + "; ".join(lines)
 
-    def _where(self, c: _Collective) -> str:
+    def _where(self, c: Instance) -> str:
         """``c`` for people: its op, index and group (or the direction of a message)."""
         group, k = c.key
         if c.op == "p2p":
             return f"message #{k} from rank {c.members[0]} to rank {c.members[1]}"
         return f"{c.op} #{k} on {'all ranks' if group is self._everyone else f'group {list(group)}'}"
 
-    def _describe(self, c: _Collective) -> str:
+    def _describe(self, c: Instance) -> str:
         """``c``, who issued it, and what each member that did not is doing instead."""
         missing = [r for r in c.members if r not in c.ranks]
         if not missing:
@@ -347,7 +242,7 @@ class Simulation:
                 f"{missing} ({'; '.join(reasons)})")
 
     # ----------------------------------------------------------------- ranks
-    def _advance(self, rk: _Rank) -> None:
+    def _advance(self, rk: RankState) -> None:
         """Run ``rk``'s queued events until it blocks or runs out of input."""
         q, cm, r = rk.queue, self._cm, rk.rank
         while rk.blocked is None and (q or rk.gate):
@@ -385,7 +280,7 @@ class Simulation:
         if rk.blocked is None and rk.open and rk.t < self._horizon:
             self._horizon = rk.t
 
-    def _spend(self, rk: _Rank, a: int, b: int, kind: int) -> None:
+    def _spend(self, rk: RankState, a: int, b: int, kind: int) -> None:
         """Account ticks [a, b) of ``rk``'s time to ``kind`` and add them to its timeline."""
         if b <= a:
             return
@@ -404,7 +299,7 @@ class Simulation:
             kinds.append(kind)
         rk.span_end = b
 
-    def _step(self, rk: _Rank) -> None:
+    def _step(self, rk: RankState) -> None:
         i, ends = rk.step, self._step_ends
         if i < len(ends):
             ends[i] = max(ends[i], rk.t)
@@ -414,7 +309,7 @@ class Simulation:
         if self._gates and rk.step in self._cm.gated_steps[rk.rank]:
             rk.gate = True
 
-    def _open_gate(self, rk: _Rank) -> bool:
+    def _open_gate(self, rk: RankState) -> bool:
         """Start the outages by step that begin at ``rk``'s current step, once their length is known."""
         lengths = self._cm.outages_at(rk.rank, rk.step, rk.queue, complete=not rk.open)
         if lengths is None:
@@ -445,7 +340,7 @@ class Simulation:
             raise TraceError(f"trace: rank {rank} issued a collective on group {list(group or ())}, which it is not in")
         return members
 
-    def _channel(self, rk: _Rank, e: Collective) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
+    def _channel(self, rk: RankState, e: Collective) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
         """Where the message ``e`` queues and matches, its op and its members.
 
         (A collective queues on its group.) A message from a to b is op "p2p" with members
@@ -459,7 +354,7 @@ class Simulation:
         pair = (rk.rank, peer) if e.op == "send" else (peer, rk.rank)
         return (*pair, -1), "p2p", pair
 
-    def _issue(self, rk: _Rank, e: Collective) -> None:
+    def _issue(self, rk: RankState, e: Collective) -> None:
         """``rk`` arrives at a collective; the last member to arrive queues it on its group."""
         if e.op in P2P_OPS:
             queue, op, members = self._channel(rk, e)
@@ -471,7 +366,7 @@ class Simulation:
         key = (queue, k)
         c = self._open.get(key)
         if c is None:
-            c = self._open[key] = _Collective(key, op, members)
+            c = self._open[key] = Instance(key, op, members)
         elif c.op != op:
             raise TraceError(
                 f"trace: collective #{k} on group {list(members) if members is not self._everyone else 'all ranks'} "
@@ -492,11 +387,11 @@ class Simulation:
             running = self._running.get(queue, 0)
             if running < self._concurrency:
                 self._running[queue] = running + 1
-                self._at(c.last, self._start, c, order=(_START, queue, k))
+                self._agenda.at(c.last, self._start, c, order=(START, queue, k))
             else:
                 self._queued.setdefault(queue, deque()).append(c)
 
-    def _block(self, rk: _Rank, c: _Collective) -> None:
+    def _block(self, rk: RankState, c: Instance) -> None:
         rk.blocked = c
         rk.block_t = rk.t
         if c.done:
@@ -504,7 +399,7 @@ class Simulation:
         else:
             c.waiters.append(rk)
 
-    def _release(self, rk: _Rank, c: _Collective) -> None:
+    def _release(self, rk: RankState, c: Instance) -> None:
         """``rk`` was blocked on ``c``, which has ended: idle until it started, then exposed comm."""
         tb = rk.block_t
         end = max(c.end, tb)
@@ -524,28 +419,11 @@ class Simulation:
         rk.t = end
         rk.blocked = None
 
-    # ------------------------------------------------------------ the agenda
-    def _at(self, t: int, fn: Callable[..., None], *args: object, order: tuple = (_NETWORK,)) -> None:
-        """Call ``fn(t, *args)`` at tick ``t``; calls due at one tick run sorted by ``order``, then by scheduling."""
-        slot = self._agenda.get(t)
-        if slot is None:
-            slot = self._agenda[t] = []
-            self.env.timeout(t - self.env.now).callbacks.append(lambda _: self._run_slot(t))
-        self._seq += 1
-        heapq.heappush(slot, (order, self._seq, fn, args))
-
-    def _run_slot(self, t: int) -> None:
-        slot = self._agenda[t]
-        while slot:
-            _, _, fn, args = heapq.heappop(slot)
-            fn(t, *args)
-        del self._agenda[t]
-
     # ------------------------------------------------------------ collectives
-    def _start(self, t: int, c: _Collective) -> None:
+    def _start(self, t: int, c: Instance) -> None:
         up = self._cm.up_time(c.members, seconds(t))
         if up > seconds(t):
-            self._at(max(t + 1, ticks(up)), self._start, c, order=(_START, *c.key))
+            self._agenda.at(max(t + 1, ticks(up)), self._start, c, order=(START, *c.key))
             return
         c.start = t
         plan = c.plan = self._planner.plan(c.op, c.members, c.nbytes)
@@ -556,21 +434,21 @@ class Simulation:
             self._end(t, c)
         elif self._fast and self._lone is None and not self._active:
             self._lone = c
-            self._at(t + ticks(self._planner.duration(plan)), self._lone_end, c, c.token)
+            self._agenda.at(t + ticks(self._planner.duration(plan)), self._lone_end, c, c.token)
         else:
             if self._lone is not None:
                 self._take_over(t, self._lone)
             self._active[c] = None
             self._begin_phase(t, c, 0)
 
-    def _lone_end(self, t: int, c: _Collective, token: int) -> None:
+    def _lone_end(self, t: int, c: Instance, token: int) -> None:
         if c.token != token:
             return
         if self._lone is c:
             self._lone = None
         self._end(t, c)
 
-    def _take_over(self, t: int, c: _Collective) -> None:
+    def _take_over(self, t: int, c: Instance) -> None:
         """Move the fast-path collective ``c`` onto the event path at tick ``t``, mid-phase if need be."""
         self._lone = None
         plan = c.plan
@@ -598,7 +476,7 @@ class Simulation:
         if c.pending == 0:
             self._phase_done(t, c)
 
-    def _begin_phase(self, t: int, c: _Collective, p: int) -> None:
+    def _begin_phase(self, t: int, c: Instance, p: int) -> None:
         assert c.plan is not None
         c.phase = p
         flows = self._topo.flows(c.plan.phases[p], c)
@@ -623,7 +501,7 @@ class Simulation:
         self._net_token += 1
         nxt = net.next_finish()
         if nxt < math.inf:
-            self._at(t + max(1, ticks(nxt)), self._flows_due, self._net_token)
+            self._agenda.at(t + max(1, ticks(nxt)), self._flows_due, self._net_token)
 
     def _deliver_later(self, timed: Iterable[tuple[int, Flow]]) -> None:
         """Deliver each flow at its tick, one event per distinct tick."""
@@ -631,7 +509,7 @@ class Simulation:
         for at, f in timed:
             by_time.setdefault(at, []).append(f)
         for at, batch in by_time.items():
-            self._at(at, self._deliver, batch)
+            self._agenda.at(at, self._deliver, batch)
 
     def _flows_due(self, t: int, token: int) -> None:
         if token == self._net_token:
@@ -645,7 +523,7 @@ class Simulation:
             if c.pending == 0:
                 self._phase_done(t, c)
 
-    def _phase_done(self, t: int, c: _Collective) -> None:
+    def _phase_done(self, t: int, c: Instance) -> None:
         assert c.plan is not None
         if c.phase + 1 < len(c.plan.phases):
             self._begin_phase(t, c, c.phase + 1)
@@ -653,14 +531,14 @@ class Simulation:
             del self._active[c]
             self._end(t, c)
 
-    def _end(self, t: int, c: _Collective) -> None:
+    def _end(self, t: int, c: Instance) -> None:
         c.end = t
         c.done = True
         self._last_end = max(self._last_end, t)
         queued = self._queued.get(c.key[0])
         if queued:
             nxt = queued.popleft()
-            self._at(max(t, nxt.last), self._start, nxt, order=(_START, *nxt.key))
+            self._agenda.at(max(t, nxt.last), self._start, nxt, order=(START, *nxt.key))
         else:
             self._running[c.key[0]] -= 1
         waiters, c.waiters = c.waiters, []
@@ -672,8 +550,8 @@ class Simulation:
     # --------------------------------------------------------------- outages
     def _schedule_outage(self, rank: int, t0: float, t1: float) -> None:
         """Take ``rank`` down over [t0, t1) seconds."""
-        self._at(ticks(t0), self._outage, rank, True, order=(_OUTAGE, rank))
-        self._at(ticks(t1), self._outage, rank, False, order=(_OUTAGE, rank))
+        self._agenda.at(ticks(t0), self._outage, rank, True, order=(OUTAGE, rank))
+        self._agenda.at(ticks(t1), self._outage, rank, False, order=(OUTAGE, rank))
 
     def _outage(self, t: int, rank: int, down: bool) -> None:
         """``rank`` goes down (its flows stop) or comes back."""

@@ -1,0 +1,88 @@
+"""The replay's state records: one per rank, one per collective (or message) instance.
+
+Plain slotted records, mutated by the engine (exonet.netsim.engine); times are ticks
+(exonet.netsim.agenda), except the timeline, which is kept in seconds.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+
+from exonet.netsim.fastpath import Plan
+from exonet.trace import Event
+
+
+class RankState:
+    """One rank's replay state: its queue of events, cursor (ticks), accounting (ticks) and timeline."""
+
+    __slots__ = (
+        "async_ops",
+        "block_t",
+        "blocked",
+        "comm",
+        "compute",
+        "counts",
+        "gate",
+        "idle",
+        "kinds",
+        "open",
+        "queue",
+        "rank",
+        "span_end",
+        "step",
+        "t",
+        "times",
+    )
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.queue: deque[Event] = deque()
+        self.t = 0
+        self.step = 0
+        self.blocked: Instance | None = None
+        self.block_t = 0
+        self.open = True
+        self.gate = False  # an outage by step begins at this step and its length is not yet known
+        self.compute = self.comm = self.idle = 0
+        self.times = array("d")  # span (start, end) pairs in seconds
+        self.kinds = bytearray()
+        self.span_end = -1  # the last span's end tick
+        self.counts: dict[tuple[int, ...], int] = {}
+        self.async_ops: dict[int, Instance] = {}
+
+
+class Instance:
+    """One collective instance: its members' arrivals, then its progress on the network."""
+
+    __slots__ = (
+        "done",
+        "end",
+        "key",
+        "last",
+        "members",
+        "nbytes",
+        "op",
+        "pending",
+        "phase",
+        "plan",
+        "ranks",
+        "start",
+        "token",
+        "waiters",
+    )
+
+    def __init__(self, key: tuple[tuple[int, ...], int], op: str, members: tuple[int, ...]) -> None:
+        self.key = key
+        self.op = op
+        self.members = members
+        self.nbytes = 0
+        self.ranks: list[int] = []  # who has issued it, in order
+        self.last = 0  # the latest arrival
+        self.waiters: list[RankState] = []
+        self.start = self.end = 0
+        self.done = False
+        self.plan: Plan | None = None
+        self.phase = 0
+        self.pending = 0  # messages of the current phase not yet delivered
+        self.token = 0  # invalidates a fast-path end event when the engine takes over
