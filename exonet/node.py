@@ -182,8 +182,9 @@ class TrainNode:
         val_loader = self._val_loader()
         self._syncing = False
         self._flops_at: list[float] = []
-        for i, p in enumerate(self._grad_params()):  # before the strategy's own hooks, so spans split first
-            p.register_post_accumulate_grad_hook(lambda _, i=i: self._grad_ready(i))
+        if cfg.count_flops:  # the FLOP profile's hooks, before the strategy's own, so spans split first
+            for i, p in enumerate(self._grad_params()):
+                p.register_post_accumulate_grad_hook(lambda _, i=i: self._grad_ready(i))
         self.strategy.setup(self.model, self.comm, NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
         first = next(batches)
         flops, self._flops_at = self._count_flops(first) if cfg.count_flops else (0.0, [])
