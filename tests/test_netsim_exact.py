@@ -7,8 +7,9 @@ import pytest
 from exonet import Trace
 from exonet.errors import TraceError
 from exonet.netsim import Simulation, simulate
+from exonet.netsim.engine import AnyRecv
 from exonet.scenario import LinkSpec, Resolved
-from exonet.trace import Collective
+from exonet.trace import Collective, Compute, Step
 
 
 def uniform(n: int, bw: float, latency: float = 0.0, **options) -> Resolved:
@@ -196,8 +197,82 @@ def test_messages_each_way_are_separate_channels_and_a_missing_recv_is_named():
     bad = Trace(2)
     bad.add_collective(0, "send", 10, group=(0, 1))
     bad.add_collective(1, "send", 10, group=(0, 1))
-    with pytest.raises(TraceError, match="rank 0 waits in message #0 from rank 0 to rank 1, issued by ranks \\[0\\] "
-                                         "but not yet by ranks \\[1\\] \\(rank 1 is blocked first in message #0 from rank 1"):
-        simulate(bad, uniform(2, 1e6))
+    with pytest.raises(TraceError, match="message #0 from rank 0 to rank 1, issued by ranks \\[0\\] "
+                                         "but never by ranks \\[1\\] \\(rank 1 ended its events without issuing it"):
+        simulate(bad, uniform(2, 1e6))  # sent, never received
+    stuck = Trace(2)
+    stuck.add_collective(0, "recv", 10, group=(0, 1))
+    stuck.add_collective(1, "recv", 10, group=(0, 1))
+    with pytest.raises(TraceError, match="rank 0 waits in message #0 from rank 1 to rank 0, issued by ranks \\[0\\] "
+                                         "but not yet by ranks \\[1\\] \\(rank 1 is blocked first in message #0 from rank 0"):
+        simulate(stuck, uniform(2, 1e6))
     with pytest.raises(ValueError, match="pair"):
         Trace(3).add_collective(0, "send", 10)
+
+
+def test_a_message_flows_when_sent_and_a_late_recv_takes_it_at_once():
+    t = Trace(2)
+    t.add_collective(0, "send", 1_000_000, group=(0, 1))
+    t.add_compute(1, 2.0)
+    t.add_collective(1, "recv", 1_000_000, group=(0, 1))
+    for r in range(2):
+        t.add_step(r)
+    result = simulate(t, uniform(2, 1e6))
+    assert result.step_end_times == [2.0]
+    assert result.per_node[0].comm_s == pytest.approx(1.0, rel=1e-12)  # the sender is done when it has arrived
+    assert result.per_node[1].comm_s == 0.0  # already buffered at the receiver
+
+
+def _server_run(order: list[int], server_compute: float = 0.0) -> Simulation:
+    """Ranks 0 and 1 send 1 MB to rank 2 after 0.5 s and 0.2 s; rank 2 takes two messages from anyone."""
+    sim = Simulation(uniform(3, 1e6))
+    feeds = {0: [Compute(0.5, 0.5), Collective(0, "send", 1_000_000, (0, 2)), Step()],
+             1: [Compute(0.2, 0.2), Collective(0, "send", 1_000_000, (1, 2)), Step()],
+             2: [Compute(server_compute, server_compute), AnyRecv(1_000_000), AnyRecv(1_000_000)]}
+    for r in order:
+        for e in feeds[r]:
+            sim.feed(r, e)
+        sim.run_until_blocked()
+    return sim
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2], [2, 1, 0], [1, 2, 0]])
+def test_an_any_source_receive_takes_messages_in_simulated_arrival_order(order):
+    sim = _server_run(order)
+    # rank 1 alone on the server's downlink for 0.3 s, then both share it: rank 1 ends at 1.9 s, rank 0 at 2.2 s
+    assert [s for s, _ in sim.received(2)] == [1, 0]
+    assert [t for _, t in sim.received(2)] == pytest.approx([1.9, 2.2], rel=1e-12)
+    assert not sim.waits_for_any(2)
+
+
+def test_an_any_source_receive_after_both_arrived_takes_the_first_delivered_and_replays_alike():
+    sim = _server_run([0, 1, 2], server_compute=5.0)
+    assert sim.received(2) == [(1, 5.0), (0, 5.0)]
+    online = sim.result()
+    replay = Trace(3)
+    for r, wait in enumerate([0.5, 0.2]):
+        replay.add_compute(r, wait)
+        replay.add_collective(r, "send", 1_000_000, group=(r, 2))
+        replay.add_step(r)
+    replay.add_compute(2, 5.0)
+    for sender, _ in sim.received(2):
+        replay.add_collective(2, "recv", 1_000_000, group=(sender, 2))
+    again = simulate(replay, uniform(3, 1e6))
+    assert again.wall_clock_s == online.wall_clock_s and again.per_node == online.per_node
+
+
+def test_an_any_source_receive_is_cancelled_once_nothing_can_arrive():
+    sim = Simulation(uniform(2, 1e6))
+    sim.feed(1, AnyRecv(10))
+    sim.run_until_blocked()
+    assert sim.may_receive(1)  # rank 0 may still send
+    sim.close(0)
+    sim.run_until_blocked()
+    assert sim.waits_for_any(1) and not sim.may_receive(1)
+    sim.cancel_any(1)
+    sim.close(1)
+    assert sim.result().wall_clock_s == 0.0
+    stuck = Simulation(uniform(2, 1e6))
+    stuck.feed(1, AnyRecv(10))
+    with pytest.raises(TraceError, match="rank 1 waits for a message from any rank"):
+        stuck.result()

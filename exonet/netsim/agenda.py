@@ -8,8 +8,8 @@ Two rules make a replay exact however long it runs and in whatever order it is f
   clock relative to the last rate change for the same reason.)
 * Everything due at one instant runs in a fixed order, whatever order it was
   scheduled in: outages first, then network progress, then collective starts sorted
-  by (group, index). So FIFO sharing and the online clock do not depend on which
-  rank was fed first.
+  by (group, index), then any-source receives claiming a message. So FIFO sharing and
+  the online clock do not depend on which rank was fed first.
 
 The SimPy environment sees one event per distinct tick; the calls due then wait in a
 heap of that tick's slot.
@@ -26,7 +26,7 @@ SCALE = 2**64  # ticks per second: simulated time is an integer number of ticks
 TICK = 1.0 / SCALE
 
 # The order of things due at the same instant.
-OUTAGE, NETWORK, START = 0, 1, 2
+OUTAGE, NETWORK, START, CLAIM = 0, 1, 2, 3
 
 
 def ticks(seconds: float) -> int:

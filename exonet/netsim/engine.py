@@ -22,6 +22,10 @@ trace. How time passes:
 * ``Step`` marks only record the time. A rank's step i ends at its cursor; step i of
   the run ends when its slowest rank ends it.
 
+* A message (``send``/``recv``) flows as soon as its sender issues it: the receiver
+  buffers it, and its ``recv`` ends when it has arrived (at once, if it already has).
+  An any-source receive (``AnyRecv``, fed by the online clock) takes the message that
+  arrived first, so a parameter server applies updates in simulated arrival order.
 * Collectives on one group run one at a time, in issue order (NCCL runs a
   communicator's collectives in order on one stream): the next starts when the
   previous ends, so overlapped DDP buckets queue rather than share links. Set
@@ -42,9 +46,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from exonet.errors import ScenarioError, TraceError
-from exonet.netsim.agenda import OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
+from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.fastpath import Planner
 from exonet.netsim.flows import SHARING, Flow, FluidNetwork
@@ -53,6 +58,21 @@ from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
 from exonet.trace import P2P_OPS, Collective, Compute, Event, Step, Trace, Wait
+
+
+@dataclass(frozen=True)
+class AnyRecv:
+    """Receive whichever message to this rank arrives first (fed by the online clock, never found in a trace).
+
+    Among the messages already delivered when it is posted it takes the one delivered first
+    (ties: the lowest sender), else the next one to arrive; only the oldest unreceived message
+    of each sender is eligible, so each sender's messages keep their order. The node then
+    receives from that sender, and the trace records a plain ``recv`` from it, which replays
+    to the same times.
+    """
+
+    nbytes: int
+
 
 class Simulation:
     """An incremental replay of per-rank events in one scenario.
@@ -99,6 +119,9 @@ class Simulation:
         self._horizon: float = math.inf  # the earliest cursor of a rank waiting for input
         self._gates = any(self._cm.gated_steps)
         self._mirror = False  # ranks 1.. mirror rank 0 (see feed_trace)
+        self._inbox: dict[int, list[Instance]] = {}  # receiver -> messages delivered that it has not received
+        self._any: dict[int, RankState] = {}  # receivers waiting in an any-source receive
+        self._received: dict[int, list[tuple[int, float]]] = {}  # receiver -> (sender, seconds) its AnyRecvs took
         for r, outages in enumerate(self._cm.down):
             for t0, t1 in outages:
                 self._schedule_outage(r, t0, t1)
@@ -159,6 +182,31 @@ class Simulation:
         """Simulated seconds ``rank`` has reached in its own events."""
         return seconds(self._ranks[rank].t)
 
+    def rank_steps(self, rank: int) -> tuple[int, float]:
+        """How many steps ``rank`` has ended in the replay, and when (simulated seconds) the latest ended."""
+        rk = self._ranks[rank]
+        return rk.step, seconds(rk.step_t)
+
+    def received(self, rank: int) -> list[tuple[int, float]]:
+        """(sender, arrival seconds) of each message ``rank``'s any-source receives have taken, in order."""
+        return self._received.get(rank, [])
+
+    def waits_for_any(self, rank: int) -> bool:
+        """Whether ``rank`` is in an any-source receive that no delivered message can satisfy yet."""
+        return rank in self._any
+
+    def may_receive(self, rank: int) -> bool:
+        """Whether a message to ``rank`` may still arrive: one is sent and unreceived, or another rank may send."""
+        if any(c.op == "p2p" and c.members[1] == rank for c in self._open.values()):
+            return True
+        return any(rk.open or rk.queue or rk.blocked is not None for rk in self._ranks if rk.rank != rank)
+
+    def cancel_any(self, rank: int) -> None:
+        """End ``rank``'s any-source receive without a message (nothing can arrive any more); it goes on."""
+        rk = self._any.pop(rank)
+        rk.blocked = None
+        self._advance(rk)
+
     def step_end(self, step: int) -> float | None:
         """Simulated end of ``step`` (its slowest rank's time) once every rank has finished it, else None."""
         if min(rk.step for rk in self._ranks) <= step:
@@ -183,6 +231,8 @@ class Simulation:
         self.run_until_blocked()
         if self._open:
             raise TraceError(self._deadlock())
+        if self._any:
+            raise TraceError(f"trace: rank {min(self._any)} waits for a message from any rank, and none comes")
         ends = self._step_ends
         if history is not None and len(history) != len(ends):
             raise ValueError(f"simulate: history has {len(history)} losses but the trace has {len(ends)} steps")
@@ -221,6 +271,8 @@ class Simulation:
     def _where(self, c: Instance) -> str:
         """``c`` for people: its op, index and group (or the direction of a message)."""
         group, k = c.key
+        if c.op == "any":
+            return f"a receive from any rank on rank {c.members[0]}"
         if c.op == "p2p":
             return f"message #{k} from rank {c.members[0]} to rank {c.members[1]}"
         return f"{c.op} #{k} on {'all ranks' if group is self._everyone else f'group {list(group)}'}"
@@ -275,6 +327,9 @@ class Simulation:
                 if c is None:
                     raise TraceError(f"trace: rank {r} waits for collective id {e.cid}, which it never issued as async")
                 self._block(rk, c)
+            elif kind is AnyRecv:
+                rk.blocked, rk.block_t = Instance(((r,), -1), "any", (r,)), rk.t  # a placeholder until a message is taken
+                self._agenda.at(rk.t, self._claim, rk, order=(CLAIM, r))
             else:
                 raise TraceError(f"trace: rank {r}: unknown event {e!r}")
         if rk.blocked is None and rk.open and rk.t < self._horizon:
@@ -306,6 +361,7 @@ class Simulation:
         else:
             ends.append(rk.t)
         rk.step = i + 1
+        rk.step_t = rk.t
         if self._gates and rk.step in self._cm.gated_steps[rk.rank]:
             rk.gate = True
 
@@ -377,19 +433,48 @@ class Simulation:
         else:
             c.ranks.append(rk.rank)
         c.nbytes = max(c.nbytes, e.nbytes)
-        c.last = max(c.last, rk.t)
+        if e.op != "recv":  # a message starts with its sender alone
+            c.last = max(c.last, rk.t)
         if e.async_op:
             rk.async_ops[e.cid] = c
         else:
             self._block(rk, c)
-        if len(c.ranks) == len(members):
+        if op == "p2p":
+            if e.op == "recv" and c.done:
+                self._inbox[rk.rank].remove(c)
+            if len(c.ranks) == 2:
+                del self._open[key]
+            if e.op == "send":
+                self._queue_start(c)
+        elif len(c.ranks) == len(members):
             del self._open[key]
-            running = self._running.get(queue, 0)
-            if running < self._concurrency:
-                self._running[queue] = running + 1
-                self._agenda.at(c.last, self._start, c, order=(START, queue, k))
-            else:
-                self._queued.setdefault(queue, deque()).append(c)
+            self._queue_start(c)
+
+    def _queue_start(self, c: Instance) -> None:
+        """Start ``c`` at its last arrival, or queue it behind the collectives running on its group."""
+        queue, k = c.key
+        running = self._running.get(queue, 0)
+        if running < self._concurrency:
+            self._running[queue] = running + 1
+            self._agenda.at(c.last, self._start, c, order=(START, queue, k))
+        else:
+            self._queued.setdefault(queue, deque()).append(c)
+
+    def _claim(self, t: int, rk: RankState) -> None:
+        """``rk``'s any-source receive takes the first-delivered message at the head of a channel, or waits."""
+        heads = [c for c in self._inbox.get(rk.rank, ()) if rk.counts.get(c.key[0], 0) == c.key[1]]
+        if not heads:
+            self._any[rk.rank] = rk
+            return
+        c = min(heads, key=lambda m: (m.end, m.members[0]))
+        self._inbox[rk.rank].remove(c)
+        rk.counts[c.key[0]] = c.key[1] + 1
+        c.ranks.append(rk.rank)
+        del self._open[c.key]
+        self._received.setdefault(rk.rank, []).append((c.members[0], seconds(max(c.end, rk.block_t))))
+        rk.blocked = None
+        self._block(rk, c)
+        self._advance(rk)
 
     def _block(self, rk: RankState, c: Instance) -> None:
         rk.blocked = c
@@ -541,6 +626,12 @@ class Simulation:
             self._agenda.at(max(t, nxt.last), self._start, nxt, order=(START, *nxt.key))
         else:
             self._running[c.key[0]] -= 1
+        if c.op == "p2p" and c.members[1] not in c.ranks:  # delivered before its recv: the receiver buffers it
+            receiver = c.members[1]
+            self._inbox.setdefault(receiver, []).append(c)
+            waiting = self._any.pop(receiver, None)
+            if waiting is not None:
+                self._agenda.at(t, self._claim, waiting, order=(CLAIM, receiver))
         waiters, c.waiters = c.waiters, []
         for rk in waiters:
             self._release(rk, c)

@@ -31,6 +31,7 @@ class RankState:
         "rank",
         "span_end",
         "step",
+        "step_t",
         "t",
         "times",
     )
@@ -40,6 +41,7 @@ class RankState:
         self.queue: deque[Event] = deque()
         self.t = 0
         self.step = 0
+        self.step_t = 0  # the tick its latest step ended
         self.blocked: Instance | None = None
         self.block_t = 0
         self.open = True
