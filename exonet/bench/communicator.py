@@ -1,0 +1,112 @@
+"""Communicator overhead: exonet's traced ``Communicator.all_reduce`` against a raw ``dist.all_reduce``.
+
+K spawned gloo processes reduce the same fp32 buffer both ways, in alternating blocks
+(raw, exonet, raw, ... with the order swapped every round), so drift and load hit both
+sides alike. The exonet side does all it does in a run: flushes the compute span,
+counts the bytes and appends the Collective; events are handed over every block as
+``mark_step`` would. Reported: the median per-call time of each side over the rounds, on
+the slowest rank, and their ratio.
+
+    python -m exonet.bench communicator [--nodes 2] [--sizes 4096,1048576] [--rounds 21] [--calls 50]
+    python -m exonet.bench communicator --profile   # cProfile of rank 0's exonet calls
+    python -m exonet.bench communicator --quick     # tiny sizes, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from exonet.communicator import Communicator
+
+
+def _time_block(fn: Any, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: int, profile: bool,
+          queue: Any) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, k, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=k)
+    comm = Communicator(rank, k, torch.device("cpu"))
+    comm.begin()
+    results: dict[int, tuple[float, float]] = {}
+    profiles: list[str] = []
+    for nbytes in sizes:
+        buf = torch.zeros(max(1, nbytes // 4))  # zeros: repeated sums stay finite
+        raw = lambda: dist.all_reduce(buf)  # noqa: E731
+        ours = lambda: comm.all_reduce(buf)  # noqa: E731
+        _time_block(raw, calls)  # warm-up: gloo pairs, allocator
+        _time_block(ours, calls)
+        comm.take_events()
+        raw_s, ours_s = [], []
+        for r in range(rounds):
+            for side in ((raw, ours) if r % 2 == 0 else (ours, raw)):
+                (raw_s if side is raw else ours_s).append(_time_block(side, calls))
+            comm.take_events()
+        results[nbytes] = (statistics.median(raw_s), statistics.median(ours_s))
+        if profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            _time_block(ours, calls * 4)
+            prof.disable()
+            comm.take_events()
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
+            profiles.append(f"--- cProfile, rank {rank}, {nbytes} B, {calls * 4} calls\n{text.getvalue()}")
+    dist.barrier()
+    dist.destroy_process_group()
+    queue.put((rank, results, profiles if rank == 0 else []))
+
+
+def measure(k: int, sizes: list[int], rounds: int, calls: int, profile: bool = False) -> tuple[dict[int, tuple[float, float]], list[str]]:
+    """Per-size (raw, exonet) median seconds per call on the slowest rank, and rank 0's profiles."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
+    mp.start_processes(_node, args=(k, store.port, sizes, rounds, calls, profile, queue), nprocs=k,
+                       start_method="spawn")
+    per_rank = [queue.get() for _ in range(k)]
+    worst = {n: (max(r[1][n][0] for r in per_rank), max(r[1][n][1] for r in per_rank)) for n in sizes}
+    return worst, [p for r in per_rank for p in r[2]]
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB" if n >= 2**10 else f"{n} B"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exonet.bench communicator", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--sizes", default="4096,1048576", help="buffer sizes in bytes, comma-separated")
+    parser.add_argument("--rounds", type=int, default=21, help="alternating blocks per side (medians over them)")
+    parser.add_argument("--calls", type=int, default=50, help="all-reduces per block")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of rank 0's exonet calls")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and counts (a smoke test)")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.quick:
+        sizes, args.rounds, args.calls = [4096], 2, 3
+    results, profiles = measure(args.nodes, sizes, args.rounds, args.calls, args.profile)
+    print(f"communicator bench: K={args.nodes} gloo processes, all_reduce fp32, {args.rounds} rounds x "
+          f"{args.calls} calls per side, median per call (slowest rank)")
+    for nbytes, (raw, ours) in results.items():
+        print(f"  {_size(nbytes):>9}  raw dist.all_reduce {raw * 1e6:9.1f} us   exonet Communicator "
+              f"{ours * 1e6:9.1f} us   ratio exonet/raw {ours / raw:.3f}  (overhead {(ours - raw) * 1e6:+.1f} us)")
+    for text in profiles:
+        print(text)
+    return 0
