@@ -52,7 +52,7 @@ from exonet.errors import ScenarioError, TraceError
 from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.fastpath import Planner
-from exonet.netsim.flows import SHARING, Flow, FluidNetwork
+from exonet.netsim.flows import SHARING, FluidNetwork
 from exonet.netsim.result import COMM, COMPUTE, IDLE, NodeTimes, SimResult, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
@@ -112,6 +112,8 @@ class Simulation:
         self._queued: dict[tuple[int, ...], deque[Instance]] = {}  # group -> issued by all, waiting their turn
         self._active: dict[Instance, None] = {}  # in flight on the event path
         self._lone: Instance | None = None  # in flight on the fast path
+        self._resumed: tuple[Instance, int, int] | None = None  # (the lone, tick its phase 0 would have begun, phase it resumed at)
+        self._taken_at = -1  # the tick of the latest take-over
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
         self._last_end = 0
@@ -536,39 +538,52 @@ class Simulation:
     def _take_over(self, t: int, c: Instance) -> None:
         """Move the fast-path collective ``c`` onto the event path at tick ``t``, mid-phase if need be."""
         self._lone = None
+        self._taken_at = t
         plan = c.plan
         assert plan is not None and plan.offsets is not None
-        if c.start + ticks(plan.offsets[-1]) <= t:
+        resumed, self._resumed = self._resumed, None
+        origin, first = resumed[1:] if resumed is not None and resumed[0] is c else (c.start, 0)
+        if origin + ticks(plan.offsets[-1]) <= t:
             return  # it ends now: its end event is due at this very time and it has no flows left
         c.token += 1
-        p, p_start, done, rest = self._planner.state_at(plan, seconds(t - c.start), c)
+        tau = max(seconds(t - origin), plan.offsets[first])
+        p, p_start, done, rest = self._planner.state_at(plan, tau, c)
         c.phase = p
         c.pending = len(plan.phases[p])
-        later: list[tuple[int, Flow]] = []
+        later: list[tuple[int, Instance, int]] = []
         for f, at in done:
-            arrive = c.start + ticks(p_start + at + f.latency)
+            arrive = origin + ticks(p_start + at + f.latency)
             if arrive <= t:
                 c.pending -= 1
             else:
-                later.append((arrive, f))
+                later.append((arrive, c, 1))
         self._active[c] = None
         self._deliver_later(later)
         if rest:
             self._drain(t)
-            for f in rest:
-                self._net.add(f)
+            self._net.add(rest)
             self._net_changed(t)
         if c.pending == 0:
             self._phase_done(t, c)
 
     def _begin_phase(self, t: int, c: Instance, p: int) -> None:
+        """Put phase ``p`` of ``c`` on the network, or hand ``c`` back to the fast path if it has the network to itself."""
         assert c.plan is not None
         c.phase = p
-        flows = self._topo.flows(c.plan.phases[p], c)
-        c.pending = len(flows)
+        if self._lone is not None:
+            self._take_over(t, self._lone)
+        elif self._fast and self._net.quiet and t != self._taken_at:
+            self._planner.duration(c.plan)
+            offsets = c.plan.offsets
+            origin = t - ticks(offsets[p])
+            del self._active[c]
+            self._lone, self._resumed = c, (c, origin, p)
+            self._agenda.at(origin + ticks(offsets[-1]), self._lone_end, c, c.token)
+            return
+        batch = self._topo.batch(c.plan.phases[p], c)
+        c.pending = len(batch)
         self._drain(t)
-        for f in flows:
-            self._net.add(f)
+        self._net.add(batch)
         self._net_changed(t)
 
     def _drain(self, t: int) -> None:
@@ -580,7 +595,7 @@ class Simulation:
         net = self._net
         done = net.update()
         if done:
-            self._deliver_later((t + ticks(f.latency), f) for f in done)
+            self._deliver_later((t + ticks(latency), b.tag, k) for b, rows in done for latency, k in b.arrivals(rows))
         net.rebase()
         self._net_epoch = t
         self._net_token += 1
@@ -588,11 +603,11 @@ class Simulation:
         if nxt < math.inf:
             self._agenda.at(t + max(1, ticks(nxt)), self._flows_due, self._net_token)
 
-    def _deliver_later(self, timed: Iterable[tuple[int, Flow]]) -> None:
-        """Deliver each flow at its tick, one event per distinct tick."""
-        by_time: dict[int, list[Flow]] = {}
-        for at, f in timed:
-            by_time.setdefault(at, []).append(f)
+    def _deliver_later(self, timed: Iterable[tuple[int, Instance, int]]) -> None:
+        """Deliver (tick, collective, how many messages) at each tick, one event per distinct tick."""
+        by_time: dict[int, list[tuple[Instance, int]]] = {}
+        for at, c, k in timed:
+            by_time.setdefault(at, []).append((c, k))
         for at, batch in by_time.items():
             self._agenda.at(at, self._deliver, batch)
 
@@ -601,10 +616,9 @@ class Simulation:
             self._drain(t)
             self._net_changed(t)
 
-    def _deliver(self, t: int, flows: list[Flow]) -> None:
-        for f in flows:
-            c = f.tag
-            c.pending -= 1
+    def _deliver(self, t: int, arrivals: list[tuple[Instance, int]]) -> None:
+        for c, k in arrivals:
+            c.pending -= k
             if c.pending == 0:
                 self._phase_done(t, c)
 

@@ -98,8 +98,7 @@ class Planner:
 
     def _solve(self, phase: Phase, tag: object, until: float) -> tuple[FluidNetwork, list[tuple[Flow, float]]]:
         net = FluidNetwork(self._topo.capacity, self._sharing)
-        for f in self._topo.flows(phase, tag):
-            net.add(f)
+        net.add(self._topo.batch(phase, tag))
         return net, net.settle(until)
 
     def state_at(self, plan: Plan, tau: float, tag: object) -> tuple[int, float, list[tuple[Flow, float]], Sequence[Flow]]:

@@ -20,14 +20,27 @@ Latency is not part of the fluid: a message's bytes occupy its links from the mo
 it starts, and it is delivered α after its last byte leaves (transmission, then
 propagation). Times are compared with a relative tolerance (``REL_TOL``), never
 with float equality, so rounding can neither livelock the loop nor lose a flow.
+
+Why batches: the messages of one collective phase enter the network together, so
+they are kept together as a ``Batch`` of numpy rows (bytes left, rate), and every
+step (drain, finish, next finish) costs a few array operations per batch, not a
+Python loop per message. Rates depend only on which flows are in transit (never on
+their bytes), and a training run repeats the same few combinations of phases
+thousands of times, so each combination's allocation is solved once and cached:
+a rate change that was seen before costs a dictionary look-up.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 REL_TOL = 1e-12
+_CACHE_LIMIT = 4096
+_shape_ids = itertools.count()
 
 
 class Flow:
@@ -50,42 +63,137 @@ class Flow:
         self.tag = tag
 
 
-def max_min(flows: Sequence[Flow], capacity: Sequence[float]) -> None:
-    """Set every flow's rate to its max-min fair share (progressive filling with per-flow caps)."""
-    count: dict[int, int] = {}
-    for f in flows:
-        for link in f.links:
-            count[link] = count.get(link, 0) + 1
-    residual = {link: capacity[link] for link in count}
-    level = 0.0
-    live = list(flows)
-    while live:
-        step = min(residual[link] / c for link, c in count.items() if c)
-        step = min(step, min(f.cap for f in live) - level)
-        level += step
-        for link, c in count.items():
-            if c:
-                residual[link] -= step * c
-        still = []
-        for f in live:
-            if f.cap <= level * (1.0 + REL_TOL) or any(residual[link] <= REL_TOL * capacity[link] for link in f.links):
-                f.rate = min(level, f.cap)
-                for link in f.links:
-                    count[link] -= 1
-            else:
-                still.append(f)
-        live = still
+class Shape:
+    """The fixed part of a batch of messages: endpoints, links, caps and latencies, one row per message.
+
+    ``links`` is padded with ``pad`` (a link of infinite capacity) to a rectangle. ``id``
+    identifies the shape in a network's cache of allocations, so equal phases share one.
+    ``latencies`` are the distinct latencies and ``latency_of`` each row's index into them,
+    so a caller converts a handful of latencies, not one per message.
+    """
+
+    __slots__ = ("cap", "dst", "id", "latencies", "latency", "latency_of", "links", "paths", "src")
+
+    def __init__(self, paths: Sequence[tuple[int, ...]], src: Sequence[int], dst: Sequence[int],
+                 cap: Sequence[float], latency: Sequence[float], pad: int) -> None:
+        width = max(map(len, paths))
+        self.paths = tuple(paths)
+        self.links = np.array([p + (pad,) * (width - len(p)) for p in paths], dtype=np.intp).reshape(len(paths), width)
+        self.src = np.array(src, dtype=np.intp)
+        self.dst = np.array(dst, dtype=np.intp)
+        self.cap = np.array(cap, dtype=float)
+        self.latency = np.array(latency, dtype=float)
+        values, index = np.unique(self.latency, return_inverse=True)
+        self.latencies = [float(x) for x in values]
+        self.latency_of = index.reshape(-1)
+        self.id = next(_shape_ids)
+
+    def __len__(self) -> int:
+        return len(self.paths)
 
 
-def fifo(flows: Sequence[Flow], capacity: Sequence[float]) -> None:
-    """Give the oldest message on each link the path's full rate; later ones wait (rate 0)."""
-    claimed: set[int] = set()
-    for f in flows:
-        if claimed.isdisjoint(f.links):
-            f.rate = min(f.cap, *(capacity[link] for link in f.links))
+class Batch:
+    """Messages of one owner (``tag``) that enter the network together: bytes left and rate per row.
+
+    A row that has finished holds ``inf`` bytes and rate 0, so it never finishes again.
+    ``flows``, when the batch was made from ``Flow`` objects, are kept in step with the rows.
+    """
+
+    __slots__ = ("flows", "key", "left", "live", "rate", "remaining", "shape", "size", "slow", "tag", "threshold")
+
+    def __init__(self, shape: Shape, size: np.ndarray, tag: object, flows: Sequence[Flow] | None = None) -> None:
+        self.shape = shape
+        self.size = size
+        self.threshold = REL_TOL * size  # a row with this few bytes left is done
+        self.remaining = size.copy()
+        self.rate = np.zeros(len(shape))
+        self.slow = self.rate  # rate with nan where 0, for finish times without a division by zero
+        self.tag = tag
+        self.flows = flows
+        self.live = np.ones(len(shape), dtype=bool)
+        self.left = len(shape)  # rows in transit
+        self.key: tuple = (shape.id, None)  # (shape, live rows); None while every row is live
+
+    @classmethod
+    def of(cls, flows: Sequence[Flow], pad: int) -> Batch:
+        """A batch holding ``flows`` (one owner's), which are kept in step with it."""
+        shape = Shape([f.links for f in flows], [f.src for f in flows], [f.dst for f in flows],
+                      [f.cap for f in flows], [f.latency for f in flows], pad)
+        batch = cls(shape, np.array([f.size for f in flows], dtype=float), flows[0].tag, list(flows))
+        batch.remaining[:] = [f.remaining for f in flows]
+        return batch
+
+    def __len__(self) -> int:
+        return self.left
+
+    def flow(self, i: int) -> Flow:
+        """Row ``i`` as a ``Flow`` (the one the batch was made from, if any), with its bytes left and rate."""
+        if self.flows is not None:
+            f = self.flows[i]
         else:
-            f.rate = 0.0
-        claimed.update(f.links)
+            s = self.shape
+            f = Flow(int(s.src[i]), int(s.dst[i]), s.paths[i], float(self.size[i]), float(s.cap[i]), float(s.latency[i]), self.tag)
+        left = float(self.remaining[i])
+        f.remaining = 0.0 if left == math.inf else left
+        f.rate = float(self.rate[i])
+        return f
+
+    def arrivals(self, rows: np.ndarray) -> list[tuple[float, int]]:
+        """(latency, how many) of ``rows``: when, after their last byte left, how many are delivered."""
+        s = self.shape
+        if len(s.latencies) == 1:
+            return [(s.latencies[0], len(rows))]
+        counts = np.bincount(s.latency_of[rows], minlength=len(s.latencies))
+        return [(lat, int(k)) for lat, k in zip(s.latencies, counts) if k]
+
+    def _sync(self) -> None:
+        if self.flows is not None:
+            for i in range(len(self.flows)):
+                self.flow(i)
+
+
+def max_min(links: np.ndarray, cap: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Max-min fair rates of flows (rows of link ids, per-flow caps) by progressive filling.
+
+    ``capacity`` has one entry per link id, then the padding id (capacity inf, never
+    saturated). Every flow grows at the common level until a link it crosses saturates or
+    it reaches its cap.
+    """
+    links_n = len(capacity)
+    rate = np.zeros(len(cap))
+    count = np.bincount(links.ravel(), minlength=links_n).astype(float)
+    count[-1] = 0.0
+    residual = capacity.copy()
+    full = REL_TOL * capacity
+    full[-1] = -math.inf
+    live = np.ones(len(cap), dtype=bool)
+    level = 0.0
+    while True:
+        used = count > 0
+        step = float((residual[used] / count[used]).min())
+        step = min(step, float(cap[live].min()) - level)
+        level += step
+        residual -= step * count
+        frozen = live & ((cap <= level * (1.0 + REL_TOL)) | (residual <= full)[links].any(axis=1))
+        rate[frozen] = np.minimum(level, cap[frozen])
+        count -= np.bincount(links[frozen].ravel(), minlength=links_n)
+        count[-1] = 0.0
+        live &= ~frozen
+        if not live.any():
+            return rate
+
+
+def fifo(links: np.ndarray, cap: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Give the oldest message on each link the path's full rate; later ones wait (rate 0)."""
+    rate = np.zeros(len(cap))
+    pad = len(capacity) - 1
+    claimed: set[int] = set()
+    for i, row in enumerate(links.tolist()):
+        path = [link for link in row if link != pad]
+        if claimed.isdisjoint(path):
+            rate[i] = min(float(cap[i]), *(float(capacity[link]) for link in path))
+        claimed.update(path)
+    return rate
 
 
 SHARING = {"max-min": max_min, "fifo": fifo}
@@ -97,33 +205,57 @@ class FluidNetwork:
     Args:
         capacity: bytes/s of every link, indexed by link id.
         sharing: "max-min" or "fifo".
+        resolution: seconds; a flow this close to its end is done (the caller's clock tick).
 
-    Call ``advance(t)`` to drain flows up to time ``t`` at their current rates, add or
-    pause flows, then ``update()`` to collect finished flows and recompute rates.
+    Call ``advance(t)`` to drain flows up to time ``t`` at their current rates, add
+    batches or pause ranks, then ``update()`` to collect finished flows and recompute rates.
     """
 
     def __init__(self, capacity: Sequence[float], sharing: str = "max-min", *, resolution: float = 0.0) -> None:
         self.capacity = capacity
-        self.resolution = resolution  # seconds: a flow this close to its end is done (the caller's clock tick)
+        self.pad = len(capacity)  # the link id that pads a batch's rows: infinite capacity
+        self._capacity = np.array([*capacity, math.inf], dtype=float)
+        self.resolution = resolution
         self._allocate = SHARING[sharing]
-        self.flows: dict[Flow, None] = {}  # an insertion-ordered set: arrival order matters to FIFO
+        self.batches: dict[Batch, None] = {}  # an insertion-ordered set: arrival order matters to FIFO
         self._paused: dict[int, int] = {}  # rank -> how many outages hold it down
+        self._changed = False
+        self._rates: dict[tuple, list[tuple[np.ndarray, np.ndarray]]] = {}  # allocation cache
         self.now = 0.0
 
     def __len__(self) -> int:
-        return len(self.flows)
+        return sum(b.left for b in self.batches)
+
+    @property
+    def quiet(self) -> bool:
+        """No flow in transit and no rank down: a collective starting now has the network to itself."""
+        return not self.batches and not self._paused
+
+    @property
+    def flows(self) -> list[Flow]:
+        """The flows in transit, in arrival order, with their bytes left."""
+        return [b.flow(int(i)) for b in self.batches for i in np.flatnonzero(b.live)]
 
     def advance(self, t: float) -> None:
         """Drain every flow at its current rate up to time ``t``."""
         dt = t - self.now
         if dt > 0:
-            for f in self.flows:
-                if f.rate:
-                    f.remaining -= f.rate * dt
+            for b in self.batches:
+                b.remaining -= b.rate * dt
+                if b.flows is not None:
+                    b._sync()
             self.now = t
 
-    def add(self, flow: Flow) -> None:
-        self.flows[flow] = None
+    def add(self, batch: Batch | Iterable[Flow]) -> None:
+        """Put a batch (or ``Flow`` objects, as one batch per owner) in transit from ``now``."""
+        if not isinstance(batch, Batch):
+            flows = list(batch) if not isinstance(batch, Flow) else [batch]
+            for tag in dict.fromkeys(f.tag for f in flows):
+                self.add(Batch.of([f for f in flows if f.tag is tag], self.pad))
+            return
+        if batch.left:
+            self.batches[batch] = None
+            self._changed = True
 
     def pause(self, rank: int, down: bool) -> None:
         """Mark ``rank`` down (its flows stop) or up again; outages may overlap."""
@@ -132,30 +264,76 @@ class FluidNetwork:
             self._paused[rank] = held
         else:
             self._paused.pop(rank, None)
+        self._changed = True
 
-    def update(self) -> list[Flow]:
-        """Remove and return the flows that have finished by ``now``, then recompute rates."""
+    def update(self) -> list[tuple[Batch, np.ndarray]]:
+        """Remove the flows that have finished by ``now`` and recompute rates.
+
+        Returns each batch that had flows finish with the indices of its rows that did.
+        """
         tolerance = max(REL_TOL * self.now, self.resolution)
-        done = [
-            f for f in self.flows
-            if f.remaining <= REL_TOL * f.size or (f.rate > 0 and f.remaining <= f.rate * tolerance)
-        ]
-        for f in done:
-            f.remaining = 0.0
-            del self.flows[f]
+        done = []
+        for b in list(self.batches):
+            finished = b.remaining <= np.maximum(b.threshold, b.rate * tolerance)
+            if finished.any():
+                rows = np.flatnonzero(finished)
+                b.remaining[rows] = math.inf
+                b.live[rows] = False
+                b.left -= len(rows)
+                b.key = (b.shape.id, b.live.tobytes())
+                done.append((b, rows))
+                if not b.left:
+                    del self.batches[b]
+                    b.rate = b.slow = np.zeros(len(b.shape))
+                    b._sync()
+        if done or self._changed:
+            self._reallocate()
+        return done
+
+    def _reallocate(self) -> None:
+        self._changed = False
+        batches = list(self.batches)
         paused = self._paused
         if paused:
-            active = []
-            for f in self.flows:
-                if f.src in paused or f.dst in paused:
-                    f.rate = 0.0
-                else:
-                    active.append(f)
+            down = np.array(list(paused), dtype=np.intp)
+            masks = [b.live & ~(np.isin(b.shape.src, down) | np.isin(b.shape.dst, down)) for b in batches]
+            key = tuple((b.shape.id, m.tobytes()) for b, m in zip(batches, masks))
         else:
-            active = list(self.flows)
-        if active:
-            self._allocate(active, self.capacity)
-        return done
+            masks = None
+            key = tuple(b.key for b in batches)
+        rates = self._rates.get(key)
+        if rates is None:
+            rates = self._solve(batches, masks)
+            if len(self._rates) >= _CACHE_LIMIT:
+                self._rates.clear()
+            self._rates[key] = rates
+        for b, (rate, slow) in zip(batches, rates):
+            b.rate, b.slow = rate, slow
+            if b.flows is not None:
+                b._sync()
+
+    def _solve(self, batches: list[Batch], masks: list[np.ndarray] | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Allocate rates to the live (and not paused) rows of ``batches``: per batch (rate, rate or nan)."""
+        if masks is None:
+            masks = [b.live for b in batches]
+        rows = [np.flatnonzero(m) for m in masks]
+        out = []
+        if any(len(r) for r in rows):
+            width = max(b.shape.links.shape[1] for b in batches)
+            links = np.concatenate([_widen(b.shape.links[r], width, self.pad) for b, r in zip(batches, rows)])
+            cap = np.concatenate([b.shape.cap[r] for b, r in zip(batches, rows)])
+            flat = self._allocate(links, cap, self._capacity)
+        else:
+            flat = np.zeros(0)
+        start = 0
+        for b, r in zip(batches, rows):
+            rate = np.zeros(len(b.shape))
+            rate[r] = flat[start:start + len(r)]
+            start += len(r)
+            slow = np.where(rate > 0, rate, math.nan)
+            rate.flags.writeable = slow.flags.writeable = False
+            out.append((rate, slow))
+        return out
 
     def rebase(self) -> None:
         """Restart this network's clock at 0 (flows keep their remaining bytes).
@@ -168,20 +346,20 @@ class FluidNetwork:
     def next_finish(self) -> float:
         """When the next flow finishes at current rates (inf if none can)."""
         best = math.inf
-        for f in self.flows:
-            if f.rate > 0:
-                t = f.remaining / f.rate
-                best = min(best, t)
+        for b in self.batches:
+            t = float(np.fmin.reduce(b.remaining / b.slow))  # nan (rate 0) never wins
+            if t < best:
+                best = t
         return self.now + best
 
     def settle(self, until: float = math.inf) -> list[tuple[Flow, float]]:
         """Run this network on its own up to ``until``: each finished flow with its finish time.
 
-        Flows still in transit at ``until`` stay in ``flows`` with their remaining bytes.
+        Flows still in transit at ``until`` stay in the network with their remaining bytes.
         """
         out: list[tuple[Flow, float]] = []
         while True:
-            out.extend((f, self.now) for f in self.update())
+            out.extend((b.flow(int(i)), self.now) for b, rows in self.update() for i in rows)
             t = self.next_finish()
             if t > until:
                 if until < math.inf:
@@ -190,3 +368,12 @@ class FluidNetwork:
             if t == math.inf:
                 return out
             self.advance(t)
+
+
+def _widen(links: np.ndarray, width: int, pad: int) -> np.ndarray:
+    """``links`` padded with ``pad`` to ``width`` columns."""
+    if links.shape[1] == width:
+        return links
+    out = np.full((len(links), width), pad, dtype=np.intp)
+    out[:, : links.shape[1]] = links
+    return out

@@ -20,11 +20,16 @@ downlinks ``n..2n-1``, then two ids per inter-region link (one per direction).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from exonet.errors import ScenarioError
-from exonet.netsim.flows import Flow
+from exonet.netsim.flows import Batch, Shape
 from exonet.scenario import Resolved
+
+_CACHE_LIMIT = 4096
 
 # A point-to-point message of a collective phase: (source rank, destination rank, bytes).
 Message = tuple[int, int, float]
@@ -71,6 +76,8 @@ class Topology:
                 self._link_ids[direction] = len(self.capacity)
                 self.capacity.append(spec.bandwidth)
         self._paths: dict[tuple[int, int], Path] = {}
+        self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # by the phase's (src, dst) pairs
+        self._phases: dict[int, tuple[Phase, Shape, np.ndarray]] = {}  # id(phase) -> (phase, shape, wire sizes)
 
     def path(self, src: int, dst: int) -> Path:
         """The path of a message from ``src`` to ``dst`` (cached)."""
@@ -103,10 +110,28 @@ class Topology:
         mss = self._resolved.mss
         return size if mss is None or size == 0 else size + math.ceil(size / mss) * self._resolved.header_bytes
 
-    def flows(self, phase: Phase, tag: object) -> list[Flow]:
-        """One flow per message of ``phase``, each tagged with ``tag`` (the collective that owns it)."""
-        out = []
-        for src, dst, size in phase:
-            p = self.path(src, dst)
-            out.append(Flow(src, dst, p.links, self.wire_size(size), p.cap, p.latency, tag))
-        return out
+    def batch(self, phase: Phase, tag: object) -> Batch:
+        """The messages of ``phase`` as one batch owned by ``tag``.
+
+        Phases are cached by identity (plans are cached, so a run's phases are a few objects
+        reused every step), and phases with the same (source, destination) pairs share one
+        ``Shape``, so the network's cache of allocations serves all of them.
+        """
+        hit = self._phases.get(id(phase))
+        if hit is None or hit[0] is not phase:
+            pairs = tuple((src, dst) for src, dst, _ in phase)
+            shape = self._shapes.get(pairs)
+            if shape is None:
+                shape = self._shape(pairs)
+                if len(self._shapes) >= _CACHE_LIMIT:
+                    self._shapes.clear()
+                self._shapes[pairs] = shape
+            if len(self._phases) >= _CACHE_LIMIT:
+                self._phases.clear()
+            hit = self._phases[id(phase)] = (phase, shape, np.array([self.wire_size(size) for _, _, size in phase], dtype=float))
+        return Batch(hit[1], hit[2], tag)
+
+    def _shape(self, pairs: Sequence[tuple[int, int]]) -> Shape:
+        paths = [self.path(src, dst) for src, dst in pairs]
+        return Shape([p.links for p in paths], [a for a, _ in pairs], [b for _, b in pairs],
+                     [p.cap for p in paths], [p.latency for p in paths], pad=len(self.capacity))

@@ -1,0 +1,249 @@
+"""The batched event path agrees with the flow-by-flow fluid model it replaced, on randomised cases.
+
+``Reference`` below is that model as it was (one ``Flow`` at a time, progressive filling
+recomputed from scratch at every change), behind the batch interface the engine speaks.
+Two checks: the two networks driven by the same random operations give the same rates,
+finish times and finished flows; and whole replays (overlapping collectives on several
+groups, outages, both sharing policies, TCP windows) give the same results with the
+reference on the pure event path as with the new network, fast path and hand-back included.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from exonet.netsim import engine, fastpath, simulate
+from exonet.netsim.flows import REL_TOL, Batch, Flow, FluidNetwork
+from exonet.scenario import ALGORITHMS, EventSpec, LinkSpec, Resolved
+from exonet.trace import Trace
+
+exact = {"rel": 1e-9, "abs": 1e-12}
+
+
+# ---------------------------------------------------------------- the reference
+def reference_max_min(flows: list[Flow], capacity) -> None:
+    count: dict[int, int] = {}
+    for f in flows:
+        for link in f.links:
+            count[link] = count.get(link, 0) + 1
+    residual = {link: capacity[link] for link in count}
+    level = 0.0
+    live = list(flows)
+    while live:
+        step = min(residual[link] / c for link, c in count.items() if c)
+        step = min(step, min(f.cap for f in live) - level)
+        level += step
+        for link, c in count.items():
+            if c:
+                residual[link] -= step * c
+        still = []
+        for f in live:
+            if f.cap <= level * (1.0 + REL_TOL) or any(residual[link] <= REL_TOL * capacity[link] for link in f.links):
+                f.rate = min(level, f.cap)
+                for link in f.links:
+                    count[link] -= 1
+            else:
+                still.append(f)
+        live = still
+
+
+def reference_fifo(flows: list[Flow], capacity) -> None:
+    claimed: set[int] = set()
+    for f in flows:
+        f.rate = min(f.cap, *(capacity[link] for link in f.links)) if claimed.isdisjoint(f.links) else 0.0
+        claimed.update(f.links)
+
+
+class Reference:
+    """The flow-by-flow network, answering in batches: (batch, finished rows) as ``FluidNetwork.update`` does."""
+
+    def __init__(self, capacity, sharing: str = "max-min", *, resolution: float = 0.0) -> None:
+        self.capacity = capacity
+        self.pad = len(capacity)
+        self.resolution = resolution
+        self._allocate = {"max-min": reference_max_min, "fifo": reference_fifo}[sharing]
+        self._flows: dict[Flow, tuple[Batch, int]] = {}
+        self._paused: dict[int, int] = {}
+        self.now = 0.0
+
+    def __len__(self) -> int:
+        return len(self._flows)
+
+    @property
+    def quiet(self) -> bool:
+        return not self._flows and not self._paused
+
+    @property
+    def flows(self) -> list[Flow]:
+        return list(self._flows)
+
+    def add(self, batch) -> None:
+        if not isinstance(batch, Batch):
+            batch = Batch.of(list(batch), self.pad)
+        for i in range(len(batch.shape)):
+            self._flows[batch.flow(i)] = (batch, i)
+
+    def advance(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            for f in self._flows:
+                if f.rate:
+                    f.remaining -= f.rate * dt
+            self.now = t
+
+    def pause(self, rank: int, down: bool) -> None:
+        held = self._paused.get(rank, 0) + (1 if down else -1)
+        if held:
+            self._paused[rank] = held
+        else:
+            self._paused.pop(rank, None)
+
+    def update(self) -> list[tuple[Batch, np.ndarray]]:
+        tolerance = max(REL_TOL * self.now, self.resolution)
+        done = [f for f in self._flows
+                if f.remaining <= REL_TOL * f.size or (f.rate > 0 and f.remaining <= f.rate * tolerance)]
+        out: dict[Batch, list[int]] = {}
+        for f in done:
+            f.remaining = 0.0
+            batch, i = self._flows.pop(f)
+            out.setdefault(batch, []).append(i)
+        active = [f for f in self._flows if f.src not in self._paused and f.dst not in self._paused]
+        for f in self._flows:
+            f.rate = 0.0
+        if active:
+            self._allocate(active, self.capacity)
+        return [(b, np.array(rows)) for b, rows in out.items()]
+
+    def rebase(self) -> None:
+        self.now = 0.0
+
+    def next_finish(self) -> float:
+        return self.now + min((f.remaining / f.rate for f in self._flows if f.rate > 0), default=math.inf)
+
+    def settle(self, until: float = math.inf) -> list[tuple[Flow, float]]:
+        out = []
+        while True:
+            out.extend((b.flow(int(i)), self.now) for b, rows in self.update() for i in rows)
+            t = self.next_finish()
+            if t > until:
+                if until < math.inf:
+                    self.advance(until)
+                return out
+            if t == math.inf:
+                return out
+            self.advance(t)
+
+
+# ------------------------------------------------------- the networks side by side
+def random_batch(rng: random.Random, links: int, n: int, tag: int) -> list[Flow]:
+    out = []
+    size = rng.choice([1.0, rng.uniform(0.1, 5.0)])  # a phase's messages often have one size
+    for _ in range(rng.randint(1, 6)):
+        path = tuple(rng.sample(range(links), rng.randint(1, min(3, links))))
+        cap = math.inf if rng.random() < 0.7 else rng.uniform(0.2, 3.0)
+        out.append(Flow(rng.randrange(n), rng.randrange(n), path, size if rng.random() < 0.7 else rng.uniform(0.0, 5.0),
+                        cap, 0.0, tag))
+    return out
+
+
+@pytest.mark.parametrize("sharing", ["max-min", "fifo"])
+@pytest.mark.parametrize("seed", range(25))
+def test_the_batched_network_matches_the_flow_by_flow_one(sharing, seed):
+    rng = random.Random(seed)
+    links, n = rng.randint(2, 8), rng.randint(2, 5)
+    capacity = [rng.choice([1.0, rng.uniform(0.5, 4.0)]) for _ in range(links)]
+    new, ref = FluidNetwork(capacity, sharing), Reference(capacity, sharing)
+    mine: dict[Flow, Flow] = {}  # the reference's copy of each flow -> the flow given to the new network
+    down: list[int] = []
+    for tag in range(40):
+        action = rng.random()
+        if action < 0.45:
+            flows = random_batch(rng, links, n, tag)
+            twins = [Flow(f.src, f.dst, f.links, f.size, f.cap, f.latency, f.tag) for f in flows]
+            new.add(flows)
+            ref.add(twins)
+            mine.update(zip(ref.flows[-len(twins):], flows))
+        elif action < 0.55:
+            if down and rng.random() < 0.5:
+                rank = down.pop()
+                new.pause(rank, False), ref.pause(rank, False)
+            else:
+                rank = rng.randrange(n)
+                down.append(rank)
+                new.pause(rank, True), ref.pause(rank, True)
+        else:
+            t = ref.next_finish()
+            assert new.next_finish() == pytest.approx(t, rel=1e-9)
+            if t < math.inf:
+                new.advance(t), ref.advance(t)
+        finished_new = {(id(b), int(i)) for b, rows in new.update() for i in rows}
+        finished_ref = {(id(b), int(i)) for b, rows in ref.update() for i in rows}
+        assert len(finished_new) == len(finished_ref)
+        for f in ref.flows:
+            twin = mine[f]
+            assert (twin.rate, twin.remaining) == pytest.approx((f.rate, f.remaining), rel=1e-9, abs=1e-12)
+        assert len(new) == len(ref)
+    assert new.next_finish() == pytest.approx(ref.next_finish(), rel=1e-9)
+
+
+# ------------------------------------------------------------- whole replays
+def random_case(rng: random.Random) -> tuple[Trace, Resolved]:
+    """Steps of compute, then async collectives on the world, halves and random subgroups, all overlapping."""
+    n = rng.randint(2, 9)
+    regions = [f"r{i}" for i in range(rng.randint(1, 3))]
+    links = {(a, b): LinkSpec(10 ** rng.uniform(7.5, 10), rng.uniform(1e-4, 5e-2))
+             for i, a in enumerate(regions) for b in regions[i + 1:]}
+    events = []
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        start = rng.uniform(0.0, 1.0)
+        events.append(EventSpec("down", (rng.randrange(n),), from_s=start, to_s=start + rng.uniform(0.01, 0.3)))
+    resolved = Resolved(
+        num_nodes=n,
+        uplink=tuple(10 ** rng.uniform(8, 10) for _ in range(n)),
+        downlink=tuple(10 ** rng.uniform(8, 10) for _ in range(n)),
+        region=tuple(rng.choice(regions) for _ in range(n)),
+        latency=rng.uniform(1e-5, 1e-2),
+        links=links,
+        algorithms={op: rng.choice(ALGORITHMS[op]) for op in ("all_reduce", "all_gather", "broadcast")},
+        sharing=rng.choice(["max-min", "max-min", "fifo"]),
+        tcp_window=rng.choice([None, None, 10 ** rng.uniform(4, 7)]),
+        events=tuple(events),
+    )
+    half = max(1, n // 2)
+    groups = [None, tuple(range(half)), tuple(range(half, n)) or None]
+    trace = Trace(n)
+    for _ in range(rng.randint(1, 4)):
+        specs = [(rng.choice(["all_reduce", "all_reduce", "all_gather", "broadcast"]),
+                  rng.choice(groups + [tuple(sorted(rng.sample(range(n), rng.randint(1, n))))]),
+                  rng.randint(0, 30_000_000)) for _ in range(rng.randint(1, 3))]
+        for r in range(n):
+            trace.add_compute(r, rng.uniform(0.0, 0.05))
+            ids = [trace.add_collective(r, op, size, group=group, async_op=True)
+                   for op, group, size in specs if group is None or r in group]
+            for cid in ids:
+                trace.add_wait(r, cid)
+            trace.add_step(r)
+    return trace, resolved
+
+
+def assert_same(a, b) -> None:
+    assert a.wall_clock_s == pytest.approx(b.wall_clock_s, **exact)
+    assert a.step_end_times == pytest.approx(b.step_end_times, **exact)
+    assert a.wire_bytes == b.wire_bytes
+    for x, y in zip(a.per_node, b.per_node):
+        assert (x.compute_s, x.comm_s, x.idle_s) == pytest.approx((y.compute_s, y.comm_s, y.idle_s), **exact)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_replays_match_the_flow_by_flow_event_path(seed, monkeypatch):
+    trace, resolved = random_case(random.Random(seed))
+    fast, events = simulate(trace, resolved), simulate(trace, resolved, fast_path=False)
+    monkeypatch.setattr(engine, "FluidNetwork", Reference)
+    monkeypatch.setattr(fastpath, "FluidNetwork", Reference)
+    before = simulate(trace, resolved, fast_path=False)
+    assert_same(events, before)
+    assert_same(fast, before)
