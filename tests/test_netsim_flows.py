@@ -53,10 +53,9 @@ def test_settle_finishes_flows_at_exact_times(sharing, finishes):
 
 def test_settle_until_leaves_remaining_bytes():
     net = FluidNetwork([1.0])
-    f = flow((0,), 3.0)
-    net.add(f)
+    net.add(flow((0,), 3.0))
     assert net.settle(until=1.0) == []
-    assert f.remaining == pytest.approx(2.0) and net.now == 1.0
+    assert [f.remaining for f in net.flows] == [pytest.approx(2.0)] and net.now == 1.0
 
 
 def test_near_simultaneous_finishes_complete_together_without_livelock():
@@ -70,11 +69,10 @@ def test_near_simultaneous_finishes_complete_together_without_livelock():
 
 def test_paused_endpoint_stops_its_flow():
     net = FluidNetwork([1.0, 1.0])
-    f = Flow(0, 1, (0, 1), 1.0, math.inf, 0.0, None)
-    net.add(f)
+    net.add(Flow(0, 1, (0, 1), 1.0, math.inf, 0.0, None))
     net.pause(1, True)
     net.update()
-    assert f.rate == 0.0 and net.next_finish() == math.inf
+    assert net.flows[0].rate == 0.0 and net.next_finish() == math.inf
     net.pause(1, False)
     net.update()
-    assert f.rate == 1.0
+    assert net.flows[0].rate == 1.0

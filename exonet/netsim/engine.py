@@ -112,7 +112,9 @@ class Simulation:
         self._queued: dict[tuple[int, ...], deque[Instance]] = {}  # group -> issued by all, waiting their turn
         self._active: dict[Instance, None] = {}  # in flight on the event path
         self._lone: Instance | None = None  # in flight on the fast path
-        self._resumed: tuple[Instance, int, int] | None = None  # (the lone, tick its phase 0 would have begun, phase it resumed at)
+        # handed back to the fast path mid-run: (tick its phase 0 would have begun, phase it resumed at, its links)
+        self._resting: dict[Instance, tuple[int, int, frozenset[int]]] = {}
+        self._calm = not any(self._cm.gated_steps) and not any(self._cm.down)  # no outages: nothing else stops a flow
         self._taken_at = -1  # the tick of the latest take-over
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
@@ -537,12 +539,12 @@ class Simulation:
 
     def _take_over(self, t: int, c: Instance) -> None:
         """Move the fast-path collective ``c`` onto the event path at tick ``t``, mid-phase if need be."""
-        self._lone = None
+        if self._lone is c:
+            self._lone = None
         self._taken_at = t
         plan = c.plan
         assert plan is not None and plan.offsets is not None
-        resumed, self._resumed = self._resumed, None
-        origin, first = resumed[1:] if resumed is not None and resumed[0] is c else (c.start, 0)
+        origin, first, _ = self._resting.pop(c, None) or (c.start, 0, None)
         if origin + ticks(plan.offsets[-1]) <= t:
             return  # it ends now: its end event is due at this very time and it has no flows left
         c.token += 1
@@ -567,24 +569,38 @@ class Simulation:
             self._phase_done(t, c)
 
     def _begin_phase(self, t: int, c: Instance, p: int) -> None:
-        """Put phase ``p`` of ``c`` on the network, or hand ``c`` back to the fast path if it has the network to itself."""
-        assert c.plan is not None
+        """Put phase ``p`` of ``c`` on the network, or hand ``c`` back to the fast path while nothing shares its links.
+
+        A collective handed back (resting) is timed as if alone from this phase on, which is
+        exact while no flow of another collective crosses its links: a phase that would is
+        put on the network only after taking every resting collective it touches over.
+        """
+        plan = c.plan
+        assert plan is not None
         c.phase = p
+        if self._fast and self._calm and t != self._taken_at and self._lone is None:
+            links = self._topo.reach(plan.phases)
+            if links.isdisjoint(self._net.busy()) and all(links.isdisjoint(other[2]) for other in self._resting.values()):
+                self._planner.duration(plan)
+                assert plan.offsets is not None
+                origin = t - ticks(plan.offsets[p])
+                self._resting[c] = (origin, p, links)
+                self._agenda.at(origin + ticks(plan.offsets[-1]), self._rest_end, c, c.token)
+                return
+        batch = self._topo.batch(plan.phases[p], c)
         if self._lone is not None:
             self._take_over(t, self._lone)
-        elif self._fast and self._net.quiet and t != self._taken_at:
-            self._planner.duration(c.plan)
-            offsets = c.plan.offsets
-            origin = t - ticks(offsets[p])
-            del self._active[c]
-            self._lone, self._resumed = c, (c, origin, p)
-            self._agenda.at(origin + ticks(offsets[-1]), self._lone_end, c, c.token)
-            return
-        batch = self._topo.batch(c.plan.phases[p], c)
+        for other in [r for r, (_, _, links) in self._resting.items() if not links.isdisjoint(batch.shape.reach)]:
+            self._take_over(t, other)
         c.pending = len(batch)
         self._drain(t)
         self._net.add(batch)
         self._net_changed(t)
+
+    def _rest_end(self, t: int, c: Instance, token: int) -> None:
+        if c.token == token:
+            del self._resting[c], self._active[c]
+            self._end(t, c)
 
     def _drain(self, t: int) -> None:
         """Let the flows in transit drain at their current rates up to tick ``t``."""

@@ -72,12 +72,13 @@ class Shape:
     so a caller converts a handful of latencies, not one per message.
     """
 
-    __slots__ = ("cap", "dst", "id", "latencies", "latency", "latency_of", "links", "paths", "src")
+    __slots__ = ("cap", "dst", "id", "latencies", "latency", "latency_of", "links", "paths", "reach", "src")
 
     def __init__(self, paths: Sequence[tuple[int, ...]], src: Sequence[int], dst: Sequence[int],
                  cap: Sequence[float], latency: Sequence[float], pad: int) -> None:
         width = max(map(len, paths))
         self.paths = tuple(paths)
+        self.reach = frozenset(itertools.chain.from_iterable(paths))  # the links its messages cross
         self.links = np.array([p + (pad,) * (width - len(p)) for p in paths], dtype=np.intp).reshape(len(paths), width)
         self.src = np.array(src, dtype=np.intp)
         self.dst = np.array(dst, dtype=np.intp)
@@ -96,12 +97,11 @@ class Batch:
     """Messages of one owner (``tag``) that enter the network together: bytes left and rate per row.
 
     A row that has finished holds ``inf`` bytes and rate 0, so it never finishes again.
-    ``flows``, when the batch was made from ``Flow`` objects, are kept in step with the rows.
     """
 
-    __slots__ = ("flows", "key", "left", "live", "rate", "remaining", "shape", "size", "slow", "tag", "threshold")
+    __slots__ = ("key", "left", "live", "rate", "remaining", "shape", "size", "slow", "tag", "threshold")
 
-    def __init__(self, shape: Shape, size: np.ndarray, tag: object, flows: Sequence[Flow] | None = None) -> None:
+    def __init__(self, shape: Shape, size: np.ndarray, tag: object) -> None:
         self.shape = shape
         self.size = size
         self.threshold = REL_TOL * size  # a row with this few bytes left is done
@@ -109,30 +109,17 @@ class Batch:
         self.rate = np.zeros(len(shape))
         self.slow = self.rate  # rate with nan where 0, for finish times without a division by zero
         self.tag = tag
-        self.flows = flows
         self.live = np.ones(len(shape), dtype=bool)
         self.left = len(shape)  # rows in transit
         self.key: tuple = (shape.id, None)  # (shape, live rows); None while every row is live
-
-    @classmethod
-    def of(cls, flows: Sequence[Flow], pad: int) -> Batch:
-        """A batch holding ``flows`` (one owner's), which are kept in step with it."""
-        shape = Shape([f.links for f in flows], [f.src for f in flows], [f.dst for f in flows],
-                      [f.cap for f in flows], [f.latency for f in flows], pad)
-        batch = cls(shape, np.array([f.size for f in flows], dtype=float), flows[0].tag, list(flows))
-        batch.remaining[:] = [f.remaining for f in flows]
-        return batch
 
     def __len__(self) -> int:
         return self.left
 
     def flow(self, i: int) -> Flow:
-        """Row ``i`` as a ``Flow`` (the one the batch was made from, if any), with its bytes left and rate."""
-        if self.flows is not None:
-            f = self.flows[i]
-        else:
-            s = self.shape
-            f = Flow(int(s.src[i]), int(s.dst[i]), s.paths[i], float(self.size[i]), float(s.cap[i]), float(s.latency[i]), self.tag)
+        """Row ``i`` as a ``Flow``, with its bytes left and rate."""
+        s = self.shape
+        f = Flow(int(s.src[i]), int(s.dst[i]), s.paths[i], float(self.size[i]), float(s.cap[i]), float(s.latency[i]), self.tag)
         left = float(self.remaining[i])
         f.remaining = 0.0 if left == math.inf else left
         f.rate = float(self.rate[i])
@@ -145,11 +132,6 @@ class Batch:
             return [(s.latencies[0], len(rows))]
         counts = np.bincount(s.latency_of[rows], minlength=len(s.latencies))
         return [(lat, int(k)) for lat, k in zip(s.latencies, counts) if k]
-
-    def _sync(self) -> None:
-        if self.flows is not None:
-            for i in range(len(self.flows)):
-                self.flow(i)
 
 
 def max_min(links: np.ndarray, cap: np.ndarray, capacity: np.ndarray) -> np.ndarray:
@@ -198,6 +180,20 @@ def fifo(links: np.ndarray, cap: np.ndarray, capacity: np.ndarray) -> np.ndarray
 
 SHARING = {"max-min": max_min, "fifo": fifo}
 
+# Allocations by network (sharing, capacities): shared by every FluidNetwork of one topology,
+# the engine's and the fast path's, since a phase's rates depend on nothing else.
+_ALLOCATIONS: dict[tuple, dict[tuple, list[tuple[np.ndarray, np.ndarray]]]] = {}
+
+
+def _allocations(capacity: np.ndarray, sharing: str) -> dict[tuple, list[tuple[np.ndarray, np.ndarray]]]:
+    key = (sharing, capacity.tobytes())
+    cache = _ALLOCATIONS.get(key)
+    if cache is None:
+        if len(_ALLOCATIONS) >= 16:
+            _ALLOCATIONS.clear()
+        cache = _ALLOCATIONS[key] = {}
+    return cache
+
 
 class FluidNetwork:
     """The flows in transit on one network, and the time up to which they have drained.
@@ -220,7 +216,8 @@ class FluidNetwork:
         self.batches: dict[Batch, None] = {}  # an insertion-ordered set: arrival order matters to FIFO
         self._paused: dict[int, int] = {}  # rank -> how many outages hold it down
         self._changed = False
-        self._rates: dict[tuple, list[tuple[np.ndarray, np.ndarray]]] = {}  # allocation cache
+        self._rates = _allocations(self._capacity, sharing)
+        self._shapes: dict[tuple, Shape] = {}  # shapes of batches made from Flow objects
         self.now = 0.0
 
     def __len__(self) -> int:
@@ -228,8 +225,12 @@ class FluidNetwork:
 
     @property
     def quiet(self) -> bool:
-        """No flow in transit and no rank down: a collective starting now has the network to itself."""
-        return not self.batches and not self._paused
+        """No rank is down."""
+        return not self._paused
+
+    def busy(self) -> frozenset[int]:
+        """The links that flows in transit cross."""
+        return frozenset().union(*(b.shape.reach for b in self.batches))
 
     @property
     def flows(self) -> list[Flow]:
@@ -242,20 +243,31 @@ class FluidNetwork:
         if dt > 0:
             for b in self.batches:
                 b.remaining -= b.rate * dt
-                if b.flows is not None:
-                    b._sync()
             self.now = t
 
     def add(self, batch: Batch | Iterable[Flow]) -> None:
-        """Put a batch (or ``Flow`` objects, as one batch per owner) in transit from ``now``."""
+        """Put a batch in transit from ``now``; ``Flow`` objects are copied into one batch per owner."""
         if not isinstance(batch, Batch):
             flows = list(batch) if not isinstance(batch, Flow) else [batch]
             for tag in dict.fromkeys(f.tag for f in flows):
-                self.add(Batch.of([f for f in flows if f.tag is tag], self.pad))
+                self.add(self._batch_of([f for f in flows if f.tag is tag]))
             return
         if batch.left:
             self.batches[batch] = None
             self._changed = True
+
+    def _batch_of(self, flows: list[Flow]) -> Batch:
+        """``flows`` (one owner's) as a batch; flows with the same paths share a shape, hence cached allocations."""
+        key = tuple((f.src, f.dst, f.links, f.cap, f.latency) for f in flows)
+        shape = self._shapes.get(key)
+        if shape is None:
+            if len(self._shapes) >= _CACHE_LIMIT:
+                self._shapes.clear()
+            shape = self._shapes[key] = Shape([f.links for f in flows], [f.src for f in flows], [f.dst for f in flows],
+                                              [f.cap for f in flows], [f.latency for f in flows], self.pad)
+        batch = Batch(shape, np.array([f.size for f in flows], dtype=float), flows[0].tag)
+        batch.remaining[:] = [f.remaining for f in flows]
+        return batch
 
     def pause(self, rank: int, down: bool) -> None:
         """Mark ``rank`` down (its flows stop) or up again; outages may overlap."""
@@ -285,7 +297,6 @@ class FluidNetwork:
                 if not b.left:
                     del self.batches[b]
                     b.rate = b.slow = np.zeros(len(b.shape))
-                    b._sync()
         if done or self._changed:
             self._reallocate()
         return done
@@ -309,8 +320,6 @@ class FluidNetwork:
             self._rates[key] = rates
         for b, (rate, slow) in zip(batches, rates):
             b.rate, b.slow = rate, slow
-            if b.flows is not None:
-                b._sync()
 
     def _solve(self, batches: list[Batch], masks: list[np.ndarray] | None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Allocate rates to the live (and not paused) rows of ``batches``: per batch (rate, rate or nan)."""

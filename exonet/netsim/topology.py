@@ -78,6 +78,7 @@ class Topology:
         self._paths: dict[tuple[int, int], Path] = {}
         self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # by the phase's (src, dst) pairs
         self._phases: dict[int, tuple[Phase, Shape, np.ndarray]] = {}  # id(phase) -> (phase, shape, wire sizes)
+        self._reach: dict[int, tuple[Sequence[Phase], frozenset[int]]] = {}  # id(plan's phases) -> (phases, links)
 
     def path(self, src: int, dst: int) -> Path:
         """The path of a message from ``src`` to ``dst`` (cached)."""
@@ -111,7 +112,21 @@ class Topology:
         return size if mss is None or size == 0 else size + math.ceil(size / mss) * self._resolved.header_bytes
 
     def batch(self, phase: Phase, tag: object) -> Batch:
-        """The messages of ``phase`` as one batch owned by ``tag``.
+        """The messages of ``phase`` as one batch owned by ``tag``."""
+        _, shape, sizes = self._phase(phase)
+        return Batch(shape, sizes, tag)
+
+    def reach(self, phases: Sequence[Phase]) -> frozenset[int]:
+        """The links the messages of ``phases`` (a collective's plan) cross (cached by identity, as plans are)."""
+        hit = self._reach.get(id(phases))
+        if hit is None or hit[0] is not phases:
+            if len(self._reach) >= _CACHE_LIMIT:
+                self._reach.clear()
+            hit = self._reach[id(phases)] = (phases, frozenset().union(*(self._phase(p)[1].reach for p in phases)))
+        return hit[1]
+
+    def _phase(self, phase: Phase) -> tuple[Phase, Shape, np.ndarray]:
+        """``phase``'s shape and wire sizes.
 
         Phases are cached by identity (plans are cached, so a run's phases are a few objects
         reused every step), and phases with the same (source, destination) pairs share one
@@ -129,7 +144,7 @@ class Topology:
             if len(self._phases) >= _CACHE_LIMIT:
                 self._phases.clear()
             hit = self._phases[id(phase)] = (phase, shape, np.array([self.wire_size(size) for _, _, size in phase], dtype=float))
-        return Batch(hit[1], hit[2], tag)
+        return hit
 
     def _shape(self, pairs: Sequence[tuple[int, int]]) -> Shape:
         paths = [self.path(src, dst) for src, dst in pairs]
