@@ -34,8 +34,9 @@ The layout is the same on every node, so no sizes travel; each block sends
 ``min(topk, block numel)`` pairs. A 64 × 64 block with topk 32 costs 32 · (2 + 4)
 = 192 bytes for 4096 fp32 parameters: 0.047 bytes per parameter per step.
 
-Error feedback removes what was sent as ``m ← iDCT(c with the sent coefficients
-zeroed)``, which equals ``m − iDCT(sent)`` up to rounding.
+The momentum is kept as its DCT coefficients (the transform is linear and
+orthogonal), so error feedback is zeroing the coefficients that were sent; the
+result equals the reference's ``m ← m − iDCT(sent)`` up to rounding.
 """
 
 from __future__ import annotations
@@ -230,30 +231,37 @@ class DeMoStrategy(Strategy):
         self.weight_decay = weight_decay
 
     def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:
-        """Build one ChunkedDCT and one momentum buffer per parameter; the sign step is plain SGD."""
+        """Group the parameters by block shape and keep each group's momentum as DCT coefficients.
+
+        The DCT is linear, so ``DCT(β·m + lr·g) = β·DCT(m) + lr·DCT(g)``, and removing what
+        was sent is zeroing those coefficients: one transform of the gradients per step
+        instead of the reference's transform of the momentum and inverse of what was sent.
+        The sign step is plain SGD.
+        """
         super().setup(model, comm, ctx)
         self._dct = [ChunkedDCT(p.shape, self.compression_chunk, p.dtype, p.device) for p in self.params]
         self._groups = _block_groups(self._dct, [p.dtype for p in self.params], self.compression_topk)
-        self._momentum = [torch.zeros_like(p) for p in self.params]
+        self._momentum = [self.params[g.members[0]].new_zeros((g.num_blocks, g.dct.block_numel))
+                          for g in self._groups]
 
     @torch.no_grad()
     def step(self) -> None:
         if self.max_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         lr = self.optimizer.param_groups[0]["lr"]
-        for p, m in zip(self.params, self._momentum):
-            if self.weight_decay:
+        if self.weight_decay:
+            for p in self.params:
                 p.mul_(1.0 - lr * self.weight_decay)
-            m.mul_(self.compression_decay)
-            if p.grad is not None:
-                m.add_(p.grad, alpha=lr)
         parts: list[torch.Tensor] = []
-        for g in self._groups:
-            coeffs = g.dct.transform(torch.cat([d.blocks(self._momentum[i]) for i, d in zip(g.members, g.dcts)]))
+        for g, coeffs in zip(self._groups, self._momentum):
+            coeffs.mul_(self.compression_decay)
+            grads = [self.params[i].grad for i in g.members]
+            if any(grad is not None for grad in grads):
+                blocks = [d.blocks(torch.zeros_like(self.params[i]) if grad is None else grad)
+                          for i, d, grad in zip(g.members, g.dcts, grads)]
+                coeffs.add_(g.dct.transform(torch.cat(blocks)), alpha=lr)
             idx, val = compress(coeffs, g.k)
-            residual = g.dct.inverse(coeffs.scatter_(-1, idx, 0.0))  # m - iDCT(what was sent)
-            for i, d, blocks in zip(g.members, g.dcts, residual.split(g.splits)):
-                self._momentum[i].copy_(d.unblocks(blocks))
+            coeffs.scatter_(-1, idx, 0.0)  # error feedback: what was sent leaves the momentum
             parts += [idx.to(g.dct.index_dtype).reshape(-1).view(torch.uint8), val.reshape(-1).view(torch.uint8)]
 
         gathered = self.comm.all_gather(torch.cat(parts))
@@ -269,13 +277,21 @@ class DeMoStrategy(Strategy):
             self.scheduler.step()
         self.local_step += 1
 
+    def momentum(self) -> list[torch.Tensor]:
+        """Each parameter's momentum, in the parameter's shape (decoded from the kept coefficients)."""
+        out: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
+        for g, coeffs in zip(self._groups, self._momentum):
+            for i, d, rows in zip(g.members, g.dcts, coeffs.split(g.splits)):
+                out[i] = d.decode(rows)
+        return out
+
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "momentum": [m.clone() for m in self._momentum]}
+        return {**super().state_dict(), "momentum": [c.clone() for c in self._momentum]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        for m, saved in zip(self._momentum, state["momentum"]):
-            m.copy_(saved)
+        for c, saved in zip(self._momentum, state["momentum"]):
+            c.copy_(saved)
 
 
 def _take(gathered: torch.Tensor, offset: int, dtype: torch.dtype, blocks: int, k: int) -> tuple[torch.Tensor, int]:
