@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from exonet.netsim import engine, fastpath, simulate
-from exonet.netsim.flows import REL_TOL, Batch, Flow, FluidNetwork
+from exonet.netsim.flows import REL_TOL, Batch, FluidNetwork, Shape
 from exonet.scenario import ALGORITHMS, EventSpec, LinkSpec, Resolved
 from exonet.trace import Trace
 
@@ -25,6 +25,15 @@ exact = {"rel": 1e-9, "abs": 1e-12}
 
 
 # ---------------------------------------------------------------- the reference
+class Flow:
+    """A message in transit: ``remaining`` bytes through ``links`` at ``rate`` bytes/s."""
+
+    __slots__ = ("cap", "dst", "links", "rate", "remaining", "size", "src")
+
+    def __init__(self, src: int, dst: int, links: tuple[int, ...], size: float, cap: float) -> None:
+        self.src, self.dst, self.links, self.size, self.remaining, self.cap, self.rate = src, dst, links, size, size, cap, 0.0
+
+
 def reference_max_min(flows: list[Flow], capacity) -> None:
     count: dict[int, int] = {}
     for f in flows:
@@ -59,11 +68,10 @@ def reference_fifo(flows: list[Flow], capacity) -> None:
 
 
 class Reference:
-    """The flow-by-flow network, answering in batches: (batch, finished rows) as ``FluidNetwork.update`` does."""
+    """The flow-by-flow network behind the batch interface: it takes batches and answers (batch, rows)."""
 
     def __init__(self, capacity, sharing: str = "max-min", *, resolution: float = 0.0) -> None:
         self.capacity = capacity
-        self.pad = len(capacity)
         self.resolution = resolution
         self._allocate = {"max-min": reference_max_min, "fifo": reference_fifo}[sharing]
         self._flows: dict[Flow, tuple[Batch, int]] = {}
@@ -75,19 +83,24 @@ class Reference:
 
     @property
     def quiet(self) -> bool:
-        return not self._flows and not self._paused
+        return not self._paused
 
     @property
-    def flows(self) -> list[Flow]:
-        return list(self._flows)
+    def batches(self) -> list[Batch]:
+        """The batches in transit, their rows brought up to date (as the fast path hands them over)."""
+        for f, (b, i) in self._flows.items():
+            b.remaining[i] = f.remaining
+        return list(dict.fromkeys(b for b, _ in self._flows.values()))
 
-    def add(self, batch) -> None:
-        if not isinstance(batch, Batch):  # flows handed over from the fast path: copy them, as FluidNetwork does
-            copy = FluidNetwork(self.capacity)
-            copy.add(batch)
-            (batch,) = copy.batches
-        for i in range(len(batch.shape)):
-            self._flows[batch.flow(i)] = (batch, i)
+    def busy(self) -> frozenset[int]:
+        return frozenset(link for f in self._flows for link in f.links)
+
+    def add(self, batch: Batch) -> None:
+        s = batch.shape
+        for i in np.flatnonzero(batch.live):
+            f = Flow(int(s.src[i]), int(s.dst[i]), s.paths[i], float(batch.size[i]), float(s.cap[i]))
+            f.remaining = float(batch.remaining[i])
+            self._flows[f] = (batch, int(i))
 
     def advance(self, t: float) -> None:
         dt = t - self.now
@@ -110,8 +123,9 @@ class Reference:
                 if f.remaining <= REL_TOL * f.size or (f.rate > 0 and f.remaining <= f.rate * tolerance)]
         out: dict[Batch, list[int]] = {}
         for f in done:
-            f.remaining = 0.0
             batch, i = self._flows.pop(f)
+            batch.live[i], batch.remaining[i] = False, math.inf
+            batch.left -= 1
             out.setdefault(batch, []).append(i)
         active = [f for f in self._flows if f.src not in self._paused and f.dst not in self._paused]
         for f in self._flows:
@@ -120,16 +134,20 @@ class Reference:
             self._allocate(active, self.capacity)
         return [(b, np.array(rows)) for b, rows in out.items()]
 
+    def rates(self) -> list[tuple[float, float]]:
+        """(rate, bytes left) of every flow in transit, in arrival order."""
+        return [(f.rate, f.remaining) for f in self._flows]
+
     def rebase(self) -> None:
         self.now = 0.0
 
     def next_finish(self) -> float:
         return self.now + min((f.remaining / f.rate for f in self._flows if f.rate > 0), default=math.inf)
 
-    def settle(self, until: float = math.inf) -> list[tuple[Flow, float]]:
+    def run(self, until: float = math.inf) -> list[tuple[Batch, np.ndarray, float]]:
         out = []
         while True:
-            out.extend((b.flow(int(i)), self.now) for b, rows in self.update() for i in rows)
+            out.extend((b, rows, self.now) for b, rows in self.update())
             t = self.next_finish()
             if t > until:
                 if until < math.inf:
@@ -141,15 +159,20 @@ class Reference:
 
 
 # ------------------------------------------------------- the networks side by side
-def random_batch(rng: random.Random, links: int, n: int, tag: int) -> list[Flow]:
-    out = []
-    size = rng.choice([1.0, rng.uniform(0.1, 5.0)])  # a phase's messages often have one size
-    for _ in range(rng.randint(1, 6)):
-        path = tuple(rng.sample(range(links), rng.randint(1, min(3, links))))
-        cap = math.inf if rng.random() < 0.7 else rng.uniform(0.2, 3.0)
-        out.append(Flow(rng.randrange(n), rng.randrange(n), path, size if rng.random() < 0.7 else rng.uniform(0.0, 5.0),
-                        cap, 0.0, tag))
-    return out
+def random_batch(rng: random.Random, links: int, n: int) -> tuple[Shape, np.ndarray]:
+    """A few messages with random paths, caps and endpoints, often of one size (as a phase's are)."""
+    k = rng.randint(1, 6)
+    paths = [tuple(rng.sample(range(links), rng.randint(1, min(3, links)))) for _ in range(k)]
+    caps = [math.inf if rng.random() < 0.7 else rng.uniform(0.2, 3.0) for _ in range(k)]
+    size = rng.choice([1.0, rng.uniform(0.1, 5.0)])
+    sizes = [size if rng.random() < 0.7 else rng.uniform(0.0, 5.0) for _ in range(k)]
+    ends = [(rng.randrange(n), rng.randrange(n)) for _ in range(k)]
+    shape = Shape(paths, [a for a, _ in ends], [b for _, b in ends], caps, [0.0] * k, pad=links)
+    return shape, np.array(sizes)
+
+
+def in_transit(net: FluidNetwork) -> list[tuple[float, float]]:
+    return [(float(b.rate[i]), float(b.remaining[i])) for b in net.batches for i in np.flatnonzero(b.live)]
 
 
 @pytest.mark.parametrize("sharing", ["max-min", "fifo"])
@@ -163,28 +186,25 @@ def test_the_batched_network_matches_the_flow_by_flow_one(sharing, seed):
     for tag in range(40):
         action = rng.random()
         if action < 0.45:
-            flows = random_batch(rng, links, n, tag)
-            new.add(flows)
-            ref.add(flows)
+            shape, sizes = random_batch(rng, links, n)
+            new.add(Batch(shape, sizes, tag))
+            ref.add(Batch(shape, sizes, tag))
         elif action < 0.55:
-            if down and rng.random() < 0.5:
-                rank = down.pop()
-                new.pause(rank, False), ref.pause(rank, False)
-            else:
-                rank = rng.randrange(n)
+            up = bool(down) and rng.random() < 0.5
+            rank = down.pop() if up else rng.randrange(n)
+            if not up:
                 down.append(rank)
-                new.pause(rank, True), ref.pause(rank, True)
+            new.pause(rank, not up)
+            ref.pause(rank, not up)
         else:
             t = ref.next_finish()
             assert new.next_finish() == pytest.approx(t, rel=1e-9)
             if t < math.inf:
-                new.advance(t), ref.advance(t)
-        finished_new = {(id(b), int(i)) for b, rows in new.update() for i in rows}
-        finished_ref = {(id(b), int(i)) for b, rows in ref.update() for i in rows}
-        assert len(finished_new) == len(finished_ref)
-        assert len(new) == len(ref)
-        for a, b in zip(new.flows, ref.flows):
-            assert (a.rate, a.remaining) == pytest.approx((b.rate, b.remaining), rel=1e-9, abs=1e-12)
+                new.advance(t)
+                ref.advance(t)
+        finished = [{(b.tag, int(i)) for b, rows in net.update() for i in rows} for net in (new, ref)]
+        assert finished[0] == finished[1]
+        assert in_transit(new) == pytest.approx(ref.rates(), rel=1e-9, abs=1e-12)
     assert new.next_finish() == pytest.approx(ref.next_finish(), rel=1e-9)
 
 

@@ -553,17 +553,19 @@ class Simulation:
         c.phase = p
         c.pending = len(plan.phases[p])
         later: list[tuple[int, Instance, int]] = []
-        for f, at in done:
-            arrive = origin + ticks(p_start + at + f.latency)
-            if arrive <= t:
-                c.pending -= 1
-            else:
-                later.append((arrive, c, 1))
+        for batch, rows, at in done:
+            for latency, k in batch.arrivals(rows):
+                arrive = origin + ticks(p_start + at + latency)
+                if arrive <= t:
+                    c.pending -= k
+                else:
+                    later.append((arrive, c, k))
         self._active[c] = None
         self._deliver_later(later)
         if rest:
             self._drain(t)
-            self._net.add(rest)
+            for batch in rest:
+                self._net.add(batch)
             self._net_changed(t)
         if c.pending == 0:
             self._phase_done(t, c)

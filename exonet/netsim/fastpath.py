@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from exonet.netsim.collectives import choose, phases
-from exonet.netsim.flows import Flow, FluidNetwork
+from exonet.netsim.flows import Batch, FluidNetwork
 from exonet.netsim.topology import Phase, Topology
 
 _CACHE_LIMIT = 4096
@@ -90,26 +91,26 @@ class Planner:
         t = self._phase_times.get(phase)
         if t is None:
             _, done = self._solve(phase, None, math.inf)
-            t = max(at + f.latency for f, at in done)
+            t = max(at + latency for b, rows, at in done for latency, _ in b.arrivals(rows))
             if len(self._phase_times) >= _CACHE_LIMIT:
                 self._phase_times.clear()
             self._phase_times[phase] = t
         return t
 
-    def _solve(self, phase: Phase, tag: object, until: float) -> tuple[FluidNetwork, list[tuple[Flow, float]]]:
+    def _solve(self, phase: Phase, tag: object, until: float) -> tuple[FluidNetwork, list[tuple[Batch, np.ndarray, float]]]:
         net = FluidNetwork(self._topo.capacity, self._sharing)
         net.add(self._topo.batch(phase, tag))
-        return net, net.settle(until)
+        return net, net.run(until)
 
-    def state_at(self, plan: Plan, tau: float, tag: object) -> tuple[int, float, list[tuple[Flow, float]], Sequence[Flow]]:
+    def state_at(self, plan: Plan, tau: float, tag: object) -> tuple[int, float, list[tuple[Batch, np.ndarray, float]], list[Batch]]:
         """Where a lone ``plan`` stands ``tau`` seconds after it started.
 
         Returns the current phase index, that phase's start (relative), the messages
-        whose bytes have all left with the time they did (relative to the phase start),
-        and the flows still in transit with their remaining bytes. Flows carry ``tag``.
+        whose bytes have all left as (batch, rows, time they did, relative to the phase
+        start), and the batches still in transit with their remaining bytes, owned by ``tag``.
         """
         offsets = plan.offsets
         assert offsets is not None, "state_at needs a timed plan"
         p = min(bisect_right(offsets, tau) - 1, len(plan.phases) - 1)
         net, done = self._solve(plan.phases[p], tag, tau - offsets[p])
-        return p, offsets[p], done, list(net.flows)
+        return p, offsets[p], done, list(net.batches)

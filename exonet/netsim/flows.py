@@ -34,33 +34,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 REL_TOL = 1e-12
 _CACHE_LIMIT = 4096
 _shape_ids = itertools.count()
-
-
-class Flow:
-    """A message in transit: ``remaining`` bytes through ``links`` at ``rate`` bytes/s.
-
-    ``latency`` is added after the last byte leaves; ``tag`` names the owner (a collective).
-    """
-
-    __slots__ = ("cap", "dst", "latency", "links", "rate", "remaining", "size", "src", "tag")
-
-    def __init__(self, src: int, dst: int, links: tuple[int, ...], size: float, cap: float, latency: float, tag: object) -> None:
-        self.src = src
-        self.dst = dst
-        self.links = links
-        self.size = size
-        self.remaining = size
-        self.cap = cap
-        self.latency = latency
-        self.rate = 0.0
-        self.tag = tag
 
 
 class Shape:
@@ -115,15 +95,6 @@ class Batch:
 
     def __len__(self) -> int:
         return self.left
-
-    def flow(self, i: int) -> Flow:
-        """Row ``i`` as a ``Flow``, with its bytes left and rate."""
-        s = self.shape
-        f = Flow(int(s.src[i]), int(s.dst[i]), s.paths[i], float(self.size[i]), float(s.cap[i]), float(s.latency[i]), self.tag)
-        left = float(self.remaining[i])
-        f.remaining = 0.0 if left == math.inf else left
-        f.rate = float(self.rate[i])
-        return f
 
     def arrivals(self, rows: np.ndarray) -> list[tuple[float, int]]:
         """(latency, how many) of ``rows``: when, after their last byte left, how many are delivered."""
@@ -217,7 +188,6 @@ class FluidNetwork:
         self._paused: dict[int, int] = {}  # rank -> how many outages hold it down
         self._changed = False
         self._rates = _allocations(self._capacity, sharing)
-        self._shapes: dict[tuple, Shape] = {}  # shapes of batches made from Flow objects
         self.now = 0.0
 
     def __len__(self) -> int:
@@ -232,11 +202,6 @@ class FluidNetwork:
         """The links that flows in transit cross."""
         return frozenset().union(*(b.shape.reach for b in self.batches))
 
-    @property
-    def flows(self) -> list[Flow]:
-        """The flows in transit, in arrival order, with their bytes left."""
-        return [b.flow(int(i)) for b in self.batches for i in np.flatnonzero(b.live)]
-
     def advance(self, t: float) -> None:
         """Drain every flow at its current rate up to time ``t``."""
         dt = t - self.now
@@ -245,29 +210,11 @@ class FluidNetwork:
                 b.remaining -= b.rate * dt
             self.now = t
 
-    def add(self, batch: Batch | Iterable[Flow]) -> None:
-        """Put a batch in transit from ``now``; ``Flow`` objects are copied into one batch per owner."""
-        if not isinstance(batch, Batch):
-            flows = list(batch) if not isinstance(batch, Flow) else [batch]
-            for tag in dict.fromkeys(f.tag for f in flows):
-                self.add(self._batch_of([f for f in flows if f.tag is tag]))
-            return
+    def add(self, batch: Batch) -> None:
+        """Put ``batch`` in transit from ``now`` (with the bytes it has left: it may come from another network)."""
         if batch.left:
             self.batches[batch] = None
             self._changed = True
-
-    def _batch_of(self, flows: list[Flow]) -> Batch:
-        """``flows`` (one owner's) as a batch; flows with the same paths share a shape, hence cached allocations."""
-        key = tuple((f.src, f.dst, f.links, f.cap, f.latency) for f in flows)
-        shape = self._shapes.get(key)
-        if shape is None:
-            if len(self._shapes) >= _CACHE_LIMIT:
-                self._shapes.clear()
-            shape = self._shapes[key] = Shape([f.links for f in flows], [f.src for f in flows], [f.dst for f in flows],
-                                              [f.cap for f in flows], [f.latency for f in flows], self.pad)
-        batch = Batch(shape, np.array([f.size for f in flows], dtype=float), flows[0].tag)
-        batch.remaining[:] = [f.remaining for f in flows]
-        return batch
 
     def pause(self, rank: int, down: bool) -> None:
         """Mark ``rank`` down (its flows stop) or up again; outages may overlap."""
@@ -361,14 +308,14 @@ class FluidNetwork:
                 best = t
         return self.now + best
 
-    def settle(self, until: float = math.inf) -> list[tuple[Flow, float]]:
-        """Run this network on its own up to ``until``: each finished flow with its finish time.
+    def run(self, until: float = math.inf) -> list[tuple[Batch, np.ndarray, float]]:
+        """Run this network on its own up to ``until``: (batch, rows, time) for the flows that finish.
 
         Flows still in transit at ``until`` stay in the network with their remaining bytes.
         """
-        out: list[tuple[Flow, float]] = []
+        out: list[tuple[Batch, np.ndarray, float]] = []
         while True:
-            out.extend((b.flow(int(i)), self.now) for b, rows in self.update() for i in rows)
+            out.extend((b, rows, self.now) for b, rows in self.update())
             t = self.next_finish()
             if t > until:
                 if until < math.inf:
