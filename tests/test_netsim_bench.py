@@ -9,3 +9,19 @@ def test_bench_reports_events_per_second(capsys):
     assert netsim.main(["--steps", "20", "--nodes", "8", "--mbytes", "1"]) == 0
     out = capsys.readouterr().out
     assert "480 events in" in out and "events/s" in out and "simulated wall-clock" in out
+
+
+def test_overlap_bench_reports_side_by_side_and_fits(capsys):
+    args = ["--overlap", "--steps", "4", "--nodes", "8", "--mbytes", "1", "--reference-steps", "2", "--fit"]
+    assert netsim.main(args) == 0
+    out = capsys.readouterr().out
+    assert "ms per step" in out and "event path alone" in out
+    assert "n^" in out and "steps^" in out
+
+
+def test_the_overlap_trace_matches_its_description():
+    trace = netsim.overlap_trace(3, 6, 1000)
+    world, region = trace.events[4][1:3]
+    assert (world.group, world.async_op) == (None, True) and region.group == (3, 4, 5)
+    assert [type(e).__name__ for e in trace.events[0][:6]] == ["Compute", "Collective", "Collective", "Wait", "Wait", "Step"]
+    assert all(len(row) == 3 * 6 for row in trace.events)

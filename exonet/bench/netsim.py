@@ -1,6 +1,7 @@
 """Benchmark the network simulator: replay a large DDP trace and report events per second.
 
 ``python -m exonet.bench netsim [--steps N] [--nodes K] [--mbytes M] [--buckets B] [--identical] [--event-path]``
+``python -m exonet.bench netsim --overlap [--steps N] [--nodes K] [--reference-steps R] [--fit]``
 
 The trace: every step, every rank computes for about 0.25 s (a fixed per-rank
 offset of up to ±2 %), issues one all_reduce of M MB, and marks the step end; with
@@ -10,6 +11,14 @@ NICs, 100 µs latency within a region, a 10 Gbit/s 40 ms link between them, ring
 algorithms, lognormal jitter σ = 0.05. ``--identical`` drops the offsets and the jitter,
 as an ``estimate`` trace: the engine then replays one rank for all. Building the trace
 is timed apart from the replay.
+
+``--overlap`` is the trace where collectives overlap, so flows share links: every step,
+every rank issues two async all-reduces of M MB at once, one on all ranks and one on its
+own region's ranks (hierarchical data parallelism), then waits for both. It is replayed
+twice, as the engine runs it and, on the first R steps, on the event path alone
+(``fast_path=False``: every collective flow by flow, no analytic phases), side by side.
+``--fit`` replays it at several node counts and step counts and fits the growth exponents
+of the replay time (time ∝ n^a at fixed steps, ∝ steps^b at fixed n).
 """
 
 from __future__ import annotations
@@ -61,6 +70,76 @@ def ddp_trace(steps: int, nodes: int, nbytes: int, seed: int = 0, buckets: int =
     return Trace(nodes, {"bench": "netsim"}, events)
 
 
+def overlap_trace(steps: int, nodes: int, nbytes: int, seed: int = 0) -> Trace:
+    """Every step: compute, then async all-reduces on all ranks and on the rank's region (its half), then both waits.
+
+    Ranks of one region share their event objects (events are immutable), so a 10,000-step trace stays small.
+    """
+    rng = np.random.default_rng(seed)
+    per_rank = 0.25 * (1.0 + 0.02 * rng.uniform(-1.0, 1.0, nodes))
+    half = nodes // 2
+    step = Step()
+    tails = []
+    for region in (tuple(range(half)), tuple(range(half, nodes))):
+        tail: list = []
+        for k in range(steps):
+            tail.append((Collective(2 * k, "all_reduce", nbytes, None, True), Collective(2 * k + 1, "all_reduce", nbytes, region, True),
+                         Wait(2 * k), Wait(2 * k + 1), step))
+        tails.append(tail)
+    events = []
+    for r in range(nodes):
+        span = Compute(float(per_rank[r]), float(per_rank[r]))
+        row: list = []
+        for rest in tails[r >= half]:
+            row.append(span)
+            row += rest
+        events.append(row)
+    return Trace(nodes, {"bench": "netsim-overlap"}, events)
+
+
+def replay_seconds(steps: int, nodes: int, nbytes: int, fast_path: bool = True) -> float:
+    """Seconds to replay the overlapped trace (building it not included)."""
+    trace = overlap_trace(steps, nodes, nbytes)
+    t0 = time.perf_counter()
+    simulate(trace, two_regions(nodes), fast_path=fast_path)
+    return time.perf_counter() - t0
+
+
+def exponent(xs: list[int], ys: list[float]) -> float:
+    """The least-squares slope of log y against log x: y grows as x to this power."""
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def overlap(args: argparse.Namespace) -> int:
+    nbytes = int(args.mbytes * 1e6)
+    t0 = time.perf_counter()
+    trace = overlap_trace(args.steps, args.nodes, nbytes)
+    built = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = simulate(trace, two_regions(args.nodes))
+    replay = time.perf_counter() - t0
+    print(f"trace: {args.steps} steps x {args.nodes} nodes, per step two concurrent async all_reduces of {args.mbytes:g} MB "
+          f"(all ranks, and the rank's region of {args.nodes // 2}), built in {built:.2f} s")
+    print(f"replay: {result.events} events in {replay:.2f} s = {replay / args.steps * 1e3:.3f} ms per step")
+    print(f"simulated wall-clock {result.wall_clock_s:.1f} s, step {result.wall_clock_s / max(1, result.num_steps):.4f} s, "
+          f"utilization {result.utilization:.1%}")
+    r = min(args.reference_steps, args.steps)
+    if r > 0:
+        here, alone = replay_seconds(r, args.nodes, nbytes), replay_seconds(r, args.nodes, nbytes, fast_path=False)
+        print(f"side by side on the first {r} steps: {here / r * 1e3:.3f} ms per step as run, "
+              f"{alone / r * 1e3:.3f} ms on the event path alone (fast_path=False): {alone / here:.1f}x")
+    if args.fit:
+        fit_steps, most = max(5, args.steps // 50), max(40, args.steps // 4)
+        nodes, counts = [16, 32, 64, 128, 256], [most // 8, most // 4, most // 2, most]
+        by_n = [replay_seconds(fit_steps, n, nbytes) for n in nodes]
+        by_steps = [replay_seconds(k, args.nodes, nbytes) for k in counts]
+        print(f"fit, {fit_steps} steps: " + ", ".join(f"n={n} {t:.2f} s" for n, t in zip(nodes, by_n))
+              + f" -> time grows as n^{exponent(nodes, by_n):.2f}")
+        print(f"fit, {args.nodes} nodes: " + ", ".join(f"{k} steps {t:.2f} s" for k, t in zip(counts, by_steps))
+              + f" -> time grows as steps^{exponent(counts, by_steps):.2f}")
+    return 0
+
+
 def two_regions(nodes: int, jitter: bool = True) -> Resolved:
     nic = 10e9 / 8
     half = nodes // 2
@@ -87,7 +166,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--identical", action="store_true",
                         help="every rank the same events and no jitter, as an estimate (replayed once for all ranks)")
     parser.add_argument("--event-path", action="store_true", help="disable the fast path (every flow as events)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="two concurrent async all-reduces per step, on all ranks and on each region (flows share links)")
+    parser.add_argument("--reference-steps", type=int, default=100,
+                        help="with --overlap: steps replayed side by side on the event path alone (default 100; 0 skips)")
+    parser.add_argument("--fit", action="store_true", help="with --overlap: fit the growth exponents in nodes and in steps")
     args = parser.parse_args(argv)
+    if args.overlap:
+        return overlap(args)
     t0 = time.perf_counter()
     trace = ddp_trace(args.steps, args.nodes, int(args.mbytes * 1e6), buckets=args.buckets, identical=args.identical)
     built = time.perf_counter() - t0
