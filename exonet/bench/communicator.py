@@ -5,7 +5,9 @@ K spawned gloo processes reduce the same fp32 buffer both ways, in alternating b
 sides alike. The exonet side does all it does in a run: flushes the compute span,
 counts the bytes and appends the Collective; events are handed over every block as
 ``mark_step`` would. Reported: the median per-call time of each side over the rounds, on
-the slowest rank, and their ratio.
+the slowest rank, and their ratio; and the calling thread's CPU time per call (gloo
+reduces on its own threads, so this is the Python side, and it is steadier than wall
+time on a loaded machine).
 
     python -m exonet.bench communicator [--nodes 2] [--sizes 4096,1048576] [--rounds 21] [--calls 50]
     python -m exonet.bench communicator --profile   # cProfile of rank 0's exonet calls
@@ -30,11 +32,12 @@ import torch.multiprocessing as mp
 from exonet.communicator import Communicator
 
 
-def _time_block(fn: Any, calls: int) -> float:
-    t0 = time.perf_counter()
+def _time_block(fn: Any, calls: int) -> tuple[float, float]:
+    """Wall and calling-thread CPU seconds per call (gloo works on its own threads: the CPU is the Python side)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - t0) / calls
+    return (time.perf_counter() - t0) / calls, (time.thread_time() - c0) / calls
 
 
 def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: int, profile: bool,
@@ -44,7 +47,7 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
     dist.init_process_group("gloo", store=store, rank=rank, world_size=k)
     comm = Communicator(rank, k, torch.device("cpu"))
     comm.begin()
-    results: dict[int, tuple[float, float]] = {}
+    results: dict[int, tuple[float, float, float, float]] = {}
     profiles: list[str] = []
     for nbytes in sizes:
         buf = torch.zeros(max(1, nbytes // 4))  # zeros: repeated sums stay finite
@@ -53,12 +56,13 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
         _time_block(raw, calls)  # warm-up: gloo pairs, allocator
         _time_block(ours, calls)
         comm.take_events()
-        raw_s, ours_s = [], []
+        raw_s: list[tuple[float, float]] = []
+        ours_s: list[tuple[float, float]] = []
         for r in range(rounds):
             for side in ((raw, ours) if r % 2 == 0 else (ours, raw)):
                 (raw_s if side is raw else ours_s).append(_time_block(side, calls))
             comm.take_events()
-        results[nbytes] = (statistics.median(raw_s), statistics.median(ours_s))
+        results[nbytes] = tuple(statistics.median(t[j] for t in s) for s in (raw_s, ours_s) for j in (0, 1))
         if profile:
             prof = cProfile.Profile()
             prof.enable()
@@ -73,15 +77,17 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
     queue.put((rank, results, profiles if rank == 0 else []))
 
 
-def measure(k: int, sizes: list[int], rounds: int, calls: int, profile: bool = False) -> tuple[dict[int, tuple[float, float]], list[str]]:
-    """Per-size (raw, exonet) median seconds per call on the slowest rank, and rank 0's profiles."""
+def measure(k: int, sizes: list[int], rounds: int, calls: int,
+            profile: bool = False) -> tuple[dict[int, tuple[float, ...]], list[str]]:
+    """Per size, median seconds per call on the slowest rank: (raw wall, raw CPU, exonet wall, exonet CPU);
+    and rank 0's profiles."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
     mp.start_processes(_node, args=(k, store.port, sizes, rounds, calls, profile, queue), nprocs=k,
                        start_method="spawn")
     per_rank = [queue.get() for _ in range(k)]
-    worst = {n: (max(r[1][n][0] for r in per_rank), max(r[1][n][1] for r in per_rank)) for n in sizes}
+    worst = {n: tuple(max(r[1][n][j] for r in per_rank) for j in range(4)) for n in sizes}
     return worst, [p for r in per_rank for p in r[2]]
 
 
@@ -104,9 +110,10 @@ def main(argv: list[str]) -> int:
     results, profiles = measure(args.nodes, sizes, args.rounds, args.calls, args.profile)
     print(f"communicator bench: K={args.nodes} gloo processes, all_reduce fp32, {args.rounds} rounds x "
           f"{args.calls} calls per side, median per call (slowest rank)")
-    for nbytes, (raw, ours) in results.items():
+    for nbytes, (raw, raw_cpu, ours, ours_cpu) in results.items():
         print(f"  {_size(nbytes):>9}  raw dist.all_reduce {raw * 1e6:9.1f} us   exonet Communicator "
-              f"{ours * 1e6:9.1f} us   ratio exonet/raw {ours / raw:.3f}  (overhead {(ours - raw) * 1e6:+.1f} us)")
+              f"{ours * 1e6:9.1f} us   ratio exonet/raw {ours / raw:.3f}  (overhead {(ours - raw) * 1e6:+.1f} us; "
+              f"calling-thread CPU {raw_cpu * 1e6:.1f} vs {ours_cpu * 1e6:.1f} us)")
     for text in profiles:
         print(text)
     return 0
