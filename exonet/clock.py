@@ -1,10 +1,18 @@
-"""SimClock: the online simulated clock of a run trained for a budget of simulated time.
+"""The online simulated clock: the parent's replay of a run while it trains, and each node's link to it.
 
 ``fit(scenario=S, max_sim_time_s=T)`` replays the run in S while it trains: every step's
 events are fed to an incremental ``Simulation`` as the nodes report them, and a node
-starts step k only once the clock says step k−1 ended before T. Synchronous strategies
-are gated by their slowest node, so the decision is global: every node is told the
-same thing, does the same number of steps, and the collectives always match.
+starts step k only once the clock says step k−1 ended before T.
+
+* Synchronous strategies are gated by their slowest node, so the decision is global:
+  every node is told the same thing, does the same number of steps, and the collectives
+  always match.
+* A strategy with a server (``Strategy.servers``, e.g. asynchronous DiLoCo, FedBuff) is
+  decided per node: each trainer does as many steps as fit into T at its own simulated
+  speed. Its server asks the clock which message it receives next (``recv_any``): the one
+  that arrives first in simulated time, whatever order the real processes reach it in.
+  Such a run is always clocked (T may be infinite), and its nodes report their events
+  before every blocking call, so the clock always has what it needs to answer.
 
 Compute must be deterministic for the clock to mean anything: the scenario's
 ``compute.mode`` must be "flops" (the FLOPs torch counts per step, divided by the device
@@ -15,71 +23,198 @@ results do not depend on feed order).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from exonet.netsim import SimResult, Simulation
+from exonet.netsim.engine import AnyRecv
 from exonet.scenario import Scenario
-from exonet.trace import Event, Step
+from exonet.trace import Collective, Event, Step
+
+Decision = tuple[int | None, int, bool]  # (rank, or None for every node; step; whether it runs)
 
 
 class SimClock:
-    """An incremental replay of a run, and the stop decisions it implies.
+    """An incremental replay of a run, its stop decisions, and answers to the nodes' questions.
 
     Args:
         scenario: the network and devices the run is timed in.
-        num_nodes: K.
-        limit_s: the budget of simulated seconds (``max_sim_time_s``).
+        world: every rank of the run (trainers, then servers).
+        limit_s: the budget of simulated seconds (``max_sim_time_s``; inf: no limit).
         max_steps: the run's cap on steps: no decision is made for a step beyond it.
+        trainers: ranks 0 .. trainers−1 train (the rest serve).
+        synchronous: decide for every node at once (else for each trainer on its own).
+        what: the fit argument that needs the clock, for errors.
     """
 
-    def __init__(self, scenario: Scenario, num_nodes: int, limit_s: float, max_steps: int) -> None:
-        resolved = scenario.resolve(num_nodes)
+    def __init__(self, scenario: Scenario, world: int, limit_s: float, max_steps: int, *, trainers: int | None = None,
+                 synchronous: bool = True, what: str = "max_sim_time_s") -> None:
+        resolved = scenario.resolve(world)
         if resolved.compute_mode != "flops":
-            raise ValueError(f"fit: max_sim_time_s needs deterministic compute: scenario {scenario.name!r} has "
+            raise ValueError(f"fit: {what} needs deterministic compute: scenario {scenario.name!r} has "
                              f"compute.mode {resolved.compute_mode!r}; set [compute] mode = \"flops\" with tflops and mfu")
-        self.limit_s, self.max_steps = limit_s, max_steps
+        self.limit_s, self.max_steps, self.synchronous = limit_s, max_steps, synchronous
+        self.gated = math.isfinite(limit_s)  # nodes wait for step decisions only under a limit
+        self.speeds = tuple(resolved.speed)
         self.sim = Simulation(resolved, name=scenario.name)
-        self._decided = 0  # the last step decided (step 0 always runs)
-        self._reported = [0] * num_nodes  # steps each node has reported
-        self.stopped_at: int | None = None
+        self._trainers = range(world if trainers is None else trainers)
+        self._decided = [0] * world  # per rank: the last step decided (step 0 always runs)
+        self._stopped: set[int] = set()
+        self._reported = [0] * world  # steps each node has reported
+        self._asked: dict[int, tuple[tuple, int]] = {}  # rank -> its open question, messages it had taken
+        self.stopped_at: int | None = None  # a synchronous run's first step not run
 
     def feed(self, rank: int, events: Sequence[Event]) -> None:
-        """Events a node reported (one step's, or its final ones); replays as far as they allow."""
+        """Events a node reported (a step's, those before a blocking call, or its final ones); replays them."""
         for e in events:
             self.sim.feed(rank, e)
             if type(e) is Step:
                 self._reported[rank] += 1
         self.sim.run_until_blocked()
 
-    def decisions(self) -> list[tuple[int, bool]]:
-        """New (step, go) decisions: step k runs if step k−1 ended before the limit on its slowest node.
+    def ask(self, rank: int, question: tuple) -> None:
+        """``rank`` asks ``question`` (after its events so far were fed); ``answers`` gives the reply when known.
 
-        A decision for step k is made once every node has finished step k−1 in the replay;
-        after the first "stop" there are no more.
+        Questions: ``("recv_any", cid, nbytes, dtype)``, which message ``rank`` receives next:
+        answered (sender, simulated seconds it was received), or None once no message can
+        come; ``("speeds",)``, every rank's relative compute speed in the scenario.
         """
-        out: list[tuple[int, bool]] = []
-        while self.stopped_at is None and self._decided + 1 < self.max_steps:
-            end = self.sim.step_end(self._decided)
+        if rank in self._asked:
+            raise RuntimeError(f"online clock: rank {rank} asked {question[0]!r} before its last question was answered")
+        taken = len(self.sim.received(rank))
+        self._asked[rank] = (question, taken)
+        if question[0] == "recv_any":
+            self.sim.feed(rank, AnyRecv(question[2]))
+            self.sim.run_until_blocked()
+        elif question[0] != "speeds":
+            del self._asked[rank]
+            raise ValueError(f"online clock: unknown question {question[0]!r}")
+
+    def answers(self) -> list[tuple[int, tuple, Any]]:
+        """(rank, question, answer) for every open question the replay can now answer."""
+        out: list[tuple[int, tuple, Any]] = []
+        for rank, (question, taken) in list(self._asked.items()):
+            if question[0] == "speeds":
+                out.append((rank, question, self.speeds))
+            elif len(self.sim.received(rank)) > taken:
+                out.append((rank, question, self.sim.received(rank)[taken]))
+            elif self.sim.waits_for_any(rank) and not self.sim.may_receive(rank):
+                self.sim.cancel_any(rank)
+                out.append((rank, question, None))
+            else:
+                continue
+            del self._asked[rank]
+        return out
+
+    def decisions(self) -> list[Decision]:
+        """New step decisions: step k runs if step k−1 ended before the limit.
+
+        Synchronous: on its slowest node, once every node has finished step k−1 in the replay,
+        for every node at once; after the first "stop" there are no more. Per node: on that
+        trainer, once it has finished step k−1.
+        """
+        if not self.gated:
+            return []
+        return self._global() if self.synchronous else self._per_node()
+
+    def _global(self) -> list[Decision]:
+        out: list[Decision] = []
+        decided = self._decided[0]
+        while self.stopped_at is None and decided + 1 < self.max_steps:
+            end = self.sim.step_end(decided)
             if end is None:
                 break
-            k = self._decided + 1
+            decided += 1
             go = end < self.limit_s
-            out.append((k, go))
-            self._decided = k
+            out.append((None, decided, go))
             if not go:
-                self.stopped_at = k
-        if not out and self.stopped_at is None and self._decided + 1 < self.max_steps \
-                and min(self._reported) > self._decided:
+                self.stopped_at = decided
+        if not out and self.stopped_at is None and decided + 1 < self.max_steps and min(self._reported) > decided:
             raise RuntimeError(
-                f"fit(max_sim_time_s=...): every node has reported step {self._decided}, but the online clock "
+                f"fit(max_sim_time_s=...): every node has reported step {decided}, but the online clock "
                 f"cannot tell when it ended without the next step's traffic (a collective of a subgroup still "
                 f"in flight); strategies whose subgroups change per round are not supported by the clock yet")
+        self._decided[0] = decided
+        return out
+
+    def _per_node(self) -> list[Decision]:
+        out: list[Decision] = []
+        for r in self._trainers:
+            k = self._decided[r] + 1
+            if r in self._stopped or k >= self.max_steps:
+                continue
+            steps, end = self.sim.rank_steps(r)
+            if steps >= k:
+                go = end < self.limit_s
+                out.append((r, k, go))
+                self._decided[r] = k
+                if not go:
+                    self._stopped.add(r)
         return out
 
     def close(self, rank: int) -> None:
-        """``rank`` will report nothing more."""
+        """``rank`` will report nothing more (it no longer holds the replay back)."""
         self.sim.close(rank)
+        self.sim.run_until_blocked()
 
     def result(self, history: Sequence[float] | None = None) -> SimResult:
         """The replay of the whole run (every node closed)."""
         return self.sim.result(history)
+
+
+def received_event(rank: int, question: tuple, answer: tuple[int, float]) -> Collective:
+    """The trace's record of an answered ``recv_any``: a plain recv from the sender the clock chose."""
+    _, cid, nbytes, dtype = question
+    return Collective(cid, "recv", nbytes, tuple(sorted((answer[0], rank))), False, dtype)
+
+
+class ClockLink:
+    """A node's side of the online clock: step decisions and answers arrive on one pipe, in order.
+
+    Args:
+        control: the read end of the parent's messages ``("step", k, go)`` and ``("answer", value)``.
+        report: sends a message to the parent (the node's pipe).
+        rank: this node.
+        blocked: the heartbeat's context for waiting on others (waiting for the clock is not a hang).
+        gated: whether steps wait for decisions (a limit in simulated time was given).
+        announces: report events before every blocking call (a run with a server: see the module doc).
+    """
+
+    def __init__(self, control: Any, report: Callable[[tuple], None], rank: int, blocked: Callable[[], Any],
+                 gated: bool, announces: bool) -> None:
+        self._control, self._report, self.rank, self._blocked = control, report, rank, blocked
+        self.gated, self.announces = gated, announces
+        self._steps: deque[tuple[int, bool]] = deque()
+
+    def _read(self, kind: str) -> Any:
+        while True:
+            if kind == "step" and self._steps:
+                return self._steps.popleft()
+            with self._blocked():
+                msg = self._control.recv()
+            if msg[0] == kind and kind == "answer":
+                return msg[1]
+            if msg[0] != "step":
+                raise RuntimeError(f"online clock: expected a {kind}, got {msg!r}")
+            self._steps.append((msg[1], msg[2]))
+
+    def allows(self, step: int) -> bool:
+        """Whether step ``step`` may run (waits for the parent's decision when the run is gated)."""
+        if not self.gated:
+            return True
+        k, go = self._read("step")
+        if k != step:
+            raise RuntimeError(f"online clock: expected the decision for step {step}, got one for step {k}")
+        return go
+
+    def announce(self, events: list[Event]) -> None:
+        """Report events before a blocking call, so the clock can replay up to it."""
+        if events:
+            self._report(("events", self.rank, events))
+
+    def ask(self, question: tuple, events: list[Event]) -> Any:
+        """Report ``events``, ask ``question`` (see ``SimClock.ask``) and wait for the answer."""
+        self._report(("query", self.rank, events, question))
+        return self._read("answer")

@@ -12,18 +12,24 @@ goes through ``bookkeeping()``: the clock is paused, nothing is recorded or coun
 ``blocking`` is the one hook for the runtime: every call that waits on other nodes runs
 inside ``comm.blocking()``. The node sets it to its heartbeat, so the progress watchdog
 can tell a node that waits in a collective from the node that hangs (exonet.watchdog).
+Under the online clock (exonet.clock) ``clock`` is the node's link to it: ``recv_any``
+asks it who to receive from, and when it ``announces``, every blocking call first
+reports the events so far (the call itself included, its ``end_s`` then None).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 from exonet.trace import Collective, Compute, Event, Step, Wait
+
+if TYPE_CHECKING:
+    from exonet.clock import ClockLink
 
 GroupArg = Sequence[int] | None
 
@@ -40,6 +46,7 @@ class Handle:
         if not self._done:
             self._comm._flush_compute()
             self._comm.events.append(Wait(self._cid))
+            self._comm._announce()
             if self._work is not None:
                 with self._comm.blocking():
                     self._work.wait()
@@ -78,6 +85,7 @@ class Communicator:
         self._sync = torch.cuda.synchronize if device.type == "cuda" else None
         self._running = False
         self.blocking: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+        self.clock: ClockLink | None = None
         self._restart_clock()
 
     # ---------------------------------------------------------------- clock
@@ -124,6 +132,12 @@ class Communicator:
         self.events.append(Step())
         events, self.events = self.events, []
         return events
+
+    def _announce(self) -> None:
+        """Under an announcing clock, report the events so far before a blocking call."""
+        if self.clock is not None and self.clock.announces:
+            events, self.events = self.events, []
+            self.clock.announce(events)
 
     def take_events(self) -> list[Event]:
         """Events since the last step boundary (e.g. communication a strategy finished after its last step)."""
@@ -206,12 +220,17 @@ class Communicator:
             handle = Handle(self, cid, work, finish)
             self._restart_clock()
             return handle
+        announced = self.clock is not None and self.clock.announces
+        if announced:  # the clock must see this call before it blocks
+            self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, None))
+            self._announce()
         with self.blocking():
             launch(False)
             result = finish()
             if self._sync is not None:
                 self._sync()
-        self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, self.now()))
+        if not announced:
+            self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, self.now()))
         self._restart_clock()
         return result
 
@@ -317,6 +336,35 @@ class Communicator:
 
         return self._run("recv", tensor, (src, self.rank), async_op,
                          lambda a: dist.irecv(out, src) if a else dist.recv(out, src), finish)
+
+    def recv_any(self, tensor: torch.Tensor) -> tuple[int, float] | None:
+        """Receive into ``tensor`` the message that arrives first in simulated time, from any rank.
+
+        The online clock decides (a parameter server applies updates in simulated arrival
+        order, whatever order the real processes send in); the trace records a plain recv
+        from that rank. Returns (sender, simulated seconds it was received), or None once no
+        message can come (every other rank has finished). Needs the online clock: a run of a
+        strategy with a server, given a scenario.
+        """
+        if self.clock is None:
+            raise RuntimeError("recv_any: the online clock decides who is received first; it runs for strategies "
+                               "with a server (Strategy.servers) given fit(scenario=...)")
+        self._flush_compute()
+        cid = self._next_cid
+        self._next_cid += 1
+        buf, copy_back = self._staged(tensor)
+        out = buf.contiguous()
+        events, self.events = self.events, []
+        question = ("recv_any", cid, tensor.numel() * tensor.element_size(), str(tensor.dtype).removeprefix("torch."))
+        answer = self.clock.ask(question, events)
+        if answer is not None:
+            with self.blocking():
+                dist.recv(out, answer[0])
+            if out is not buf:
+                buf.copy_(out)
+            copy_back(buf)
+        self._restart_clock()
+        return answer
 
     def _check_peer(self, op: str, peer: int) -> None:
         if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.world_size or peer == self.rank:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from exonet.checkpoint import load_node, save_node
+from exonet.clock import ClockLink
 from exonet.communicator import Communicator
 from exonet.strategies.base import NodeContext, Strategy, shared_generator
 from exonet.watchdog import Heartbeat
@@ -58,6 +59,17 @@ class NodeConfig:
     resume_dir: str | None = None
     start_step: int = 0
     max_sim_time_s: float | None = None  # the online clock decides whether each step runs (exonet.clock)
+    servers: int = 0  # ranks after the num_nodes trainers that serve (Strategy.servers): the clock always runs
+
+    @property
+    def world(self) -> int:
+        """Every rank of the run: the trainers, then the servers."""
+        return self.num_nodes + self.servers
+
+    @property
+    def evaluator(self) -> int:
+        """The rank that evaluates and returns the final model: the server if there is one, else rank 0."""
+        return self.num_nodes if self.servers else 0
 
 
 def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> Dataset:
@@ -119,13 +131,14 @@ class TrainNode:
 
     def __init__(self, rank: int, cfg: NodeConfig, model: torch.nn.Module, train_data: Any, val_data: Any,
                  strategy: Strategy, send: Callable[[tuple], None], heartbeat: Heartbeat,
-                 clock: Callable[[int], bool] | None = None) -> None:
+                 clock: ClockLink | None = None) -> None:
         self.rank, self.cfg, self.send, self.heartbeat = rank, cfg, send, heartbeat
-        self.clock = clock  # step -> whether the online clock lets it run (fit(max_sim_time_s=...))
+        self.clock = clock  # the online clock: whether each step runs, who a server receives next
         self.device = self._device()
         self.model = model.to(self.device)
-        self.comm = Communicator(rank, cfg.num_nodes, self.device, cfg.backend)
+        self.comm = Communicator(rank, cfg.world, self.device, cfg.backend)
         self.comm.blocking = heartbeat.blocked
+        self.comm.clock = clock
         self.strategy = strategy
         self.train_data, self.val_data = train_data, val_data
         self.autocast_dtype = getattr(torch, cfg.autocast) if cfg.autocast else None
@@ -143,7 +156,7 @@ class TrainNode:
     # Loaders get private generators: the global RNG (dropout ...) is the model's alone, so
     # a checkpoint's RNG state does not depend on when loaders were created.
     def _val_loader(self) -> DataLoader | None:
-        if self.val_data is None or self.rank != 0:
+        if self.val_data is None or self.rank != self.cfg.evaluator:
             return None
         cfg = self.cfg
         ds = resolve_dataset(self.val_data, self.rank, cfg.num_nodes, False)
@@ -178,6 +191,8 @@ class TrainNode:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self._broadcast_initial_weights()
+        if self.rank >= cfg.num_nodes:
+            return self._serve()
         batches = self._batches(cfg.start_step)
         val_loader = self._val_loader()
         self._syncing = False
@@ -193,9 +208,10 @@ class TrainNode:
         self.heartbeat.started()
         self.comm.begin()
 
+        evaluates = bool(cfg.val_interval) and self.val_data is not None and not cfg.servers  # a server evaluates itself
         done = cfg.start_step
         for step in range(cfg.start_step, cfg.max_steps):
-            if step > cfg.start_step and self.clock is not None and not self.clock(step):
+            if step > cfg.start_step and self.clock is not None and not self.clock.allows(step):
                 break
             batch = first if step == cfg.start_step else next(batches)
             self.model.train()
@@ -206,17 +222,43 @@ class TrainNode:
             self.send(("step", self.rank, step, loss, self.comm.mark_step()))
             self.heartbeat.beat()
             done = step + 1
-            if cfg.val_interval and self.val_data is not None and (done % cfg.val_interval == 0 or done == cfg.max_steps):
+            if evaluates and (done % cfg.val_interval == 0 or done == cfg.max_steps):
                 self._evaluate(done, val_loader)
             if cfg.checkpoint_dir is not None and done % cfg.checkpoint_interval == 0 and done < cfg.max_steps:
                 self._checkpoint(done)
-        if cfg.val_interval and self.val_data is not None and done % cfg.val_interval and done < cfg.max_steps:
+        if evaluates and done % cfg.val_interval and done < cfg.max_steps:
             self._evaluate(done, val_loader)  # the clock ended the run between evaluations
 
         self.strategy.finish()
         tail = self.comm.take_events()
-        state = self._final_state()
+        state = None if cfg.servers else self._final_state()
         self.send(("done", self.rank, tail, state))
+
+    def _serve(self) -> None:
+        """A server's life: serve the trainers until none is left, evaluating its model every ``val_interval`` updates.
+
+        An evaluation is of the server's own model (the global parameters) after an update, at the
+        simulated time the update's message was received; its ``step`` counts updates applied.
+        """
+        cfg = self.cfg
+        val_loader = self._val_loader()
+        self.strategy.setup(self.model, self.comm, NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
+        self.heartbeat.started()
+        self.comm.begin()
+
+        def updated(updates: int, sim_time_s: float) -> None:
+            self.heartbeat.beat()
+            if val_loader is not None and cfg.val_interval and updates % cfg.val_interval == 0:
+                with self.comm.bookkeeping(), torch.no_grad():
+                    loss = self._eval_loss(val_loader)
+                self.send(("eval", self.rank, updates, {"step": updates, "loss": loss, "sim_time_s": sim_time_s}))
+
+        self.strategy.serve(updated)
+        tail = self.comm.take_events()
+        with self.comm.bookkeeping():
+            buf = io.BytesIO()
+            torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
+        self.send(("done", self.rank, tail, buf.getvalue()))
 
     def _forward_backward(self, batch: Any, sync: bool = True) -> float:
         """Forward and backward over the batch's micro-batches; ``sync`` lets the last backward start communication."""
@@ -287,7 +329,7 @@ class TrainNode:
         return [t for t in (*self.model.parameters(), *self.model.buffers()) if t.is_floating_point()]
 
     def _broadcast_initial_weights(self) -> None:
-        if self.cfg.num_nodes == 1:
+        if self.cfg.world == 1:
             return
         with self.comm.bookkeeping(), torch.no_grad():
             for t in (*self.model.parameters(), *self.model.buffers()):
@@ -395,19 +437,6 @@ def _loopback_interface() -> str | None:
     return next((n for n in names if n.startswith("lo")), None)
 
 
-def _clock_reader(control: Any, heartbeat: Heartbeat) -> Callable[[int], bool]:
-    """Whether step k may run: the parent's online clock sends (k, go) for every step, in order."""
-
-    def allows(step: int) -> bool:
-        with heartbeat.blocked():  # waiting for the clock, like waiting in a collective: not hung
-            k, go = control.recv()
-        if k != step:
-            raise RuntimeError(f"online clock: expected the decision for step {step}, got one for step {k}")
-        return go
-
-    return allows
-
-
 def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, val_data: Any,
               strategy: Strategy, pipe: Any, beats: Any = None, control: Any = None) -> None:
     """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero.
@@ -430,12 +459,13 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, v
         from datetime import timedelta
 
         with heartbeat.blocked():
-            store = dist.TCPStore(cfg.store_host, cfg.store_port, cfg.num_nodes, is_master=False,
+            store = dist.TCPStore(cfg.store_host, cfg.store_port, cfg.world, is_master=False,
                                   timeout=timedelta(seconds=60))
-            dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.num_nodes,
+            dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world,
                                     timeout=timedelta(seconds=cfg.timeout_s))
         model = torch.load(io.BytesIO(model_bytes), weights_only=False)
-        clock = None if control is None else _clock_reader(control, heartbeat)
+        clock = None if control is None else ClockLink(control, pipe.send, rank, heartbeat.blocked,
+                                                       gated=cfg.max_sim_time_s is not None, announces=cfg.servers > 0)
         TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock).run()
     except BaseException:
         pipe.send(("error", rank, traceback.format_exc(), time.monotonic()))

@@ -1,8 +1,9 @@
 """RunRecord: what the nodes of a run have reported so far, turned into history and trace.
 
 Node messages (see exonet.run) arrive per node and out of step with each other; the
-record keeps every node's trace events, the mean training loss of each step once all
-nodes have reported it, evaluations, and the final model. Both the local supervisor
+record keeps every node's trace events, the mean training loss of each step once every
+trainer still running has reported it (trainers of an asynchronous run stop at different
+steps), evaluations, and the final model. Both the local supervisor
 and a torchrun launch feed it.
 """
 
@@ -45,17 +46,19 @@ class RunRecord:
     """History, trace and final model of a run, built from node messages.
 
     Args:
-        num_nodes: K.
+        num_nodes: every rank (K trainers, then any servers).
         max_steps: the run's length (for the progress bar).
         meta: the trace's metadata.
         resume: the checkpoint this run continues (its history and trace come first), or None.
         progress: draw a progress bar, starting at ``start_step``.
         start_step: the step the run starts (or resumes) from.
+        trainers: how many ranks train (default: all).
     """
 
     def __init__(self, num_nodes: int, max_steps: int, meta: dict[str, Any], resume: "Resume | None" = None,
-                 progress: bool = False, start_step: int = 0) -> None:
+                 progress: bool = False, start_step: int = 0, trainers: int | None = None) -> None:
         self.num_nodes, self.meta = num_nodes, meta
+        self.trainers = num_nodes if trainers is None else trainers
         self.history: dict[str, list] = {"train_loss": [], "eval": []}
         self.events: list[list[Event]] = [[] for _ in range(num_nodes)]
         self._cid_offset = [0] * num_nodes
@@ -76,7 +79,7 @@ class RunRecord:
                              leave=False)
 
     def handle(self, msg: tuple) -> None:
-        """Take a "step", "eval" or "done" message."""
+        """Take a "step", "eval", "done", "events" or "query" message."""
         kind, rank = msg[0], msg[1]
         if kind == "step":
             _, _, step, loss, events = msg
@@ -87,20 +90,22 @@ class RunRecord:
             self.history["eval"].append(msg[3])
             if self.logger is not None:
                 self.logger.log_eval(msg[3])
+        elif kind in ("events", "query"):  # reported before a blocking call (exonet.clock)
+            self.events[rank].extend(msg[2])
         elif kind == "done":
             self.events[rank].extend(_shift_cids(msg[2], self._cid_offset[rank]))
-            if rank == 0:
+            if msg[3] is not None:
                 self.state = msg[3]
             self.done.add(rank)
+            self._flush_losses()
         else:
             raise ValueError(f"RunRecord: unexpected message kind {kind!r}")
 
     def _flush_losses(self) -> None:
-        k = self.num_nodes
         nxt = len(self.history["train_loss"])
-        while len(self._losses.get(nxt, ())) == k:
+        while self._losses.get(nxt) and all(r in self._losses[nxt] or r in self.done for r in range(self.trainers)):
             row = self._losses.pop(nxt)
-            self.history["train_loss"].append(sum(row.values()) / k)
+            self.history["train_loss"].append(sum(row.values()) / len(row))
             nxt += 1
             if self.logger is not None:
                 self.logger.log_step(nxt, self.history["train_loss"][-1])

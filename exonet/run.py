@@ -24,6 +24,7 @@ import copy
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import signal
@@ -39,7 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from exonet.checkpoint import CheckpointBook, Resume, load_latest
-from exonet.clock import SimClock
+from exonet.clock import SimClock, received_event
 from exonet.errors import NodeFailure
 from exonet.node import NodeConfig, node_main
 from exonet.result import FitResult
@@ -93,15 +94,15 @@ class Supervisor:
         self.controls: list[Any] = []  # write ends of the clock's decisions, one per node
         self.ctx = _context()
         self.pipes: list[Any] = []
-        self.beats = self.ctx.Array("d", SLOTS * cfg.num_nodes, lock=False)
+        self.beats = self.ctx.Array("d", SLOTS * cfg.world, lock=False)
         self.watchdog: Watchdog | None = None
         self.procs: list[Any] = []
-        self.record = RunRecord(cfg.num_nodes, cfg.max_steps, meta, resume, progress, cfg.start_step)
+        self.record = RunRecord(cfg.world, cfg.max_steps, meta, resume, progress, cfg.start_step, trainers=cfg.num_nodes)
 
     def start(self, model_bytes: bytes, train: Any, val: Any, strategy: Strategy) -> None:
         if self.progress_timeout_s is not None:
-            self.watchdog = Watchdog(self.beats, self.cfg.num_nodes, self.progress_timeout_s)
-        for rank in range(self.cfg.num_nodes):
+            self.watchdog = Watchdog(self.beats, self.cfg.world, self.progress_timeout_s)
+        for rank in range(self.cfg.world):
             reader, writer = self.ctx.Pipe(duplex=False)
             self.pipes.append(reader)
             control = None
@@ -127,7 +128,7 @@ class Supervisor:
     def wait(self) -> None:
         """Consume messages until every node is done; raise NodeFailure on the first failure or hang."""
         next_check = 0.0
-        while len(self.record.done) < self.cfg.num_nodes:
+        while len(self.record.done) < self.cfg.world:
             for rank in self._ready(POLL_S):
                 self._receive(rank)
             now = time.monotonic()
@@ -165,19 +166,26 @@ class Supervisor:
             raise self._blame(msg)
         else:
             self.record.handle(msg)
-            if self.clock is not None and kind in ("step", "done"):
-                self._tick(rank, msg[4] if kind == "step" else msg[2], done=kind == "done")
+            if self.clock is not None and kind in ("step", "done", "events", "query"):
+                self._tick(rank, msg[4] if kind == "step" else msg[2], done=kind == "done",
+                           question=msg[3] if kind == "query" else None)
 
-    def _tick(self, rank: int, events: list, done: bool) -> None:
-        """Advance the online clock with a node's report and send every node the decisions it allows."""
+    def _tick(self, rank: int, events: list, done: bool, question: tuple | None) -> None:
+        """Advance the online clock with a node's report; send every node the decisions and answers it allows."""
         clock = self.clock
         assert clock is not None
         clock.feed(rank, events)
         if done:
             clock.close(rank)
-        for decision in clock.decisions():
-            for pipe in self.controls:
-                pipe.send(decision)
+        if question is not None:
+            clock.ask(rank, question)
+        for asker, asked, answer in clock.answers():
+            if answer is not None and asked[0] == "recv_any":
+                self.record.events[asker].append(received_event(asker, asked, answer))
+            self.controls[asker].send(("answer", answer))
+        for who, step, go in clock.decisions():
+            for pipe in self.controls if who is None else [self.controls[who]]:
+                pipe.send(("step", step, go))
 
     def _blame(self, error: tuple) -> NodeFailure:
         """The failure to report for a node's error: a peer killed by a signal, else the earliest error."""
@@ -211,7 +219,7 @@ class Supervisor:
     def stop(self) -> None:
         """Stop every node still running (SIGTERM, then SIGKILL), and reap them."""
         self.record.close()
-        finished = len(self.record.done) == self.cfg.num_nodes
+        finished = len(self.record.done) == self.cfg.world
         deadline = time.monotonic() + GRACE_S
         for p in self.procs:
             if finished:  # nodes are tearing down their process groups: let them exit cleanly
@@ -258,23 +266,23 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         from exonet.scenario import Scenario
 
         scenario = Scenario.coerce(scenario)
-        scenario.resolve(cfg.num_nodes)  # fail before training, not after
+        scenario.resolve(cfg.world)  # fail before training, not after
     config = run_config(strategy, cfg, trainer.model)
     label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     if dist.is_torchelastic_launched():
         from exonet.torchrun import train_under_torchrun
 
-        if resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None:
-            raise ValueError("fit: checkpoint_interval, resume_from and max_sim_time_s are not supported under "
-                             "torchrun yet")
+        if resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None or cfg.servers:
+            raise ValueError("fit: checkpoint_interval, resume_from, max_sim_time_s and strategies with a server are "
+                             "not supported under torchrun yet")
         is_zero = os.environ.get("RANK") == "0"
         run_path = _open_run(config, label, run_dir, None)[0] if is_zero else None
         logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
         record, real_time = train_under_torchrun(trainer, strategy, cfg, meta, progress and is_zero, logger)
         return _finish(trainer, config, record, run_path, real_time, scenario, upload_to)
     model_bytes = pickle_model(trainer.model)
-    store = dist.TCPStore("127.0.0.1", 0, cfg.num_nodes, is_master=True, wait_for_workers=False,
+    store = dist.TCPStore("127.0.0.1", 0, cfg.world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     cfg = replace(cfg, store_port=store.port)
     run_path, resume = _open_run(config, label, run_dir, resume_from)
@@ -284,7 +292,11 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         cfg = replace(cfg, checkpoint_dir=str(book.root))
     if resume is not None:
         cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
-    clock = None if cfg.max_sim_time_s is None else SimClock(scenario, cfg.num_nodes, cfg.max_sim_time_s, cfg.max_steps)
+    clock = None
+    if cfg.max_sim_time_s is not None or cfg.servers:
+        clock = SimClock(scenario, cfg.world, math.inf if cfg.max_sim_time_s is None else cfg.max_sim_time_s,
+                         cfg.max_steps, trainers=cfg.num_nodes, synchronous=not cfg.servers,
+                         what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__)
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
     sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
     t0 = time.perf_counter()
@@ -336,8 +348,9 @@ def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, 
         result.sim = clock.result(record.history["train_loss"]) if clock is not None else result.simulate(scenario)
         ends = result.sim.step_end_times
         result.history["sim_time_s"] = list(ends)
-        for entry in result.history["eval"]:
-            entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
+        for entry in result.history["eval"]:  # a server's evaluations carry their own (exonet.node)
+            if "sim_time_s" not in entry:
+                entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
         result.sim_wall_clock_s = result.sim.wall_clock_s
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun

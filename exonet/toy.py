@@ -216,6 +216,25 @@ class SlowEvalModel(nn.Module):
         return self.inner(batch)
 
 
+class SleepyModel(nn.Module):
+    """``tiny_mlp`` that sleeps ``seconds`` per training forward on global rank ``rank``: a node that is slow in
+    reality but not in the scenario (the simulated order must win over the real one)."""
+
+    def __init__(self, seconds: float, rank: int) -> None:
+        super().__init__()
+        self.inner = tiny_mlp()
+        self.seconds, self.rank = seconds, rank
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        import time
+
+        import torch.distributed as dist
+
+        if self.training and dist.is_initialized() and dist.get_rank() == self.rank:
+            time.sleep(self.seconds)
+        return self.inner(batch)
+
+
 class BadLossModel(nn.Module):
     """Returns a loss exonet must reject: ``kind`` "vector" (not a scalar) or "detached" (no grad)."""
 

@@ -197,12 +197,18 @@ class LocalTrainer:
                                  "run directory")
             if not os.path.isdir(resume_from):
                 raise ValueError(f"fit: resume_from must be an existing run directory, got {resume_from!r}")
+        servers = getattr(strategy, "servers", 0)
         if max_sim_time_s is not None:
             check_range("fit: max_sim_time_s", max_sim_time_s, low=0, low_open=True)
             if scenario is None:
                 raise ValueError("fit: max_sim_time_s is simulated time in a scenario: pass scenario= too")
-            if resume_from is not None or not count_flops:
-                raise ValueError("fit: max_sim_time_s needs count_flops=True and cannot resume a run yet")
+        if max_sim_time_s is not None or servers:
+            what = "max_sim_time_s" if max_sim_time_s is not None else f"{type(strategy).__name__} (it has a server)"
+            if scenario is None:
+                raise ValueError(f"fit: {what} runs on the simulated clock, which decides who is received first: "
+                                 f"pass scenario= too")
+            if resume_from is not None or checkpoint_interval or not count_flops:
+                raise ValueError(f"fit: {what} needs count_flops=True and cannot checkpoint or resume a run yet")
 
         cfg = NodeConfig(
             num_nodes=k, max_steps=steps, batch_size=batch_size, minibatch_size=minibatch, device_type=device_type,
@@ -211,7 +217,7 @@ class LocalTrainer:
             val_interval=(val_interval or 0) if val_size else 0, val_size=val_size, threads=max(1, _cores() // k),
             count_flops=count_flops, dataloader_kwargs=dict(dataloader_kwargs or {}), parent_pid=os.getpid(),
             timeout_s=timeout_s, checkpoint_interval=checkpoint_interval or 0,
-            max_sim_time_s=None if max_sim_time_s is None else float(max_sim_time_s),
+            max_sim_time_s=None if max_sim_time_s is None else float(max_sim_time_s), servers=servers,
         )
         from exonet.run import launch
 

@@ -3,11 +3,13 @@
 ``STRATEGIES`` maps the short names used on the command line (``diloco:H=500``) to classes.
 """
 
+from exonet.strategies.async_diloco import AsyncDiLoCoStrategy
 from exonet.strategies.base import NodeContext, OptimSpec, Strategy
 from exonet.strategies.ddp import AllReduceStrategy, DDPStrategy
 from exonet.strategies.demo import DeMoStrategy
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.fedavg import FedAvgStrategy
+from exonet.strategies.fedbuff import FedBuffStrategy
 from exonet.strategies.sparta import SPARTAStrategy
 from exonet.strategies.sparta_diloco import SPARTADiLoCoStrategy
 from exonet.strategies.streaming_diloco import StreamingDiLoCoStrategy
@@ -21,9 +23,12 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "demo": DeMoStrategy,
     "sparta_diloco": SPARTADiLoCoStrategy,
     "streaming_diloco": StreamingDiLoCoStrategy,
+    "async_diloco": AsyncDiLoCoStrategy,
+    "fedbuff": FedBuffStrategy,
 }
 
 __all__ = [
-    "AllReduceStrategy", "DDPStrategy", "DeMoStrategy", "DiLoCoStrategy", "FedAvgStrategy", "NodeContext",
+    "AllReduceStrategy", "AsyncDiLoCoStrategy", "DDPStrategy", "DeMoStrategy", "DiLoCoStrategy", "FedAvgStrategy",
+    "FedBuffStrategy", "NodeContext",
     "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "StreamingDiLoCoStrategy", "Strategy",
 ]

@@ -60,10 +60,10 @@ class Agenda:
         self._seq += 1
         heapq.heappush(slot, (order, self._seq, fn, args))
 
-    def run_before(self, horizon: float) -> None:
-        """Run every slot due before ``horizon`` (ticks, or inf)."""
+    def run_before(self, horizon: Callable[[], float]) -> None:
+        """Run every slot due before ``horizon()`` (ticks, or inf), asked again after each slot (it may fall)."""
         env = self.env
-        while env.peek() < horizon:
+        while env.peek() < horizon():
             env.step()
 
     def _run(self, t: int) -> None:

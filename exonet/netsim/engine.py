@@ -222,7 +222,7 @@ class Simulation:
         self._horizon = math.inf
         for rk in self._ranks:
             self._advance(rk)
-        self._agenda.run_before(self._horizon)
+        self._agenda.run_before(lambda: self._horizon)  # a rank released and left without input lowers it
         return seconds(self._agenda.now)
 
     def result(self, history: Sequence[float] | None = None) -> SimResult:

@@ -1,0 +1,108 @@
+"""Asynchronous DiLoCo (Liu et al. 2024, "Asynchronous Local-SGD Training for Language Modeling", arXiv 2401.09135).
+
+Each trainer runs its local steps and sends its pseudo-gradient when it finishes in
+simulated time; the server takes an outer step per arrival, in arrival order, and sends
+the trainer the current global parameters (exonet.strategies.server).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from exonet.strategies.base import NodeContext, OptimSpec, check_range, outer_spec
+from exonet.strategies.server import ServerStrategy
+
+if TYPE_CHECKING:
+    from exonet.communicator import Communicator
+
+
+class AsyncDiLoCoStrategy(ServerStrategy):
+    """DiLoCo without rounds: the outer optimizer steps on each trainer's Δ as it arrives.
+
+    Naive (``delayed_nesterov=None``): every arrival is one step of the outer optimizer (default
+    the DiLoCo paper's SGD lr 0.7, momentum 0.9, Nesterov). Momentum then acts on stale
+    pseudo-gradients, which the paper finds worse per update than synchronous DiLoCo.
+
+    Delayed Nesterov (``delayed_nesterov=N``, the paper's DN): arrivals are buffered and the
+    momentum is applied only every N-th arrival, to the buffer's mean d:
+    m ← β·m + d, θ ← θ − η·(β·m + d) (Nesterov). In between, each arrival's Δ is applied
+    at once without momentum, scaled by ``grad_scale`` c: θ ← θ − η·c·Δ (c = 0: the global
+    parameters move only at the momentum steps). η and β are the outer optimizer's ``lr`` and
+    ``momentum`` (it must be SGD).
+
+    With ``dynamic_local_updates`` (the paper's DyLU) each trainer's local steps per round are
+    proportional to its speed, so that fast trainers do not arrive many times per slow arrival.
+
+    Args:
+        inner_optim: the trainers' optimizer. Default AdamW lr 1e-3.
+        outer_optim: the server's outer optimizer. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
+        H: local steps per round (the fastest trainer's, with DyLU).
+        max_norm: clip the local gradient norm.
+        delayed_nesterov: N, the arrivals per momentum step (None: naive, momentum at every arrival).
+        grad_scale: c, the scale of the arrivals applied between momentum steps (Delayed Nesterov only).
+        dynamic_local_updates: DyLU (see ``ServerStrategy``).
+        optim_spec, outer_optim_spec: seed-gym aliases of ``inner_optim`` and ``outer_optim``.
+        lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner schedule.
+    """
+
+    name = "async_diloco"
+
+    def __init__(
+        self,
+        inner_optim: OptimSpec | str | type | None = None,
+        outer_optim: OptimSpec | str | type | None = None,
+        H: int = 100,
+        max_norm: float | None = None,
+        *,
+        delayed_nesterov: int | None = None,
+        grad_scale: float = 0.0,
+        dynamic_local_updates: bool = False,
+        optim_spec: OptimSpec | str | type | None = None,
+        outer_optim_spec: OptimSpec | str | type | None = None,
+        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
+        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
+    ) -> None:
+        super().__init__(inner_optim, H, max_norm, dynamic_local_updates=dynamic_local_updates, optim_spec=optim_spec,
+                         lr_scheduler=lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
+                         cosine_min_ratio=cosine_min_ratio)
+        self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
+        if delayed_nesterov is not None:
+            check_range("delayed_nesterov", delayed_nesterov, low=1, integer=True)
+            if self.outer_optim.cls is not torch.optim.SGD or self.outer_optim.lr is None:
+                raise ValueError("delayed_nesterov: the outer optimizer must be SGD with an lr (and momentum), "
+                                 f"got {self.outer_optim!r}")
+        check_range("grad_scale", grad_scale, low=0)
+        self.delayed_nesterov = delayed_nesterov
+        self.grad_scale = grad_scale
+
+    def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
+        super().setup(model, comm, ctx)
+        if self.rank != self.server:
+            return
+        if self.delayed_nesterov is None:
+            self.outer_optimizer = self.outer_optim.build([self.global_params])
+        else:
+            self.momentum = torch.zeros_like(self.global_params)
+            self.buffer = torch.zeros_like(self.global_params)
+            self.arrivals = 0
+
+    def apply(self, delta: torch.Tensor, trainer: int) -> None:
+        if self.delayed_nesterov is None:
+            self.global_params.grad = delta
+            self.outer_optimizer.step()
+            self.global_params.grad = None
+            return
+        lr = self.outer_optim.kwargs["lr"]
+        beta = self.outer_optim.kwargs.get("momentum", 0.0)
+        self.buffer += delta
+        self.arrivals += 1
+        if self.arrivals % self.delayed_nesterov:
+            if self.grad_scale:
+                self.global_params.sub_(delta, alpha=lr * self.grad_scale)
+            return
+        mean = self.buffer.div_(self.delayed_nesterov)
+        self.momentum.mul_(beta).add_(mean)
+        self.global_params.sub_(mean.add_(self.momentum, alpha=beta), alpha=lr)
+        self.buffer.zero_()

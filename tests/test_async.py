@@ -1,0 +1,154 @@
+"""Time-aware training: asynchronous strategies through a parameter server on the online clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from exonet import LocalTrainer, Scenario
+from exonet.strategies import AsyncDiLoCoStrategy, DiLoCoStrategy, FedBuffStrategy, OptimSpec
+from exonet.toy import SleepyModel, synthetic_classification, tiny_mlp
+
+SPEEDS = (1.0, 0.8, 0.4, 0.2)
+LIMIT = 0.4
+# Four trainers at speeds 1, 0.8, 0.4, 0.2 and their server (rank 4) on a fast network; FLOPs make compute deterministic.
+HETERO = Scenario.from_dict({
+    "name": "hetero-four", "network": {"bandwidth": "10 Gbit/s", "latency": "50 us"},
+    "compute": {"mode": "flops", "tflops": 1e-5, "mfu": 1.0},
+    "nodes": [{"ranks": [r], "speed": v} for r, v in enumerate(SPEEDS) if v != 1.0],
+})
+H = 4
+PARAMS = sum(p.numel() for p in tiny_mlp().parameters())
+
+
+def fit(strategy, model=None, **kwargs):
+    data, val = synthetic_classification(1024, 8, 4), synthetic_classification(128, 8, 4, train=False)
+    return LocalTrainer(model or tiny_mlp(), data, val).fit(
+        strategy, num_nodes=4, max_steps=1000, batch_size=16, seed=0, scenario=HETERO, max_sim_time_s=LIMIT,
+        val_interval=4, val_size=64, progress=False, **kwargs)
+
+
+def shape(trace) -> list[list[tuple]]:
+    """A trace without its real-time stamps: what must repeat exactly from run to run."""
+    return [[(type(e).__name__, getattr(e, "op", None), getattr(e, "group", None), getattr(e, "nbytes", None),
+              getattr(e, "flops", None)) for e in events] for events in trace.events]
+
+
+def async_diloco() -> AsyncDiLoCoStrategy:
+    return AsyncDiLoCoStrategy(OptimSpec("sgd", lr=0.1), H=H)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {"async": fit(async_diloco()), "again": fit(async_diloco()),
+            "sleepy": fit(async_diloco(), model=SleepyModel(0.02, rank=0)),
+            "sync": fit(DiLoCoStrategy(OptimSpec("sgd", lr=0.1), H=H))}
+
+
+@pytest.mark.slow
+def test_async_diloco_steps_follow_speed_and_sync_diloco_steps_are_equal(runs):
+    steps = [runs["async"].trace.num_steps(r) for r in range(4)]
+    assert runs["async"].trace.num_steps(4) == 0  # the server trains nothing
+    for r in range(1, 4):
+        assert steps[r] / steps[0] == pytest.approx(SPEEDS[r], rel=0.1), steps
+    sync = runs["sync"]
+    assert len({sync.trace.num_steps(r) for r in range(4)}) == 1 and sync.trace.num_steps(0) < steps[0]
+
+
+@pytest.mark.slow
+def test_the_online_clock_equals_replay_and_the_same_seed_gives_the_same_run(runs):
+    a, b = runs["async"], runs["again"]
+    assert a.sim_wall_clock_s == pytest.approx(a.simulate(HETERO).wall_clock_s, rel=1e-9)
+    assert a.sim_wall_clock_s >= LIMIT
+    assert a.history["train_loss"] == b.history["train_loss"] and a.history["eval"] == b.history["eval"]
+    assert shape(a.trace) == shape(b.trace)
+    evals = a.history["eval"]
+    assert [e["step"] for e in evals] == list(range(4, 4 * len(evals) + 1, 4))  # every 4 updates of the server
+    times = [e["sim_time_s"] for e in evals]
+    assert times == sorted(times) and 0 < times[0] and times[-1] <= a.sim_wall_clock_s
+
+
+@pytest.mark.slow
+def test_updates_are_applied_in_simulated_order_whatever_the_real_order(runs):
+    fast_in_sim, slow_in_reality = runs["async"], runs["sleepy"]  # rank 0 is the fastest in the scenario
+    assert slow_in_reality.real_time_s > 0.02 * slow_in_reality.trace.num_steps(0)  # rank 0 slept every step
+    for a, b in zip(fast_in_sim.model.parameters(), slow_in_reality.model.parameters()):
+        assert torch.equal(a, b)
+    assert fast_in_sim.history["eval"] == slow_in_reality.history["eval"]
+    senders = [c.group for c in fast_in_sim.trace.collectives(4) if c.op == "recv"]
+    assert senders == [c.group for c in slow_in_reality.trace.collectives(4) if c.op == "recv"]
+
+
+@pytest.mark.slow
+def test_point_to_point_bytes_are_exact(runs):
+    r = runs["async"]
+    nbytes = PARAMS * 4
+    rounds = [r.trace.num_steps(w) // H for w in range(4)]
+    for w in range(4):
+        assert r.trace.payload_bytes(w) == rounds[w] * nbytes  # one Δ per finished round
+        assert [c.op for c in r.trace.collectives(w)] == ["send", "recv"] * rounds[w]
+    assert r.trace.payload_bytes(4) == sum(rounds) * nbytes  # the server answers every arrival
+    assert r.sim.wire_bytes == [rounds[w] * nbytes for w in range(4)] + [sum(rounds) * nbytes]
+
+
+# ------------------------------------------------------------------------------- the server's arithmetic
+class _Server:
+    """Enough of a node for a server strategy's ``apply``: its global parameters and the setup it needs."""
+
+    @staticmethod
+    def of(strategy, params: int = 3, trainers: int = 2):
+        from exonet.strategies.base import NodeContext
+
+        model = torch.nn.Linear(params, 1, bias=False)
+        with torch.no_grad():
+            model.weight.zero_()
+        strategy.setup(model, None, NodeContext(trainers, trainers, 10, 0, torch.device("cpu")))
+        return strategy
+
+
+def test_delayed_nesterov_applies_momentum_every_n_arrivals():
+    s = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5, momentum=0.9), delayed_nesterov=2,
+                                       grad_scale=0.0))
+    s.apply(torch.tensor([1.0, 0.0, 0.0]), 0)
+    assert s.global_params.tolist() == [0.0, 0.0, 0.0]  # buffered, c = 0
+    s.apply(torch.tensor([0.0, 2.0, 0.0]), 1)
+    d = torch.tensor([0.5, 1.0, 0.0])  # the buffer's mean; m = d; θ = −η (β m + d)
+    assert torch.allclose(s.global_params, -0.5 * (0.9 * d + d))
+    scaled = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5, momentum=0.9), delayed_nesterov=2,
+                                            grad_scale=0.25))
+    scaled.apply(torch.tensor([1.0, 0.0, 0.0]), 0)
+    assert scaled.global_params.tolist() == [-0.125, 0.0, 0.0]  # θ −= η c Δ between momentum steps
+
+
+def test_naive_async_diloco_takes_an_outer_step_per_arrival():
+    s = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5)))
+    s.apply(torch.tensor([1.0, 2.0, 0.0]), 0)
+    s.apply(torch.tensor([1.0, 0.0, 0.0]), 1)
+    assert s.global_params.tolist() == [-1.0, -1.0, 0.0]
+
+
+def test_fedbuff_steps_after_b_arrivals_with_staleness_weights():
+    s = _Server.of(FedBuffStrategy(buffer_size=2, server_lr=1.0), trainers=3)
+    s.apply(torch.tensor([2.0, 0.0, 0.0]), 0)
+    assert s.global_params.tolist() == [0.0, 0.0, 0.0] and s.version == 0
+    s.apply(torch.tensor([0.0, 2.0, 0.0]), 1)
+    assert s.global_params.tolist() == [-1.0, -1.0, 0.0] and s.version == 1  # mean of the two, fresh
+    assert s.sent_version == [0, 1, 0]  # trainer 0's reply went out before the step
+    s.apply(torch.tensor([0.0, 0.0, 3.0]), 2)  # trained from version 0: one step stale, weight 1/√2
+    s.apply(torch.tensor([0.0, 0.0, 1.0]), 0)  # likewise
+    assert torch.allclose(s.global_params, torch.tensor([-1.0, -1.0, -(3 + 1) / math.sqrt(2) / 2]))
+    assert s.version == 2 and s.sent_version == [2, 1, 1]
+
+
+def test_strategies_with_a_server_need_the_clock_and_check_their_arguments():
+    trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4))
+    with pytest.raises(ValueError, match="AsyncDiLoCoStrategy .*scenario="):
+        trainer.fit(async_diloco(), num_nodes=2, max_steps=2, progress=False)
+    with pytest.raises(ValueError, match="compute.mode 'measured'"):
+        trainer.fit(async_diloco(), num_nodes=2, max_steps=2, scenario="cross-continent", progress=False)
+    with pytest.raises(ValueError, match="delayed_nesterov: the outer optimizer must be SGD"):
+        AsyncDiLoCoStrategy(outer_optim="adam", delayed_nesterov=2)
+    with pytest.raises(ValueError, match="buffer_size"):
+        FedBuffStrategy(buffer_size=0)
