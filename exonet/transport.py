@@ -6,9 +6,10 @@ in a notebook, under ``python -c`` or a script on stdin (there is no file), and 
 re-run of the whole study in a script without a main guard. So nodes never import
 ``__main__``: the model, datasets, collate functions and strategies travel by value
 with cloudpickle (classes and functions defined in ``__main__`` are pickled with their
-code; importable ones by reference, as usual). Tensors inside datasets still go through
-torch's shared-memory reducers, so a large in-memory dataset is shared, not copied K
-times. The model travels as torch.save bytes instead, so each node owns its parameters.
+code; importable ones by reference, as usual). The datasets are pickled once for all K
+nodes, their tensors and numpy arrays replaced by handles to shared memory
+(exonet.data.shared), so an in-memory dataset exists once, not K times. The model, the
+strategy and the configuration travel by value instead, so each node owns its state.
 
 What cannot travel (an open file, a lock, a socket) fails in the parent with the path to
 the object inside the argument, e.g. ``train_dataset.handle``, and the reason.
@@ -20,14 +21,15 @@ import io
 import os
 import pickle
 import threading
-from collections import ChainMap
 from multiprocessing import popen_forkserver, spawn
 from multiprocessing.context import ForkServerProcess
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import torch
+
+from exonet.data.shared import Resolver, Segment, Shipment, rebuild_array
 
 MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 MODULE_SLOTS = ("_modules", "_parameters", "_buffers")
@@ -36,38 +38,60 @@ HINT = ("Open files, locks, sockets and threads cannot be copied to another proc
 
 
 class NodePickler(cloudpickle.Pickler):
-    """cloudpickle (``__main__`` by value) with torch's shared-memory tensor reducers.
+    """cloudpickle (``__main__`` by value); with a shipment, CPU storages and numpy arrays go to shared memory."""
 
-    The C pickler reads ``dispatch_table`` when it is created, so it is a class attribute;
-    the ChainMap sees reducers that torch.multiprocessing registers later.
-    """
+    def __init__(self, file: io.BytesIO, shipment: Shipment | None = None) -> None:
+        super().__init__(file)
+        self.shipment = shipment
 
-    dispatch_table = ChainMap(ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table)
+    def persistent_id(self, obj: Any) -> tuple | None:
+        return None if self.shipment is None else self.shipment.persistent_id(obj)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if self.shipment is not None and isinstance(obj, np.ndarray):
+            tensor = self.shipment.array(obj)
+            if tensor is not None:
+                return rebuild_array, (tensor, bool(obj.flags.writeable))
+        return super().reducer_override(obj)
 
 
 class ByValue:
-    """Pickles ``obj`` with NodePickler inside the process start (so tensors' shared memory goes along).
+    """Pickles ``obj`` with NodePickler when the first node starts; every later node gets the same bytes.
 
-    With ``environ=True`` the node also takes this process's environment as it is now, as a
-    spawned process would: the forkserver's own is a snapshot from the first fit, so a
+    With a ``shipment`` its tensors and arrays travel in shared memory (the shipment must outlive the
+    nodes' start). With ``environ=True`` the node also takes this process's environment as it is now,
+    as a spawned process would: the forkserver's own is a snapshot from the first fit, so a
     variable set since (``AWS_ENDPOINT_URL`` in a notebook cell) would otherwise be missed.
     """
 
-    def __init__(self, obj: Any, environ: bool = False) -> None:
-        self.obj, self.environ = obj, environ
+    def __init__(self, obj: Any, environ: bool = False, shipment: Shipment | None = None) -> None:
+        self.obj, self.environ, self.shipment = obj, environ, shipment
+        self._pickled: tuple[bytes, tuple[Segment, ...] | None] | None = None
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes, dict[str, str] | None]]:
-        buf = io.BytesIO()
-        NodePickler(buf).dump(self.obj)
-        return _load, (buf.getvalue(), dict(os.environ) if self.environ else None)
+    def __reduce__(self) -> tuple[Any, tuple]:
+        if self._pickled is None:
+            buf = io.BytesIO()
+            NodePickler(buf, self.shipment).dump(self.obj)
+            self._pickled = (buf.getvalue(), None if self.shipment is None else self.shipment.seal())
+        return _load, (*self._pickled, dict(os.environ) if self.environ else None)
 
 
-def _load(data: bytes, environ: dict[str, str] | None) -> Any:
+def shared_by_value(*datasets: Any) -> tuple[ByValue, ...]:
+    """The datasets ready to send to every node, their memory shared through one shipment (which they hold)."""
+    shipment = Shipment()
+    return tuple(ByValue(d, shipment=shipment) for d in datasets)
+
+
+def _load(data: bytes, arenas: tuple[Segment, ...] | None, environ: dict[str, str] | None) -> Any:
     if environ is not None:
         for key in set(os.environ) - set(environ):
             del os.environ[key]
         os.environ.update(environ)
-    return pickle.loads(data)
+    if arenas is None:
+        return pickle.loads(data)
+    unpickler = pickle.Unpickler(io.BytesIO(data))
+    unpickler.persistent_load = Resolver(arenas)
+    return unpickler.load()
 
 
 _PREPARING = threading.Lock()

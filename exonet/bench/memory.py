@@ -1,0 +1,106 @@
+"""Memory of an in-memory dataset: summed PSS of a fit with a large dataset against the same fit with a tiny one.
+
+Each measurement is a fresh interpreter that builds the dataset, trains DDP on the
+bench MLP (K nodes, AdamW, batch 32) and samples the summed PSS of itself, the
+forkserver and the nodes (exonet.bench._procmem). The extra PSS of the large run over
+the tiny run is what the dataset costs; K copies would cost K times its size. ``peak``
+is the highest sample (start-up transients included), ``steady`` the median of the second
+half of the samples taken while every node is up.
+
+    python -m exonet.bench memory [--nodes 8] [--gib 1.0] [--kinds tensor,numpy] [--steps 40]
+
+Kinds: ``tensor`` is a TensorDataset (moved into shared memory in place); ``numpy`` is a
+Dataset holding numpy arrays (copied once into shared memory: the parent keeps its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from exonet.bench._procmem import MIB, TreeSampler
+
+DIM = 64
+ROW_BYTES = DIM * 4 + 8  # float32 features and an int64 label
+
+
+class ArrayDataset(Dataset):
+    """Features and labels as numpy arrays, as a user's own Dataset often holds them."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.from_numpy(self.x[i]), int(self.y[i])
+
+
+def make_dataset(kind: str, rows: int) -> Dataset:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(rows, DIM, generator=g), torch.randint(0, 10, (rows,), generator=g)
+    if kind == "tensor":
+        return TensorDataset(x, y)
+    return ArrayDataset(x.numpy(), y.numpy())
+
+
+def measure(kind: str, rows: int, nodes: int, steps: int) -> dict[str, Any]:
+    """Train once in this process; the summed PSS peak and steady level, in bytes."""
+    from exonet import LocalTrainer
+    from exonet.strategies import DDPStrategy, OptimSpec
+    from exonet.toy import bench_mlp
+
+    data = make_dataset(kind, rows)
+    t0 = time.perf_counter()
+    with TreeSampler() as sampler:
+        LocalTrainer(bench_mlp(), data).fit(DDPStrategy(OptimSpec("adamw", lr=1e-3)), num_nodes=nodes,
+                                            max_steps=steps, batch_size=32, device="cpu", progress=False)
+    full = max(n for _, n in sampler.samples)
+    up = [total for total, n in sampler.samples if n == full]
+    steady = statistics.median(up[len(up) // 2:])  # past the nodes' start-up transients
+    return {"peak": sampler.peak, "steady": steady, "procs": full, "seconds": time.perf_counter() - t0}
+
+
+def measure_fresh(kind: str, rows: int, nodes: int, steps: int) -> dict[str, Any]:
+    """``measure`` in a new interpreter, so that no earlier run's memory or forkserver is counted."""
+    out = subprocess.run([sys.executable, "-m", "exonet.bench", "memory", "--measure", kind, str(rows),
+                          "--nodes", str(nodes), "--steps", str(steps)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"memory bench: the {kind} run with {rows} rows failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exonet.bench memory", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--gib", type=float, default=1.0, help="size of the large dataset, GiB")
+    parser.add_argument("--tiny-rows", type=int, default=4096)
+    parser.add_argument("--kinds", default="tensor,numpy")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--measure", nargs=2, metavar=("KIND", "ROWS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(args.measure[0], int(args.measure[1]), args.nodes, args.steps)))
+        return 0
+    rows = int(args.gib * 2**30 / ROW_BYTES)
+    size = rows * ROW_BYTES
+    print(f"memory bench: K={args.nodes}, DDP on the bench MLP, {args.steps} steps; dataset {size / MIB:.0f} MiB "
+          f"({rows} rows) against {args.tiny_rows} rows; summed PSS of parent, forkserver and nodes")
+    for kind in args.kinds.split(","):
+        tiny = measure_fresh(kind, args.tiny_rows, args.nodes, args.steps)
+        big = measure_fresh(kind, rows, args.nodes, args.steps)
+        for level in ("peak", "steady"):
+            extra = big[level] - tiny[level]
+            print(f"  {kind:6s} {level:6s}  tiny {tiny[level] / MIB:7.0f} MiB  large {big[level] / MIB:7.0f} MiB  "
+                  f"extra {extra / MIB:7.0f} MiB = {extra / size:.2f}x the dataset (K copies: {args.nodes}x)")
+    return 0

@@ -1,0 +1,188 @@
+"""Shared memory for the tensors and arrays a fit sends to its nodes: one copy for all K, parent included.
+
+A dataset held in memory (a TensorDataset, tensors or numpy arrays in a user's Dataset)
+would otherwise be copied into every node. Instead, while an object is pickled for the
+nodes, every CPU tensor storage it holds is replaced by a handle to shared memory:
+
+* a storage of at least ``BIG`` bytes is moved into shared memory in place (torch's
+  ``share_memory_``: the parent's tensors now live there, no second copy is kept);
+* smaller storages are copied, side by side, into one shared arena (a dataset of many
+  small per-sample tensors costs one mapping and one extra copy, not K copies and not
+  one file per sample);
+* a numpy array of a dtype torch knows is copied once into shared memory (numpy memory
+  cannot be moved in place) and rebuilt in the node as an array over those pages.
+
+Handles name a file descriptor the parent holds, opened by the node through
+``/proc/<parent>/fd/<n>``: nothing is passed per process, so one pickling serves all K
+nodes and the number of shared storages is not bounded by the 256 descriptors a process
+start can carry. The segments are unlinked files: they vanish with their last user, even
+if the parent is killed. A node maps each segment once, however many objects refer to it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+BIG = 1 << 20  # storages from this size up are shared in place, smaller ones go to the arena
+ALIGN = 64  # arena offsets, so every dtype's elements stay aligned
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A shared-memory file held open by process ``pid`` as descriptor ``fd``."""
+
+    pid: int
+    fd: int
+    nbytes: int
+
+
+def _segment(storage: torch.UntypedStorage) -> Segment:
+    fd, nbytes = storage._share_fd_cpu_()
+    return Segment(os.getpid(), fd, nbytes)
+
+
+def _shared_copy(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    copy = torch.UntypedStorage._new_shared(storage.nbytes())
+    copy.copy_(storage)
+    return copy
+
+
+@dataclass
+class Shipment:
+    """The parent's side: hands out handles while objects are pickled, keeps the shared memory alive.
+
+    Keep the shipment until every node has unpickled what it was sent (the descriptors are
+    opened then). Several objects pickled with one shipment share its storages and arrays.
+    """
+
+    keep: list[Any] = field(default_factory=list)
+    _handles: dict[tuple[int, int], tuple] = field(default_factory=dict)
+    arenas: list[Segment] = field(default_factory=list)
+    _pieces: list[torch.UntypedStorage] = field(default_factory=list)
+    _arena_bytes: int = 0
+    _arrays: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def persistent_id(self, obj: Any) -> tuple | None:
+        """The handle that replaces a CPU storage in the pickle stream (None: pickle ``obj`` as usual)."""
+        if isinstance(obj, torch.TypedStorage):
+            untyped, dtype = obj._untyped_storage, obj.dtype
+        elif isinstance(obj, torch.UntypedStorage):
+            untyped, dtype = obj, None
+        else:
+            return None
+        if untyped.device.type != "cpu" or untyped.nbytes() == 0:
+            return None
+        key = (untyped.data_ptr(), untyped.nbytes())
+        if key not in self._handles:
+            self._handles[key] = self._share(untyped)
+        return (*self._handles[key], dtype)
+
+    def _share(self, untyped: torch.UntypedStorage) -> tuple:
+        self.keep.append(untyped)  # the data pointer is this handle's key: it must not be reused meanwhile
+        if untyped.nbytes() < BIG:
+            offset = -(-self._arena_bytes // ALIGN) * ALIGN
+            self._pieces.append(untyped)
+            self._arena_bytes = offset + untyped.nbytes()
+            return ("arena", len(self.arenas), offset, untyped.nbytes())
+        try:
+            return ("segment", _segment(untyped))
+        except RuntimeError:  # cannot be moved (e.g. already shared by file name): share a copy
+            copy = _shared_copy(untyped)
+            self.keep.append(copy)
+            return ("segment", _segment(copy))
+
+    def array(self, arr: np.ndarray) -> torch.Tensor | None:
+        """A tensor holding ``arr``'s values whose storage will travel shared (None when torch cannot hold it).
+
+        Arrays from ``BIG`` bytes up are copied into shared memory now, once per shipment; smaller
+        ones are copied into the arena with the small storages.
+        """
+        if arr.dtype.hasobject or arr.nbytes == 0:
+            return None
+        if id(arr) not in self._arrays:
+            try:
+                with warnings.catch_warnings():  # a read-only array: its tensor is only read, to copy it
+                    warnings.simplefilter("ignore", UserWarning)
+                    tensor = torch.from_numpy(np.ascontiguousarray(arr))
+            except (TypeError, ValueError):  # a dtype torch lacks, a non-native byte order
+                return None
+            if tensor.nbytes >= BIG:
+                tensor = torch.empty(0, dtype=tensor.dtype).set_(_shared_copy(tensor.untyped_storage()), 0,
+                                                                 tensor.shape)
+            self.keep += [arr, tensor]  # the array's id is the cache key; the tensor's memory is read at seal()
+            self._arrays[id(arr)] = tensor
+        return self._arrays[id(arr)]
+
+    def seal(self) -> tuple[Segment, ...]:
+        """Copy the storages met since the last seal into a new shared arena; returns every arena so far.
+
+        Call it after each pickling: the stream's handles name arenas by their index here.
+        """
+        if self._pieces:
+            arena = torch.UntypedStorage._new_shared(self._arena_bytes)
+            offset = 0
+            for piece in self._pieces:
+                offset = -(-offset // ALIGN) * ALIGN
+                arena[offset : offset + piece.nbytes()].copy_(piece)
+                offset += piece.nbytes()
+            self.keep.append(arena)
+            self.arenas.append(_segment(arena))
+            self._pieces, self._arena_bytes = [], 0
+        return tuple(self.arenas)
+
+
+_mapped: dict[tuple[int, int], torch.UntypedStorage] = {}  # this process's mappings by file (device, inode)
+
+
+def attach(segment: Segment) -> torch.UntypedStorage:
+    """The node's side: map a parent's segment (once per process, however often it is named)."""
+    path = f"/proc/{segment.pid}/fd/{segment.fd}"
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as exc:
+        raise RuntimeError(f"exonet: this node cannot open the parent's shared memory {path} "
+                           f"({type(exc).__name__}: {exc}); nodes must run as the parent's user with /proc "
+                           f"mounted") from None
+    try:
+        info = os.fstat(fd)
+        key = (info.st_dev, info.st_ino)
+        if key not in _mapped:
+            _mapped[key] = torch.UntypedStorage._new_shared_fd_cpu(fd, segment.nbytes)
+        return _mapped[key]
+    finally:
+        os.close(fd)
+
+
+class Resolver:
+    """Turns the handles of one pickle stream back into storages over the parent's shared memory."""
+
+    def __init__(self, arenas: tuple[Segment, ...]) -> None:
+        self.arenas = arenas
+        self._slices: dict[tuple[int, int], torch.UntypedStorage] = {}  # one storage per piece, as in the parent
+
+    def __call__(self, handle: tuple) -> Any:
+        kind, dtype = handle[0], handle[-1]
+        if kind == "segment":
+            untyped = attach(handle[1])
+        elif kind == "arena":
+            index, offset, nbytes = handle[1:4]
+            if (index, offset) not in self._slices:
+                self._slices[index, offset] = attach(self.arenas[index])[offset : offset + nbytes]
+            untyped = self._slices[index, offset]
+        else:
+            raise RuntimeError(f"exonet: unknown shared-memory handle {handle!r}")
+        return untyped if dtype is None else torch.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+
+def rebuild_array(tensor: torch.Tensor, writeable: bool) -> np.ndarray:
+    """A numpy array over a shared tensor's pages (the tensor stays alive as the array's base)."""
+    arr = tensor.numpy()
+    if not writeable:
+        arr.flags.writeable = False
+    return arr
