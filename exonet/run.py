@@ -47,7 +47,7 @@ from exonet.result import FitResult
 from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.strategies.base import Strategy
 from exonet.record import RunRecord
-from exonet.transport import ByValue, NodeProcess, check_picklable, pickle_model
+from exonet.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value
 from exonet.watchdog import SLOTS, Watchdog
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ class Supervisor:
     def start(self, model_bytes: bytes, train: Any, val: Any, strategy: Strategy) -> None:
         if self.progress_timeout_s is not None:
             self.watchdog = Watchdog(self.beats, self.cfg.world, self.progress_timeout_s)
+        self.datasets = shared_by_value(train, val)  # pickled once for all nodes; holds their shared memory
         for rank in range(self.cfg.world):
             reader, writer = self.ctx.Pipe(duplex=False)
             self.pipes.append(reader)
@@ -110,7 +111,7 @@ class Supervisor:
                 control, decisions = self.ctx.Pipe(duplex=False)
                 self.controls.append(decisions)
             p = NodeProcess(target=node_main, name=f"exonet-node-{rank}",
-                            args=(rank, ByValue(self.cfg, environ=True), model_bytes, ByValue(train), ByValue(val),
+                            args=(rank, ByValue(self.cfg, environ=True), model_bytes, *self.datasets,
                                   ByValue(strategy), writer, self.beats, control))
             try:
                 p.start()
