@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from exonet.checkpoint import load_node, save_node
 from exonet.clock import ClockLink
@@ -91,11 +91,10 @@ def epoch_indices(n: int, rank: int, num_nodes: int, seed: int, epoch: int, shuf
     shuffled with a generator derived from (seed, rank, epoch). Being pure, the order
     lets a resumed node start mid-epoch without loading the batches it skips.
     """
-    if shared:
-        sampler = DistributedSampler(range(n), num_replicas=num_nodes, rank=rank, shuffle=shuffle, seed=seed,
-                                     drop_last=True)
-        sampler.set_epoch(epoch)
-        return list(sampler)
+    if shared:  # DistributedSampler's deal, without its list of all n indices (~36 bytes each, in every node)
+        g, small = torch.Generator().manual_seed(seed + epoch), torch.int32 if n < 2**31 else torch.int64  # same values
+        order = torch.randperm(n, generator=g, dtype=small) if shuffle else torch.arange(n, dtype=small)
+        return order[: n // num_nodes * num_nodes][rank::num_nodes].tolist()
     if not shuffle:
         return list(range(n))
     return torch.randperm(n, generator=shared_generator(seed, "data", rank, epoch)).tolist()
