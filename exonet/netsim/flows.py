@@ -77,14 +77,20 @@ class Batch:
     """Messages of one owner (``tag``) that enter the network together: bytes left and rate per row.
 
     A row that has finished holds ``inf`` bytes and rate 0, so it never finishes again.
+    ``eta`` is a time (on its network's clock) before which no row can finish, so the
+    network checks a batch only when it may have: -inf until its network has timed it.
     """
 
-    __slots__ = ("key", "left", "live", "rate", "remaining", "shape", "size", "slow", "tag", "threshold")
+    __slots__ = ("biggest", "eta", "key", "left", "live", "rate", "remaining", "shape", "size", "slow", "span", "tag",
+                 "threshold")
 
     def __init__(self, shape: Shape, size: np.ndarray, tag: object) -> None:
         self.shape = shape
         self.size = size
         self.threshold = REL_TOL * size  # a row with this few bytes left is done
+        self.biggest = float(size.max())
+        self.eta = -math.inf
+        self.span = 0.0  # how far before its finish time at current rates a row may count as done
         self.remaining = size.copy()
         self.rate = np.zeros(len(shape))
         self.slow = self.rate  # rate with nan where 0, for finish times without a division by zero
@@ -153,10 +159,10 @@ SHARING = {"max-min": max_min, "fifo": fifo}
 
 # Allocations by network (sharing, capacities): shared by every FluidNetwork of one topology,
 # the engine's and the fast path's, since a phase's rates depend on nothing else.
-_ALLOCATIONS: dict[tuple, dict[tuple, list[tuple[np.ndarray, np.ndarray]]]] = {}
+_ALLOCATIONS: dict[tuple, dict[tuple, list[tuple[np.ndarray, np.ndarray, float]]]] = {}
 
 
-def _allocations(capacity: np.ndarray, sharing: str) -> dict[tuple, list[tuple[np.ndarray, np.ndarray]]]:
+def _allocations(capacity: np.ndarray, sharing: str) -> dict[tuple, list[tuple[np.ndarray, np.ndarray, float]]]:
     key = (sharing, capacity.tobytes())
     cache = _ALLOCATIONS.get(key)
     if cache is None:
@@ -212,6 +218,7 @@ class FluidNetwork:
 
     def add(self, batch: Batch) -> None:
         """Put ``batch`` in transit from ``now`` (with the bytes it has left: it may come from another network)."""
+        batch.eta = -math.inf
         if batch.left:
             self.batches[batch] = None
             self._changed = True
@@ -230,11 +237,14 @@ class FluidNetwork:
 
         Returns each batch that had flows finish with the indices of its rows that did.
         """
-        tolerance = max(REL_TOL * self.now, self.resolution)
+        now = self.now
+        tolerance = max(REL_TOL * now, self.resolution)
         done = []
         for b in list(self.batches):
+            if b.eta - now > tolerance:
+                continue  # its next finish is further off than any rounding could bring it
             finished = b.remaining <= np.maximum(b.threshold, b.rate * tolerance)
-            if finished.any():
+            if np.count_nonzero(finished):
                 rows = np.flatnonzero(finished)
                 b.remaining[rows] = math.inf
                 b.live[rows] = False
@@ -265,11 +275,13 @@ class FluidNetwork:
             if len(self._rates) >= _CACHE_LIMIT:
                 self._rates.clear()
             self._rates[key] = rates
-        for b, (rate, slow) in zip(batches, rates):
+        for b, (rate, slow, low) in zip(batches, rates):
             b.rate, b.slow = rate, slow
+            # a row is done within REL_TOL of its size, or of rounding: 2·REL_TOL·size/rate bounds both
+            b.span = 2.0 * REL_TOL * b.biggest / low
 
-    def _solve(self, batches: list[Batch], masks: list[np.ndarray] | None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Allocate rates to the live (and not paused) rows of ``batches``: per batch (rate, rate or nan)."""
+    def _solve(self, batches: list[Batch], masks: list[np.ndarray] | None) -> list[tuple[np.ndarray, np.ndarray, float]]:
+        """Allocate rates to the live (and not paused) rows of ``batches``: per batch (rate, rate or nan, lowest rate > 0)."""
         if masks is None:
             masks = [b.live for b in batches]
         rows = [np.flatnonzero(m) for m in masks]
@@ -288,7 +300,8 @@ class FluidNetwork:
             start += len(r)
             slow = np.where(rate > 0, rate, math.nan)
             rate.flags.writeable = slow.flags.writeable = False
-            out.append((rate, slow))
+            low = float(np.fmin.reduce(slow)) if len(slow) else math.nan
+            out.append((rate, slow, math.inf if math.isnan(low) else low))
         return out
 
     def rebase(self) -> None:
@@ -297,6 +310,8 @@ class FluidNetwork:
         A caller with a long-running clock rebases at every rate change, so ``now`` only
         ever spans the time since the last change and never loses precision to a large offset.
         """
+        for b in self.batches:
+            b.eta -= self.now
         self.now = 0.0
 
     def next_finish(self) -> float:
@@ -304,6 +319,7 @@ class FluidNetwork:
         best = math.inf
         for b in self.batches:
             t = float(np.fmin.reduce(b.remaining / b.slow))  # nan (rate 0) never wins
+            b.eta = self.now + t - b.span  # nan when nothing moves: then always checked
             if t < best:
                 best = t
         return self.now + best
