@@ -32,6 +32,18 @@ if TYPE_CHECKING:
     from exonet.clock import ClockLink
 
 GroupArg = Sequence[int] | None
+_DTYPE_NAMES: dict[torch.dtype, str] = {}  # "float32" for torch.float32: str() of a dtype costs a call per collective
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _no_copy_back(_: torch.Tensor) -> None:
+    """``_staged``'s copy-back for a tensor the backend reads in place."""
 
 
 class Handle:
@@ -210,8 +222,8 @@ class Communicator:
         self._flush_compute()
         cid = self._next_cid
         self._next_cid += 1
-        nbytes = payload.numel() * payload.element_size()
-        dtype = str(payload.dtype).removeprefix("torch.")
+        nbytes = payload.nbytes
+        dtype = _dtype_name(payload.dtype)
         members = self._members(group)
         start = self.now()
         if async_op:
@@ -236,8 +248,8 @@ class Communicator:
 
     def _staged(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], None]]:
         """Backends cannot read MPS memory: stage through CPU and copy back afterwards."""
-        if tensor.device.type != "mps":
-            return tensor, lambda _: None
+        if not tensor.is_mps:
+            return tensor, _no_copy_back
         host = tensor.detach().to("cpu")
         return host, lambda out: tensor.copy_(out.to(tensor.device))
 
