@@ -1,0 +1,169 @@
+"""Scale: K node processes on one small machine; start-up, time per step and memory per node.
+
+For each model and K, DDP (AdamW, batch 32 per node) runs once for 1 step and once for
+``--steps`` steps: the time per step is the difference over the extra steps, start-up the
+1-step fit (rendezvous, model, first batch, one step, teardown). The summed PSS of the
+process tree (exonet.bench._procmem) is sampled during the long fit; its slope in K is
+the memory per additional node. The fitted exponent b of time per step ~ K^b says how
+the cost grows.
+
+Side by side, start-up against ``torch.multiprocessing.spawn`` of K processes that
+import torch (and nothing else), the floor for any torch program that starts K
+processes: exonet's first fit in a fresh interpreter (``cold``, the forkserver imports
+torch once) and a later one (``warm``), both a whole 1-step fit.
+
+    python -m exonet.bench scale [--nodes 8,16,32] [--steps 40] [--models mlp,cnn] [--startup-nodes 8]
+
+Models: ``mlp`` is the bench MLP on synthetic blobs; ``cnn`` a two-layer CNN on
+scikit-learn's 8×8 digits (bundled with scikit-learn, no download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from exonet.bench import _spawned
+from exonet.bench._procmem import MIB, TreeSampler
+
+
+class DigitsCNN(nn.Module):
+    """Conv 1→16 (3×3), ReLU, max-pool 2, conv 16→32 (3×3), ReLU, linear 512→10; ``model((x, y))`` is the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Flatten())
+        self.head = nn.Linear(32 * 4 * 4, 10)
+
+    def forward(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.head(self.features(x)), y)
+
+
+def digits() -> TensorDataset:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return TensorDataset(torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0, torch.tensor(d.target))
+
+
+def workload(name: str) -> tuple[nn.Module, TensorDataset]:
+    from exonet.toy import bench_mlp, synthetic_classification
+
+    if name == "mlp":
+        return bench_mlp(), synthetic_classification(4096)
+    if name == "cnn":
+        return DigitsCNN(), digits()
+    raise ValueError(f"--models: unknown model {name!r} (mlp, cnn)")
+
+
+def timed_fit(model: nn.Module, data: TensorDataset, k: int, steps: int) -> float:
+    """Seconds for one DDP fit of ``steps`` steps on ``k`` nodes (processes started and stopped)."""
+    from exonet import LocalTrainer
+    from exonet.strategies import DDPStrategy, OptimSpec
+
+    t0 = time.perf_counter()
+    LocalTrainer(model, data).fit(DDPStrategy(OptimSpec("adamw", lr=1e-3)), num_nodes=k, max_steps=steps,
+                                  batch_size=32, device="cpu", progress=False, val_size=0)
+    return time.perf_counter() - t0
+
+
+def spawn_import_torch(k: int) -> float:
+    """Seconds for ``torch.multiprocessing.spawn`` to start ``k`` processes that import torch, and join them."""
+    t0 = time.perf_counter()
+    mp.spawn(_spawned.import_torch, nprocs=k, join=True)
+    return time.perf_counter() - t0
+
+
+def exponent(ks: list[int], ys: list[float]) -> float:
+    """The least-squares b of y ~ a·K^b."""
+    lx, ly = [math.log(k) for k in ks], [math.log(y) for y in ys]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def slope(ks: list[int], ys: list[float]) -> float:
+    mx, my = statistics.fmean(ks), statistics.fmean(ys)
+    return sum((a - mx) * (b - my) for a, b in zip(ks, ys)) / sum((a - mx) ** 2 for a in ks)
+
+
+def startup(k: int, repeat: int) -> dict[str, float]:
+    """Cold (fresh interpreter) and warm exonet start-up and the spawn reference, medians of ``repeat``."""
+    cold = [_fresh(["--cold", str(k)]) for _ in range(repeat)]
+    model, data = workload("mlp")
+    timed_fit(model, data, 2, 1)  # the forkserver is up from here on
+    warm = [timed_fit(model, data, k, 1) for _ in range(repeat)]
+    spawn = [spawn_import_torch(k) for _ in range(repeat)]
+    return {"cold": statistics.median(cold), "warm": statistics.median(warm), "spawn": statistics.median(spawn)}
+
+
+def _fresh(args: list[str]) -> float:
+    out = subprocess.run([sys.executable, "-m", "exonet.bench", "scale", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"scale bench: {' '.join(args)} failed:\n{out.stderr}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def scale(name: str, ks: list[int], steps: int) -> list[dict[str, Any]]:
+    model, data = workload(name)
+    timed_fit(model, data, 2, 1)  # warm the forkserver
+    rows = []
+    for k in ks:
+        one = timed_fit(model, data, k, 1)
+        with TreeSampler() as sampler:
+            long = timed_fit(model, data, k, steps)
+        full = max(n for _, n in sampler.samples)
+        up = [total for total, n in sampler.samples if n == full]
+        rows.append({"k": k, "startup_s": one, "step_s": (long - one) / (steps - 1),
+                     "pss": statistics.median(up[len(up) // 2:]), "peak": sampler.peak})
+    return rows
+
+
+def report(name: str, rows: list[dict[str, Any]], steps: int, out: Callable[[str], None] = print) -> None:
+    ks = [r["k"] for r in rows]
+    out(f"scale bench: {name}, DDP AdamW batch 32, {steps} steps; summed PSS of parent, forkserver and nodes")
+    for r in rows:
+        out(f"  K={r['k']:3d}  start-up {r['startup_s']:6.2f} s  per step {r['step_s'] * 1e3:8.2f} ms  "
+            f"PSS {r['pss'] / MIB:7.0f} MiB (peak {r['peak'] / MIB:.0f})")
+    if len(rows) > 1:
+        out(f"  per additional node: {slope(ks, [r['pss'] for r in rows]) / MIB:.1f} MiB PSS; "
+            f"time per step ~ K^{exponent(ks, [r['step_s'] for r in rows]):.2f}, "
+            f"start-up ~ K^{exponent(ks, [r['startup_s'] for r in rows]):.2f}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exonet.bench scale", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="8,16,32", help="comma-separated K values")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--startup-nodes", type=int, default=8, help="K for the start-up comparison (0: skip)")
+    parser.add_argument("--repeat", type=int, default=3, help="start-up runs per side (medians)")
+    parser.add_argument("--cold", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.cold:
+        model, data = workload("mlp")
+        print(json.dumps(timed_fit(model, data, args.cold, 1)))
+        return 0
+    if args.startup_nodes:
+        s = startup(args.startup_nodes, args.repeat)
+        print(f"start-up bench: K={args.startup_nodes}, a whole 1-step exonet fit against mp.spawn of "
+              f"{args.startup_nodes} processes that import torch (medians of {args.repeat})")
+        print(f"  exonet cold {s['cold']:6.2f} s   warm {s['warm']:6.2f} s   mp.spawn {s['spawn']:6.2f} s")
+        print(f"  ratio spawn/exonet: cold {s['spawn'] / s['cold']:.1f}x, warm {s['spawn'] / s['warm']:.1f}x")
+    ks = [int(k) for k in args.nodes.split(",")]
+    for name in args.models.split(","):
+        report(name, scale(name, ks, args.steps), args.steps)
+    return 0
