@@ -16,9 +16,11 @@ trace. How time passes:
 * A collective that starts on an idle network (nothing else in flight) runs on the
   fast path: its end time comes from ``Planner.duration`` in one event. If another
   collective starts, or a member goes down, before it ends, the engine takes it
-  over at that instant (``Planner.state_at``) and from then on runs every flow
-  through the shared ``FluidNetwork``: one SimPy event per rate change, one per
-  batch of deliveries.
+  over at that instant (``Planner.state_at``) and runs its flows through the shared
+  ``FluidNetwork``: one SimPy event per rate change, one per batch of deliveries.
+  In a scenario without outages, a collective whose links no flow in transit (and no
+  other resting collective) crosses at a phase boundary goes back to the fast path
+  from that phase on (it *rests*), and is taken over again when a phase touches them.
 * ``Step`` marks only record the time. A rank's step i ends at its cursor; step i of
   the run ends when its slowest rank ends it.
 
