@@ -65,6 +65,8 @@ class SimClock:
         self._reported = [0] * world  # steps each node has reported
         self._asked: dict[int, tuple[tuple, int]] = {}  # rank -> its open question, messages it had taken
         self.stopped_at: int | None = None  # a synchronous run's first step not run
+        self._rounds: dict[int, tuple[tuple[int, ...], dict[int, float]]] = {}  # deadline rounds decided
+        self._opened: dict[int, float] = {0: 0.0}  # when each deadline round opened
 
     def feed(self, rank: int, events: Sequence[Event]) -> None:
         """Events a node reported (a step's, those before a blocking call, or its final ones); replays them."""
@@ -79,7 +81,9 @@ class SimClock:
 
         Questions: ``("recv_any", cid, nbytes, dtype)``, which message ``rank`` receives next:
         answered (sender, simulated seconds it was received), or None once no message can
-        come; ``("speeds",)``, every rank's relative compute speed in the scenario.
+        come; ``("speeds",)``, every rank's relative compute speed in the scenario;
+        ``("deadline", r, seconds)``, asked by every trainer that finished its local work of
+        round r: who finished it by the round's deadline (see ``_deadline``).
         """
         if rank in self._asked:
             raise RuntimeError(f"online clock: rank {rank} asked {question[0]!r} before its last question was answered")
@@ -88,7 +92,7 @@ class SimClock:
         if question[0] == "recv_any":
             self.sim.feed(rank, AnyRecv(question[2]))
             self.sim.run_until_blocked()
-        elif question[0] != "speeds":
+        elif question[0] not in ("speeds", "deadline"):
             del self._asked[rank]
             raise ValueError(f"online clock: unknown question {question[0]!r}")
 
@@ -98,6 +102,11 @@ class SimClock:
         for rank, (question, taken) in list(self._asked.items()):
             if question[0] == "speeds":
                 out.append((rank, question, self.speeds))
+            elif question[0] == "deadline":
+                answer = self._deadline(question[1], question[2])
+                if answer is None:
+                    continue
+                out.append((rank, question, answer))
             elif len(self.sim.received(rank)) > taken:
                 out.append((rank, question, self.sim.received(rank)[taken]))
             elif self.sim.waits_for_any(rank) and not self.sim.may_receive(rank):
@@ -107,6 +116,39 @@ class SimClock:
                 continue
             del self._asked[rank]
         return out
+
+    def _deadline(self, r: int, deadline_s: float) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(participants, late) of deadline round r, once every trainer has finished it or stopped; else None.
+
+        Round r opens when round r−1's average is complete (0 for the first): its participants'
+        all-reduce ends, or the lone participant's local work does (a round nobody made, or whose
+        participants all stopped, closed at its deadline: the next opens then). A trainer takes part if it
+        finished its local work of round r (the moment it asked) by the opening plus
+        ``deadline_s``; those that finished later are late; those that stopped are neither.
+        """
+        if r in self._rounds:
+            return self._answer(r)
+        finished: dict[int, float] = {}
+        for q in self._trainers:
+            asked = self._asked.get(q)
+            if asked is not None and asked[0][0] == "deadline" and asked[0][1] == r:
+                times = self.sim.settled(q)
+                if times is None:
+                    return None
+                finished[q] = times[0]
+                if r - 1 in self._rounds and q in self._rounds[r - 1][0] and r not in self._opened:
+                    self._opened[r] = max(self._rounds[r - 1][1][q], times[1])
+            elif self.sim.is_open(q) or self.sim.settled(q) is None:
+                return None  # still on its way to the end of round r (or to stopping)
+        if r not in self._opened:  # no participant of round r−1 got here: it closed at its deadline, unanswered
+            self._opened[r] = self._opened[r - 1] + deadline_s
+        close = self._opened[r] + deadline_s
+        self._rounds[r] = (tuple(q for q in sorted(finished) if finished[q] <= close), finished)
+        return self._answer(r)
+
+    def _answer(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        participants, finished = self._rounds[r]
+        return participants, tuple(q for q in sorted(finished) if q not in participants)
 
     def decisions(self) -> list[Decision]:
         """New step decisions: step k runs if step k−1 ended before the limit.

@@ -208,6 +208,8 @@ class TrainNode:
         self.comm.begin()
 
         evaluates = bool(cfg.val_interval) and self.val_data is not None and not cfg.servers  # a server evaluates itself
+        # Asynchronous trainers stop at different steps: rank 0 evaluates its own model, without a collective.
+        alone = self.strategy.asynchronous
         done = cfg.start_step
         for step in range(cfg.start_step, cfg.max_steps):
             if step > cfg.start_step and self.clock is not None and not self.clock.allows(step):
@@ -222,15 +224,15 @@ class TrainNode:
             self.heartbeat.beat()
             done = step + 1
             if evaluates and (done % cfg.val_interval == 0 or done == cfg.max_steps):
-                self._evaluate(done, val_loader)
+                self._evaluate_own(done, val_loader) if alone else self._evaluate(done, val_loader)
             if cfg.checkpoint_dir is not None and done % cfg.checkpoint_interval == 0 and done < cfg.max_steps:
                 self._checkpoint(done)
-        if evaluates and done % cfg.val_interval and done < cfg.max_steps:
-            self._evaluate(done, val_loader)  # the clock ended the run between evaluations
+        if evaluates and done % cfg.val_interval and done < cfg.max_steps:  # the clock ended the run between evaluations
+            self._evaluate_own(done, val_loader) if alone else self._evaluate(done, val_loader)
 
         self.strategy.finish()
         tail = self.comm.take_events()
-        state = None if cfg.servers else self._final_state()
+        state = None if cfg.servers else self._own_state() if alone else self._final_state()
         self.send(("done", self.rank, tail, state))
 
     def _serve(self) -> None:
@@ -254,10 +256,7 @@ class TrainNode:
 
         self.strategy.serve(updated)
         tail = self.comm.take_events()
-        with self.comm.bookkeeping():
-            buf = io.BytesIO()
-            torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
-        self.send(("done", self.rank, tail, buf.getvalue()))
+        self.send(("done", self.rank, tail, self._own_state()))
 
     def _forward_backward(self, batch: Any, sync: bool = True) -> float:
         """Forward and backward over the batch's micro-batches; ``sync`` lets the last backward start communication."""
@@ -400,9 +399,24 @@ class TrainNode:
             if self.rank != 0:
                 return None
             self._load_flat(avg)
+            return self._own_state()
+
+    def _own_state(self) -> bytes | None:
+        """This node's model, serialised (the final model of a server, or of rank 0 in an asynchronous run)."""
+        if self.rank != self.cfg.evaluator:
+            return None
+        with self.comm.bookkeeping():
             buf = io.BytesIO()
             torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, buf)
             return buf.getvalue()
+
+    def _evaluate_own(self, step: int, val_loader: DataLoader | None) -> None:
+        """Loss of rank 0's own model (asynchronous trainers: no collective, the others may have stopped)."""
+        if self.rank != 0:
+            return
+        with self.comm.bookkeeping(), torch.no_grad():
+            loss = self._eval_loss(val_loader)
+        self.send(("eval", 0, step, {"step": step, "loss": loss, "local_loss": loss}))
 
 
 def _rows(batch: Any) -> int:
@@ -464,7 +478,7 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, v
                                     timeout=timedelta(seconds=cfg.timeout_s))
         model = torch.load(io.BytesIO(model_bytes), weights_only=False)
         clock = None if control is None else ClockLink(control, pipe.send, rank, heartbeat.blocked,
-                                                       gated=cfg.max_sim_time_s is not None, announces=cfg.servers > 0)
+                                                       gated=cfg.max_sim_time_s is not None, announces=strategy.asynchronous)
         TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock).run()
     except BaseException:
         pipe.send(("error", rank, traceback.format_exc(), time.monotonic()))

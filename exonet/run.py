@@ -275,8 +275,8 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     if dist.is_torchelastic_launched():
         from exonet.torchrun import train_under_torchrun
 
-        if resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None or cfg.servers:
-            raise ValueError("fit: checkpoint_interval, resume_from, max_sim_time_s and strategies with a server are "
+        if resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None or strategy.asynchronous:
+            raise ValueError("fit: checkpoint_interval, resume_from, max_sim_time_s and asynchronous strategies are "
                              "not supported under torchrun yet")
         is_zero = os.environ.get("RANK") == "0"
         run_path = _open_run(config, label, run_dir, None)[0] if is_zero else None
@@ -295,9 +295,9 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     if resume is not None:
         cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
     clock = None
-    if cfg.max_sim_time_s is not None or cfg.servers:
+    if cfg.max_sim_time_s is not None or strategy.asynchronous:
         clock = SimClock(scenario, cfg.world, math.inf if cfg.max_sim_time_s is None else cfg.max_sim_time_s,
-                         cfg.max_steps, trainers=cfg.num_nodes, synchronous=not cfg.servers,
+                         cfg.max_steps, trainers=cfg.num_nodes, synchronous=not strategy.asynchronous,
                          what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__)
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
     sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
@@ -350,6 +350,8 @@ def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, 
         result.sim = clock.result(record.history["train_loss"]) if clock is not None else result.simulate(scenario)
         ends = result.sim.step_end_times
         result.history["sim_time_s"] = list(ends)
+        if clock is not None and not clock.synchronous:  # rank 0 evaluated its own model, at its own steps
+            ends = clock.sim.rank_step_ends(0)
         for entry in result.history["eval"]:  # a server's evaluations carry their own (exonet.node)
             if "sim_time_s" not in entry:
                 entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0

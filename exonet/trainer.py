@@ -202,8 +202,8 @@ class LocalTrainer:
             check_range("fit: max_sim_time_s", max_sim_time_s, low=0, low_open=True)
             if scenario is None:
                 raise ValueError("fit: max_sim_time_s is simulated time in a scenario: pass scenario= too")
-        if max_sim_time_s is not None or servers:
-            what = "max_sim_time_s" if max_sim_time_s is not None else f"{type(strategy).__name__} (it has a server)"
+        if max_sim_time_s is not None or getattr(strategy, "asynchronous", False):
+            what = "max_sim_time_s" if max_sim_time_s is not None else f"{type(strategy).__name__} (asynchronous)"
             if scenario is None:
                 raise ValueError(f"fit: {what} runs on the simulated clock, which decides who is received first: "
                                  f"pass scenario= too")

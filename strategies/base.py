@@ -224,6 +224,15 @@ class Strategy(abc.ABC):
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the simulated clock decides who syncs when (a server, deadline rounds).
+
+        Such a run needs the online clock (a scenario): its trainers decide their steps on their
+        own, and every blocking call reports its events first (exonet.clock).
+        """
+        return self.servers > 0
+
     def check_world(self, num_nodes: int) -> None:
         """Reject arguments that cannot work with ``num_nodes`` nodes (called by ``fit`` before any node starts)."""
 

@@ -51,6 +51,8 @@ class DiLoCoStrategy(FedAvgStrategy):
         max_norm: clip the inner gradient norm before each inner step.
         participation: fraction of nodes taking part in each round, in (0, 1].
         island_size: nodes per averaging island each round; None averages over all participants.
+        deadline_s: deadline rounds, as in ``FedAvgStrategy``: the late adopt θ_global and the outer state
+            (their work is discarded).
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
@@ -68,13 +70,14 @@ class DiLoCoStrategy(FedAvgStrategy):
         *,
         participation: float = 1.0,
         island_size: int | None = None,
+        deadline_s: float | None = None,
         optim_spec: OptimSpec | str | type | None = None,
         outer_optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, island_size, H, participation=participation, optim_spec=optim_spec,
-                         **base_options(locals()))
+        super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s,
+                         optim_spec=optim_spec, **base_options(locals()))
         self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
@@ -109,6 +112,13 @@ class DiLoCoStrategy(FedAvgStrategy):
             if self.rank != group[0]:
                 self._load_global_state(state)
                 unflatten_into(self.global_params, self.params)
+
+    def global_state(self) -> torch.Tensor:
+        return self._global_state()
+
+    def adopt_global_state(self, state: torch.Tensor) -> None:
+        self._load_global_state(state)
+        unflatten_into(self.global_params, self.params)
 
     def _outer_state(self) -> dict[str, Any]:
         """The outer optimizer's state for θ_global, in key order.

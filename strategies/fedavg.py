@@ -41,12 +41,22 @@ class FedAvgStrategy(Strategy):
 
     A group of one (K = 1) sends nothing: averaging with oneself is the identity.
 
+    Deadline rounds (``deadline_s``, on the online clock: fit with a scenario): a round closes
+    ``deadline_s`` simulated seconds after it opens (when the previous round's average is
+    complete). The nodes that finished their H local steps by then average among themselves
+    (a subgroup all-reduce); a late node's work is discarded: it receives the round's result
+    (the global state) from the lowest-ranked participant, a message that waits for nobody, and
+    trains its next round from it. When nobody makes the deadline, everyone restarts from the
+    previous global state and the next round opens at the missed deadline. Every node still
+    takes H steps per round; a slow node just takes them later, so it can miss every deadline.
+
     Args:
         inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
         island_size: nodes per averaging island each round; None averages over all participants.
         H: local steps per round (the seed gym's default, 1, averages every step).
         max_norm: clip the local gradient norm before each local step.
         participation: fraction of nodes taking part in each round, in (0, 1].
+        deadline_s: close each round this many simulated seconds after it opens (None: wait for everyone).
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
@@ -62,11 +72,18 @@ class FedAvgStrategy(Strategy):
         max_norm: float | None = None,
         *,
         participation: float = 1.0,
+        deadline_s: float | None = None,
         optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        if deadline_s is not None:
+            check_range("deadline_s", deadline_s, low=0, low_open=True)
+            if participation != 1 or island_size is not None:
+                raise ValueError("deadline_s: the deadline decides who takes part in a round; it cannot be combined "
+                                 "with participation < 1 or island_size")
+        self.deadline_s = deadline_s
         check_range("H", H, low=1, integer=True)
         if island_size is not None:
             check_range("island_size", island_size, low=1, integer=True)
@@ -83,9 +100,17 @@ class FedAvgStrategy(Strategy):
                 f"so no round ever exchanges anything; use participation > 1/K = {1 / k:.4g} (or 1.0)"
             )
 
+    @property
+    def asynchronous(self) -> bool:
+        return self.deadline_s is not None
+
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         self.check_world(ctx.num_nodes)  # under torchrun no parent checked it
         super().setup(model, comm, ctx)
+        self._hand_offs: list[Any] = []  # deadline rounds: the global state in flight to late nodes
+        if self.deadline_s is not None:
+            with torch.no_grad():
+                self._global = flatten(self.params)
 
     def round_size(self, k: int) -> int:
         """How many of ``k`` nodes take part in a round: ⌈participation·k⌉, at least one."""
@@ -95,7 +120,49 @@ class FedAvgStrategy(Strategy):
         self.optimizer_step()
         self.local_step += 1
         if self.local_step % self.H == 0:
-            self.sync_round()
+            self.sync_round() if self.deadline_s is None else self.deadline_round()
+
+    def deadline_round(self) -> None:
+        """End of a deadline round: the clock says who made it; they average, the late adopt the result."""
+        clock = self.comm.clock
+        if clock is None:
+            raise RuntimeError("deadline_s needs the online clock: fit with a scenario")
+        participants, late = clock.ask(("deadline", self.local_step // self.H - 1, self.deadline_s),
+                                       self.comm.take_events())
+        self.comm.declare_groups([participants])
+        self._wait_hand_offs()  # the last round's, after the question: the clock reads this round's opening first
+        with torch.no_grad():
+            if self.rank in participants:
+                mean = flatten(self.params)
+                if len(participants) > 1:
+                    self.comm.all_reduce(mean, op="avg", group=participants)
+                self.apply_average(mean)
+                self._global = flatten(self.params)
+                if self.rank == participants[0] and late:
+                    state = self.global_state()
+                    self._hand_offs = [self.comm.send(state, q, async_op=True) for q in late]
+            else:
+                state = self.global_state()
+                if participants:
+                    self.comm.recv(state, participants[0])
+                self.adopt_global_state(state)  # with no participant: back to the last global state
+                self._global = flatten(self.params)
+
+    def global_state(self) -> torch.Tensor:
+        """What a late node adopts: the global parameters (a buffer this node holds, never its live parameters)."""
+        return self._global.clone()
+
+    def adopt_global_state(self, state: torch.Tensor) -> None:
+        """Continue from a buffer made by ``global_state`` (on any node)."""
+        unflatten_into(state, self.params)
+
+    def finish(self) -> None:
+        self._wait_hand_offs()
+
+    def _wait_hand_offs(self) -> None:
+        for handle in self._hand_offs:
+            handle.wait()
+        self._hand_offs = []
 
     def round_partition(self, round_index: int) -> list[tuple[int, ...]]:
         """Every averaging group of round ``round_index`` (sorted ranks), identical on all nodes."""

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from exonet import LocalTrainer, Scenario
-from exonet.strategies import AsyncDiLoCoStrategy, DiLoCoStrategy, FedBuffStrategy, OptimSpec
+from exonet.strategies import AsyncDiLoCoStrategy, DiLoCoStrategy, FedAvgStrategy, FedBuffStrategy, OptimSpec
 from exonet.toy import SleepyModel, synthetic_classification, tiny_mlp
 
 SPEEDS = (1.0, 0.8, 0.4, 0.2)
-LIMIT = 0.4
+LIMIT = 0.15
 # Four trainers at speeds 1, 0.8, 0.4, 0.2 and their server (rank 4) on a fast network; FLOPs make compute deterministic.
 HETERO = Scenario.from_dict({
     "name": "hetero-four", "network": {"bandwidth": "10 Gbit/s", "latency": "50 us"},
@@ -20,6 +20,7 @@ HETERO = Scenario.from_dict({
     "nodes": [{"ranks": [r], "speed": v} for r, v in enumerate(SPEEDS) if v != 1.0],
 })
 H = 4
+STEP_S = 0.0014336  # a step of tiny_mlp on 16 rows at speed 1: its FLOPs at 1e-5 TFLOP/s
 PARAMS = sum(p.numel() for p in tiny_mlp().parameters())
 
 
@@ -44,7 +45,8 @@ def async_diloco() -> AsyncDiLoCoStrategy:
 def runs():
     return {"async": fit(async_diloco()), "again": fit(async_diloco()),
             "sleepy": fit(async_diloco(), model=SleepyModel(0.02, rank=0)),
-            "sync": fit(DiLoCoStrategy(OptimSpec("sgd", lr=0.1), H=H))}
+            "sync": fit(DiLoCoStrategy(OptimSpec("sgd", lr=0.1), H=H)),
+            "deadline": fit(FedAvgStrategy(OptimSpec("sgd", lr=0.1), H=H, deadline_s=12 * STEP_S))}
 
 
 @pytest.mark.slow
@@ -91,6 +93,26 @@ def test_point_to_point_bytes_are_exact(runs):
         assert [c.op for c in r.trace.collectives(w)] == ["send", "recv"] * rounds[w]
     assert r.trace.payload_bytes(4) == sum(rounds) * nbytes  # the server answers every arrival
     assert r.sim.wire_bytes == [rounds[w] * nbytes for w in range(4)] + [sum(rounds) * nbytes]
+
+
+@pytest.mark.slow
+def test_deadline_fedavg_drops_exactly_the_nodes_the_scenario_makes_late(runs):
+    r = runs["deadline"]
+    assert r.sim.per_node[0].compute_s == pytest.approx(STEP_S * r.trace.num_steps(0), rel=1e-9)
+    # H = 4 steps take 4, 5, 10 and 20 step times at speeds 1, 0.8, 0.4, 0.2: against a deadline of 12, rank 3
+    # is late every round (and so a round behind); the others average, every round.
+    rounds = [r.trace.num_steps(q) // H for q in range(4)]
+    together = min(rounds[:3])  # rounds all three finished before the limit stopped them (at slightly different steps)
+    for q in range(3):
+        groups = [c.group for c in r.trace.collectives(q) if c.op == "all_reduce"]
+        assert groups[:together] == [(0, 1, 2)] * together and len(groups) <= rounds[q]
+    late = r.trace.collectives(3)
+    assert [(c.op, c.group) for c in late] == [("recv", (0, 3))] * rounds[3]  # it adopts the result, sends nothing
+    sent = [c for c in r.trace.collectives(0) if c.op in ("send", "all_reduce")]
+    assert [c.group for c in sent if c.op == "send"] == [(0, 3)] * rounds[3]
+    assert r.trace.payload_bytes(3) == 0 and r.trace.payload_bytes(0) == len(sent) * PARAMS * 4
+    assert r.sim_wall_clock_s == pytest.approx(r.simulate(HETERO).wall_clock_s, rel=1e-9)
+    assert rounds[3] < rounds[2] < rounds[0]  # nobody waits for the late
 
 
 # ------------------------------------------------------------------------------- the server's arithmetic

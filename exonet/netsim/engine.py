@@ -191,7 +191,22 @@ class Simulation:
     def rank_steps(self, rank: int) -> tuple[int, float]:
         """How many steps ``rank`` has ended in the replay, and when (simulated seconds) the latest ended."""
         rk = self._ranks[rank]
-        return rk.step, seconds(rk.step_t)
+        return rk.step, seconds(rk.step_ends[-1]) if rk.step_ends else 0.0
+
+    def rank_step_ends(self, rank: int) -> list[float]:
+        """Simulated seconds at which each of ``rank``'s steps ended (so far)."""
+        return [seconds(t) for t in self._ranks[rank].step_ends]
+
+    def settled(self, rank: int) -> tuple[float, float] | None:
+        """``rank``'s time and the end of its latest blocking call (seconds), once it has replayed all its input."""
+        rk = self._ranks[rank]
+        if rk.blocked is not None or rk.queue or rk.gate:
+            return None
+        return seconds(rk.t), seconds(rk.synced)
+
+    def is_open(self, rank: int) -> bool:
+        """Whether ``rank`` may still be fed."""
+        return self._ranks[rank].open
 
     def received(self, rank: int) -> list[tuple[int, float]]:
         """(sender, arrival seconds) of each message ``rank``'s any-source receives have taken, in order."""
@@ -367,7 +382,7 @@ class Simulation:
         else:
             ends.append(rk.t)
         rk.step = i + 1
-        rk.step_t = rk.t
+        rk.step_ends.append(rk.t)
         if self._gates and rk.step in self._cm.gated_steps[rk.rank]:
             rk.gate = True
 
@@ -507,7 +522,7 @@ class Simulation:
             self._spend(rk, cursor, end, COMM)
         else:
             self._spend(rk, start, end, COMM)
-        rk.t = end
+        rk.t = rk.synced = end
         rk.blocked = None
 
     # ------------------------------------------------------------ collectives

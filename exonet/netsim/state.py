@@ -31,7 +31,8 @@ class RankState:
         "rank",
         "span_end",
         "step",
-        "step_t",
+        "step_ends",
+        "synced",
         "t",
         "times",
     )
@@ -41,7 +42,8 @@ class RankState:
         self.queue: deque[Event] = deque()
         self.t = 0
         self.step = 0
-        self.step_t = 0  # the tick its latest step ended
+        self.step_ends: list[int] = []  # the tick each of its steps ended
+        self.synced = 0  # the tick its latest blocking collective (or wait) ended
         self.blocked: Instance | None = None
         self.block_t = 0
         self.open = True
