@@ -254,8 +254,7 @@ class DeMoStrategy(Strategy):
             torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         lr = self.optimizer.param_groups[0]["lr"]
         if self.weight_decay:
-            for p in self.params:
-                p.mul_(1.0 - lr * self.weight_decay)
+            torch._foreach_mul_(self.params, 1.0 - lr * self.weight_decay)
         parts: list[torch.Tensor] = []
         for g, coeffs in zip(self._groups, self._momentum):
             coeffs.mul_(self.compression_decay)
@@ -273,9 +272,9 @@ class DeMoStrategy(Strategy):
         for g in self._groups:
             idx, offset = _take(gathered, offset, g.dct.index_dtype, g.num_blocks, g.k)
             val, offset = _take(gathered, offset, self.params[g.members[0]].dtype, g.num_blocks, g.k)
-            q = g.dct.inverse(decompress(idx, val, g.dct.block_numel))
-            for i, d, blocks in zip(g.members, g.dcts, q.split(g.splits)):
-                self.params[i].grad = d.unblocks(blocks).sign_()
+            signs = g.dct.inverse(decompress(idx, val, g.dct.block_numel)).sign_()
+            for i, d, blocks in zip(g.members, g.dcts, signs.split(g.splits)):
+                self.params[i].grad = d.unblocks(blocks)
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
