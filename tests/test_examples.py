@@ -58,3 +58,14 @@ def test_time_budget_example_gives_every_strategy_the_same_simulated_time():
     for steps, sim in rows.values():
         assert sim >= 2.0 or steps == 300  # the budget was spent, or the cap reached first
     assert rows["DiLoCo H=25"][0] > 5 * rows["DDP"][0]  # it talks 25x less, so it takes many more steps
+
+
+@pytest.mark.slow
+def test_async_study_example_compares_five_ways_to_share_work(tmp_path):
+    out = run_example("async_study.py", "--budget", "20", "--H", "5", "--plot", str(tmp_path / "async.png"))
+    rows = re.findall(r"^\| (sync DiLoCo|async DiLoCo \(naive\)|async DiLoCo DN\+DyLU|FedBuff B=2|deadline DiLoCo 32 s) "
+                      r"\| (\d+)/(\d+)/(\d+)/(\d+) \|", out, re.M)
+    assert len(rows) == 5 and (tmp_path / "async.png").exists()
+    steps = {name: [int(s) for s in counts] for name, *counts in rows}
+    assert len(set(steps["sync DiLoCo"])) == 1  # the slowest worker gates every round
+    assert steps["async DiLoCo (naive)"][0] > 4 * steps["async DiLoCo (naive)"][3]  # fast workers do more
