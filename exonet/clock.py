@@ -81,7 +81,9 @@ class SimClock:
 
         Questions: ``("recv_any", cid, nbytes, dtype)``, which message ``rank`` receives next:
         answered (sender, simulated seconds it was received), or None once no message can
-        come; ``("speeds",)``, every rank's relative compute speed in the scenario;
+        come; ``("speeds",)``, every rank's relative compute speed in the scenario; ``("now",)``,
+        the asker's simulated time once its events are replayed; ``("transfer", op, nbytes, group)``,
+        how long that collective or message would take on an idle network;
         ``("deadline", r, seconds)``, asked by every trainer that finished its local work of
         round r: who finished it by the round's deadline (see ``_deadline``).
         """
@@ -92,7 +94,7 @@ class SimClock:
         if question[0] == "recv_any":
             self.sim.feed(rank, AnyRecv(question[2]))
             self.sim.run_until_blocked()
-        elif question[0] not in ("speeds", "deadline"):
+        elif question[0] not in ("speeds", "deadline", "now", "transfer"):
             del self._asked[rank]
             raise ValueError(f"online clock: unknown question {question[0]!r}")
 
@@ -102,6 +104,13 @@ class SimClock:
         for rank, (question, taken) in list(self._asked.items()):
             if question[0] == "speeds":
                 out.append((rank, question, self.speeds))
+            elif question[0] == "transfer":
+                out.append((rank, question, self.sim.idle_duration(question[1], question[3], question[2])))
+            elif question[0] == "now":
+                times = self.sim.settled(rank)
+                if times is None:
+                    continue
+                out.append((rank, question, times[0]))
             elif question[0] == "deadline":
                 answer = self._deadline(question[1], question[2])
                 if answer is None:

@@ -174,3 +174,21 @@ def test_strategies_with_a_server_need_the_clock_and_check_their_arguments():
         AsyncDiLoCoStrategy(outer_optim="adam", delayed_nesterov=2)
     with pytest.raises(ValueError, match="buffer_size"):
         FedBuffStrategy(buffer_size=0)
+
+
+def test_the_clock_tells_a_node_its_simulated_time_and_what_a_transfer_would_take():
+    from exonet.clock import SimClock
+    from exonet.trace import Compute, Step
+
+    uplinks = Scenario.from_dict({"name": "two-speeds", "network": {"bandwidth": "8 Mbit/s"},
+                                  "compute": {"mode": "flops", "tflops": 1e-6, "mfu": 1.0},
+                                  "nodes": [{"ranks": [1], "speed": 0.5, "uplink": "4 Mbit/s"}]})
+    clock = SimClock(uplinks, 4, math.inf, 10, synchronous=False)
+    clock.feed(1, [Compute(0.0, 0.0, 1e6), Step()])  # 1 MFLOP at 1 MFLOP/s and speed 0.5
+    clock.ask(1, ("now",))
+    clock.ask(0, ("transfer", "all_reduce", 1_000_000, None))
+    clock.ask(2, ("transfer", "send", 1_000_000, (1, 2)))
+    answers = {rank: answer for rank, _, answer in clock.answers()}
+    assert answers[1] == 2.0
+    assert answers[0] == pytest.approx(2 * 3 / 4 * 1_000_000 / 5e5, rel=1e-12)  # ring: 2(n−1)/n·S over rank 1's uplink
+    assert answers[2] == pytest.approx(1_000_000 / 5e5, rel=1e-12)  # rank 1's uplink is the bottleneck

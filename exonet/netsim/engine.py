@@ -204,6 +204,18 @@ class Simulation:
             return None
         return seconds(rk.t), seconds(rk.synced)
 
+    def idle_duration(self, op: str, group: Sequence[int] | None, nbytes: int) -> float:
+        """Simulated seconds ``op`` of ``nbytes`` on ``group`` (None: every rank) takes on an otherwise idle network.
+
+        ``op`` is a collective's name or "send"/"recv" (a message; ``group`` is the pair).
+        """
+        if op in P2P_OPS:
+            members, op = tuple(group or ()), "p2p"  # (sender, receiver)
+        else:
+            members = self._everyone if group is None else tuple(sorted(set(group)))
+        plan = self._planner.plan(op, members, nbytes)
+        return self._planner.duration(plan) if plan.phases else 0.0
+
     def is_open(self, rank: int) -> bool:
         """Whether ``rank`` may still be fed."""
         return self._ranks[rank].open
