@@ -69,9 +69,10 @@ def time_to_loss(history: Mapping[str, list], step_end_times: Sequence[float], t
 
     Uses the node-averaged evaluation loss when the run evaluated, else the mean
     training loss smoothed over the last 10 steps (as plotted), so one lucky batch
-    does not count. None when the run never reached it.
+    does not count. None when the run never reached it. A server's evaluations count
+    updates, not steps, so they are not placed on the step times (the training loss is).
     """
-    evals = history.get("eval") or []
+    evals = [e for e in history.get("eval") or [] if "updates" not in e]
     if evals:
         points = [(e["step"], e["loss"]) for e in evals]
     else:

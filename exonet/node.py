@@ -239,7 +239,7 @@ class TrainNode:
         """A server's life: serve the trainers until none is left, evaluating its model every ``val_interval`` updates.
 
         An evaluation is of the server's own model (the global parameters) after an update, at the
-        simulated time the update's message was received; its ``step`` counts updates applied.
+        simulated time the update's message was received; its ``step`` and ``updates`` count updates applied.
         """
         cfg = self.cfg
         val_loader = self._val_loader()
@@ -252,7 +252,8 @@ class TrainNode:
             if val_loader is not None and cfg.val_interval and updates % cfg.val_interval == 0:
                 with self.comm.bookkeeping(), torch.no_grad():
                     loss = self._eval_loss(val_loader)
-                self.send(("eval", self.rank, updates, {"step": updates, "loss": loss, "sim_time_s": sim_time_s}))
+                self.send(("eval", self.rank, updates, {"step": updates, "updates": updates, "loss": loss,
+                                                        "sim_time_s": sim_time_s}))
 
         self.strategy.serve(updated)
         tail = self.comm.take_events()

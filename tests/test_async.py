@@ -70,6 +70,10 @@ def test_the_online_clock_equals_replay_and_the_same_seed_gives_the_same_run(run
     assert [e["step"] for e in evals] == list(range(4, 4 * len(evals) + 1, 4))  # every 4 updates of the server
     times = [e["sim_time_s"] for e in evals]
     assert times == sorted(times) and 0 < times[0] and times[-1] <= a.sim_wall_clock_s
+    from exonet.comparison import time_to_loss
+
+    assert all(e["updates"] == e["step"] for e in evals)  # steps of the server's model, not of the trainers
+    assert time_to_loss(a.history, a.sim.step_end_times, 10.0) == a.sim.step_end_times[0]  # from the training loss
 
 
 @pytest.mark.slow
