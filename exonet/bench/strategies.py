@@ -10,14 +10,15 @@ batch 32 per node), with one torch thread per process.
    values, a ``scatter_reduce`` mean and an einsum inverse. Both sides do the whole step
    (momentum, compression, exchange, sign step) on the same gradients, through the same
    Communicator. They first run ``--check-steps`` steps from the same state and must agree
-   within 1e-6 (parameters and momentum); then alternate blocks of ``--calls`` steps for
-   ``--rounds`` rounds; medians per step on the slowest rank.
+   within 1e-6 (parameters and momentum); then take ``--rounds`` × ``--calls`` steps each,
+   alternating step by step (the first side alternates too); medians per step on the slowest rank.
 2. Step time of DDP, FedAvg (H=20), DiLoCo (H=20), SPARTA and DeMo, each a block of
    ``--steps`` steps per round (forward, backward, ``strategy.step()``, the trace hand-over
    as a node does it), against a bare-torch DDP step in the same round (a flattened
    all-reduce and AdamW, no Communicator).
 
-    python -m exonet.bench strategies [--nodes 4] [--rounds 5] [--calls 20] [--steps 40] [--quick]
+    python -m exonet.bench strategies [--nodes 4] [--rounds 5] [--calls 20] [--steps 40] [--only demo|strategies]
+    python -m exonet.bench strategies --quick       # two nodes, tiny counts: a smoke test
 """
 
 from __future__ import annotations
@@ -116,13 +117,13 @@ def _demo_part(rank: int, k: int, comm: Communicator, rounds: int, calls: int, c
         step_ref()
     diff = max(max((a - b).abs().max().item() for a, b in zip(ours.params, ref.params)),
                max((a - b).abs().max().item() for a, b in zip(ours.momentum(), ref.momentum)))
-    t_ours, t_ref = [], []
-    for r in range(rounds):
-        for fn, out in ((step_ours, t_ours), (step_ref, t_ref)) if r % 2 == 0 else ((step_ref, t_ref), (step_ours, t_ours)):
+    t_ours: list[float] = []
+    t_ref: list[float] = []
+    for i in range(rounds * calls):  # step by step, alternating which side goes first
+        for fn, out in ((step_ours, t_ours), (step_ref, t_ref)) if i % 2 == 0 else ((step_ref, t_ref), (step_ours, t_ours)):
             t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out.append((time.perf_counter() - t0) / calls)
+            fn()
+            out.append(time.perf_counter() - t0)
     return {"demo": statistics.median(t_ours), "reference": statistics.median(t_ref), "max_diff": diff}
 
 
@@ -194,8 +195,8 @@ def _node(rank: int, k: int, port: int, args: dict[str, int], queue: Any) -> Non
     dist.init_process_group("gloo", store=store, rank=rank, world_size=k)
     comm = Communicator(rank, k, torch.device("cpu"))
     comm.begin()
-    demo = _demo_part(rank, k, comm, args["rounds"], args["calls"], args["check_steps"])
-    steps = _steps_part(rank, k, comm, args["rounds"], args["steps"])
+    demo = _demo_part(rank, k, comm, args["rounds"], args["calls"], args["check_steps"]) if args["demo"] else {}
+    steps = _steps_part(rank, k, comm, args["rounds"], args["steps"]) if args["strategies"] else {}
     dist.barrier()
     dist.destroy_process_group()
     queue.put((demo, steps))
@@ -209,7 +210,7 @@ def measure(k: int, **args: int) -> tuple[dict[str, float], dict[str, float]]:
     mp.start_processes(_node, args=(k, store.port, args, queue), nprocs=k, start_method="spawn")
     results = [queue.get() for _ in range(k)]
     demo = {key: max(r[0][key] for r in results) for key in results[0][0]}
-    steps = {key: max(r[1][key] for r in results) for key in results[0][1]}
+    steps = {key: max(r[1][key] for r in results) for key in results[0][1]}  # both empty for a part not run
     return demo, steps
 
 
@@ -217,22 +218,23 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m exonet.bench strategies", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="alternating blocks per side (medians over them)")
-    parser.add_argument("--calls", type=int, default=20, help="DeMo steps per block")
+    parser.add_argument("--calls", type=int, default=20, help="DeMo steps per side per round")
     parser.add_argument("--steps", type=int, default=40, help="training steps per strategy per block")
     parser.add_argument("--check-steps", type=int, default=5, help="DeMo steps compared with the reference first")
+    parser.add_argument("--only", choices=("demo", "strategies"), help="run one of the two parts")
     parser.add_argument("--quick", action="store_true", help="two nodes, tiny counts (a smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.rounds, args.calls, args.steps, args.check_steps = 2, 1, 2, 20, 2
     demo, steps = measure(args.nodes, rounds=args.rounds, calls=args.calls, steps=args.steps,
-                          check_steps=args.check_steps)
+                          check_steps=args.check_steps, demo=args.only != "strategies", strategies=args.only != "demo")
     print(f"strategies bench: K={args.nodes} gloo processes, bench MLP, batch {BATCH}, 1 thread each, "
           f"median per step over {args.rounds} rounds (slowest rank)")
-    print(f"  DeMo compression step (topk {DEMO['compression_topk']}, chunk {DEMO['compression_chunk']}): "
-          f"exonet {demo['demo'] * 1e3:.2f} ms   per-tensor reference {demo['reference'] * 1e3:.2f} ms   "
-          f"speed-up {demo['reference'] / demo['demo']:.2f}x   largest difference after {args.check_steps} steps "
-          f"{demo['max_diff']:.1e}")
-    floor = steps["bare torch"]
+    if demo:
+        print(f"  DeMo compression step (topk {DEMO['compression_topk']}, chunk {DEMO['compression_chunk']}): "
+              f"exonet {demo['demo'] * 1e3:.2f} ms   per-tensor reference {demo['reference'] * 1e3:.2f} ms   "
+              f"speed-up {demo['reference'] / demo['demo']:.2f}x   largest difference after {args.check_steps} steps "
+              f"{demo['max_diff']:.1e}")
     for name, t in steps.items():
-        print(f"  {name:10s} {t * 1e3:7.2f} ms/step   ratio to bare torch {t / floor:.2f}")
-    return 0 if demo["max_diff"] <= 1e-6 else 1
+        print(f"  {name:10s} {t * 1e3:7.2f} ms/step   ratio to bare torch {t / steps['bare torch']:.2f}")
+    return 0 if not demo or demo["max_diff"] <= 1e-6 else 1
