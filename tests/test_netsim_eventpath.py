@@ -10,12 +10,14 @@ reference on the pure event path as with the new network, fast path and hand-bac
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
 import numpy as np
 import pytest
 
+from exonet.bench import netsim as netsim_bench
 from exonet.netsim import engine, fastpath, simulate
 from exonet.netsim.flows import REL_TOL, Batch, FluidNetwork, Shape
 from exonet.scenario import ALGORITHMS, EventSpec, LinkSpec, Resolved
@@ -265,3 +267,17 @@ def test_replays_match_the_flow_by_flow_event_path(seed, monkeypatch):
     before = simulate(trace, resolved, fast_path=False)
     assert_same(events, before)
     assert_same(fast, before)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_overlap_bench_trace_matches_the_flow_by_flow_event_path(seed, monkeypatch):
+    # collectives on all ranks and on each region at once: many take-overs and hand-backs per step
+    rng = random.Random(seed)
+    n = rng.randint(3, 12)
+    trace = netsim_bench.overlap_trace(rng.randint(2, 4), n, rng.randint(1, 20_000_000), seed=seed)
+    resolved = dataclasses.replace(netsim_bench.two_regions(n), sharing=rng.choice(["max-min", "fifo"]),
+                                   latency=rng.uniform(1e-5, 1e-3))
+    fast = simulate(trace, resolved)
+    monkeypatch.setattr(engine, "FluidNetwork", Reference)
+    monkeypatch.setattr(fastpath, "FluidNetwork", Reference)
+    assert_same(fast, simulate(trace, resolved, fast_path=False))
