@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from exonet import LocalTrainer
-from exonet.strategies.demo import ChunkedDCT, DeMoStrategy, compress, dct_basis, decompress
+from exonet.strategies.demo import ChunkedDCT, DeMoStrategy, _block_groups, compress, dct_basis, decompress
 from exonet.toy import Classifier, Regressor, ShardFactory, synthetic_regression
 
 K = 2
@@ -63,6 +63,21 @@ def test_compress_decompress_with_topk_equal_to_chunk_reproduces_the_tensor(shap
     t = ChunkedDCT(shape, 64, torch.float64)
     idx, val = compress(t.encode(x), t.block_numel)
     assert torch.allclose(t.decode(decompress(idx, val, t.block_numel)), x, atol=1e-12)
+
+
+def test_parameters_whose_blocks_have_one_shape_are_transformed_together():
+    shapes = [(256, 64), (256,), (256, 256), (256,), (10, 256), (10,)]   # the bench MLP
+    dcts = [ChunkedDCT(shape, 64) for shape in shapes]
+    groups = _block_groups(dcts, [torch.float32] * 6, 32)
+    assert [g.members for g in groups] == [[0, 2], [1, 3], [4], [5]]
+    assert [(g.dct.h, g.dct.w, g.num_blocks, g.k) for g in groups] == [(64, 64, 20, 32), (1, 64, 8, 32),
+                                                                       (10, 64, 4, 32), (1, 10, 1, 10)]
+    x = [torch.randn(shape, generator=torch.Generator().manual_seed(i)) for i, shape in enumerate(shapes)]
+    g = groups[0]
+    together = g.dct.transform(torch.cat([dcts[i].blocks(x[i]) for i in g.members]))
+    for i, rows in zip(g.members, together.split(g.splits)):
+        assert torch.allclose(rows, dcts[i].encode(x[i]), atol=1e-6)
+        assert torch.equal(dcts[i].unblocks(dcts[i].blocks(x[i])), x[i])
 
 
 def test_compress_keeps_the_largest_magnitudes_of_each_block():
