@@ -39,7 +39,8 @@ from collections.abc import Sequence
 import numpy as np
 
 REL_TOL = 1e-12
-_CACHE_LIMIT = 4096
+_CACHE_LIMIT = 1024  # allocations kept per network: a run needs tens; this bounds memory at 256-node phases
+_NETWORKS_KEPT = 8  # networks (capacities) whose allocations are kept, e.g. the scenarios of one sweep
 _shape_ids = itertools.count()
 
 
@@ -166,7 +167,7 @@ def _allocations(capacity: np.ndarray, sharing: str) -> dict[tuple, list[tuple[n
     key = (sharing, capacity.tobytes())
     cache = _ALLOCATIONS.get(key)
     if cache is None:
-        if len(_ALLOCATIONS) >= 16:
+        if len(_ALLOCATIONS) >= _NETWORKS_KEPT:
             _ALLOCATIONS.clear()
         cache = _ALLOCATIONS[key] = {}
     return cache
