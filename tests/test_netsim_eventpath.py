@@ -84,10 +84,6 @@ class Reference:
         return len(self._flows)
 
     @property
-    def quiet(self) -> bool:
-        return not self._paused
-
-    @property
     def batches(self) -> list[Batch]:
         """The batches in transit, their rows brought up to date (as the fast path hands them over)."""
         for f, (b, i) in self._flows.items():

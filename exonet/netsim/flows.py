@@ -94,7 +94,7 @@ class Batch:
         self.span = 0.0  # how far before its finish time at current rates a row may count as done
         self.remaining = size.copy()
         self.rate = np.zeros(len(shape))
-        self.slow = self.rate  # rate with nan where 0, for finish times without a division by zero
+        self.slow = np.full(len(shape), math.nan)  # rate with nan where 0, for finish times without a division by zero
         self.tag = tag
         self.live = np.ones(len(shape), dtype=bool)
         self.left = len(shape)  # rows in transit
@@ -186,7 +186,6 @@ class FluidNetwork:
     """
 
     def __init__(self, capacity: Sequence[float], sharing: str = "max-min", *, resolution: float = 0.0) -> None:
-        self.capacity = capacity
         self.pad = len(capacity)  # the link id that pads a batch's rows: infinite capacity
         self._capacity = np.array([*capacity, math.inf], dtype=float)
         self.resolution = resolution
@@ -199,11 +198,6 @@ class FluidNetwork:
 
     def __len__(self) -> int:
         return sum(b.left for b in self.batches)
-
-    @property
-    def quiet(self) -> bool:
-        """No rank is down."""
-        return not self._paused
 
     def busy(self) -> frozenset[int]:
         """The links that flows in transit cross."""
@@ -254,7 +248,7 @@ class FluidNetwork:
                 done.append((b, rows))
                 if not b.left:
                     del self.batches[b]
-                    b.rate = b.slow = np.zeros(len(b.shape))
+                    b.rate, b.slow = np.zeros(len(b.shape)), np.full(len(b.shape), math.nan)
         if done or self._changed:
             self._reallocate()
         return done
