@@ -1,15 +1,16 @@
 """Communicator overhead: exonet's traced ``Communicator.all_reduce`` against a raw ``dist.all_reduce``.
 
-K spawned gloo processes reduce the same fp32 buffer both ways, in alternating blocks
-(raw, exonet, raw, ... with the order swapped every round), so drift and load hit both
-sides alike. The exonet side does all it does in a run: flushes the compute span,
-counts the bytes and appends the Collective; events are handed over every block as
-``mark_step`` would. Reported: the median per-call time of each side over the rounds, on
-the slowest rank, and their ratio; and the calling thread's CPU time per call (gloo
-reduces on its own threads, so this is the Python side, and it is steadier than wall
-time on a loaded machine).
+K spawned gloo processes reduce the same fp32 buffer both ways, alternating call by call
+(which side goes first alternates too), so drift and load hit both sides alike; with
+``--blocks`` each side's calls of a round run back to back instead (the gap between
+calls is then bare, which flatters the raw side: its threads never go idle). The exonet
+side does all it does in a run: flushes the compute span, counts the bytes and appends
+the Collective; events are handed over every round as ``mark_step`` would. Reported: the
+median per-call time of each side on the slowest rank and their ratio; and the calling
+thread's CPU time per call (gloo reduces on its own threads, so this is mostly the Python
+side, and it is steadier than wall time on a loaded machine).
 
-    python -m exonet.bench communicator [--nodes 2] [--sizes 4096,1048576] [--rounds 21] [--calls 50]
+    python -m exonet.bench communicator [--nodes 2] [--sizes 4096,1048576] [--rounds 21] [--calls 50] [--blocks]
     python -m exonet.bench communicator --profile   # cProfile of rank 0's exonet calls
     python -m exonet.bench communicator --quick     # tiny sizes, a smoke test
 """
@@ -40,7 +41,7 @@ def _time_block(fn: Any, calls: int) -> tuple[float, float]:
     return (time.perf_counter() - t0) / calls, (time.thread_time() - c0) / calls
 
 
-def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: int, profile: bool,
+def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: int, blocks: bool, profile: bool,
           queue: Any) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, k, is_master=False, timeout=timedelta(seconds=60))
@@ -58,10 +59,12 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
         comm.take_events()
         raw_s: list[tuple[float, float]] = []
         ours_s: list[tuple[float, float]] = []
-        for r in range(rounds):
+        per_side, repeats = (calls, rounds) if blocks else (1, rounds * calls)
+        for r in range(repeats):
             for side in ((raw, ours) if r % 2 == 0 else (ours, raw)):
-                (raw_s if side is raw else ours_s).append(_time_block(side, calls))
-            comm.take_events()
+                (raw_s if side is raw else ours_s).append(_time_block(side, per_side))
+            if (r + 1) % (repeats // rounds) == 0:
+                comm.take_events()  # as mark_step does once a step
         results[nbytes] = tuple(statistics.median(t[j] for t in s) for s in (raw_s, ours_s) for j in (0, 1))
         if profile:
             prof = cProfile.Profile()
@@ -77,14 +80,14 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
     queue.put((rank, results, profiles if rank == 0 else []))
 
 
-def measure(k: int, sizes: list[int], rounds: int, calls: int,
+def measure(k: int, sizes: list[int], rounds: int, calls: int, blocks: bool = False,
             profile: bool = False) -> tuple[dict[int, tuple[float, ...]], list[str]]:
     """Per size, median seconds per call on the slowest rank: (raw wall, raw CPU, exonet wall, exonet CPU);
     and rank 0's profiles."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
-    mp.start_processes(_node, args=(k, store.port, sizes, rounds, calls, profile, queue), nprocs=k,
+    mp.start_processes(_node, args=(k, store.port, sizes, rounds, calls, blocks, profile, queue), nprocs=k,
                        start_method="spawn")
     per_rank = [queue.get() for _ in range(k)]
     worst = {n: tuple(max(r[1][n][j] for r in per_rank) for j in range(4)) for n in sizes}
@@ -99,17 +102,20 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m exonet.bench communicator", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--sizes", default="4096,1048576", help="buffer sizes in bytes, comma-separated")
-    parser.add_argument("--rounds", type=int, default=21, help="alternating blocks per side (medians over them)")
-    parser.add_argument("--calls", type=int, default=50, help="all-reduces per block")
+    parser.add_argument("--rounds", type=int, default=21, help="rounds (trace handed over after each)")
+    parser.add_argument("--calls", type=int, default=50, help="all-reduces per side per round")
+    parser.add_argument("--blocks", action="store_true",
+                        help="time each side's calls back to back in a round, not alternating call by call")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of rank 0's exonet calls")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and counts (a smoke test)")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
         sizes, args.rounds, args.calls = [4096], 2, 3
-    results, profiles = measure(args.nodes, sizes, args.rounds, args.calls, args.profile)
+    results, profiles = measure(args.nodes, sizes, args.rounds, args.calls, args.blocks, args.profile)
     print(f"communicator bench: K={args.nodes} gloo processes, all_reduce fp32, {args.rounds} rounds x "
-          f"{args.calls} calls per side, median per call (slowest rank)")
+          f"{args.calls} calls per side {'in back-to-back blocks' if args.blocks else 'alternating call by call'}, "
+          f"median per call (slowest rank)")
     for nbytes, (raw, raw_cpu, ours, ours_cpu) in results.items():
         print(f"  {_size(nbytes):>9}  raw dist.all_reduce {raw * 1e6:9.1f} us   exonet Communicator "
               f"{ours * 1e6:9.1f} us   ratio exonet/raw {ours / raw:.3f}  (overhead {(ours - raw) * 1e6:+.1f} us; "
