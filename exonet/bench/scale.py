@@ -39,7 +39,10 @@ from exonet.bench._procmem import MIB, TreeSampler
 
 
 class DigitsCNN(nn.Module):
-    """Conv 1→16 (3×3), ReLU, max-pool 2, conv 16→32 (3×3), ReLU, linear 512→10; ``model((x, y))`` is the loss."""
+    """Conv 1→16 (3×3), ReLU, max-pool 2, conv 16→32 (3×3), ReLU, linear 512→10.
+
+    ``model((x, y))`` is the loss, as exonet expects.
+    """
 
     def __init__(self) -> None:
         super().__init__()
