@@ -53,7 +53,7 @@ class Shape:
     so a caller converts a handful of latencies, not one per message.
     """
 
-    __slots__ = ("cap", "dst", "id", "latencies", "latency", "latency_of", "links", "paths", "reach", "src")
+    __slots__ = ("cap", "dst", "id", "latencies", "latency", "latency_of", "links", "paths", "reach", "src", "still", "unset")
 
     def __init__(self, paths: Sequence[tuple[int, ...]], src: Sequence[int], dst: Sequence[int],
                  cap: Sequence[float], latency: Sequence[float], pad: int) -> None:
@@ -69,6 +69,9 @@ class Shape:
         self.latencies = [float(x) for x in values]
         self.latency_of = index.reshape(-1)
         self.id = next(_shape_ids)
+        self.still = np.zeros(len(paths))  # the rates of a batch not yet (or no longer) allocated ...
+        self.unset = np.full(len(paths), math.nan)  # ... and their divisors, shared by every batch of this shape
+        self.still.flags.writeable = self.unset.flags.writeable = False
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -93,8 +96,8 @@ class Batch:
         self.eta = -math.inf
         self.span = 0.0  # how far before its finish time at current rates a row may count as done
         self.remaining = size.copy()
-        self.rate = np.zeros(len(shape))
-        self.slow = np.full(len(shape), math.nan)  # rate with nan where 0, for finish times without a division by zero
+        self.rate = shape.still
+        self.slow = shape.unset  # rate with nan where 0, for finish times without a division by zero
         self.tag = tag
         self.live = np.ones(len(shape), dtype=bool)
         self.left = len(shape)  # rows in transit
@@ -248,7 +251,7 @@ class FluidNetwork:
                 done.append((b, rows))
                 if not b.left:
                     del self.batches[b]
-                    b.rate, b.slow = np.zeros(len(b.shape)), np.full(len(b.shape), math.nan)
+                    b.rate, b.slow = b.shape.still, b.shape.unset
         if done or self._changed:
             self._reallocate()
         return done
