@@ -566,8 +566,11 @@ class Simulation:
             self._lone = None
         self._end(t, c)
 
-    def _take_over(self, t: int, c: Instance) -> None:
-        """Move the fast-path collective ``c`` onto the event path at tick ``t``, mid-phase if need be."""
+    def _take_over(self, t: int, c: Instance, settle: bool = True) -> None:
+        """Move the fast-path collective ``c`` onto the event path at tick ``t``, mid-phase if need be.
+
+        ``settle=False`` leaves updating the network to the caller, who adds flows at this tick too.
+        """
         if self._lone is c:
             self._lone = None
         self._taken_at = t
@@ -595,7 +598,8 @@ class Simulation:
             self._drain(t)
             for batch in rest:
                 self._net.add(batch)
-            self._net_changed(t)
+            if settle:
+                self._net_changed(t)
         if c.pending == 0:
             self._phase_done(t, c)
 
@@ -620,9 +624,9 @@ class Simulation:
                 return
         batch = self._topo.batch(plan.phases[p], c)
         if self._lone is not None:
-            self._take_over(t, self._lone)
+            self._take_over(t, self._lone, settle=False)
         for other in [r for r, (_, _, links) in self._resting.items() if not links.isdisjoint(batch.shape.reach)]:
-            self._take_over(t, other)
+            self._take_over(t, other, settle=False)
         c.pending = len(batch)
         self._drain(t)
         self._net.add(batch)
