@@ -59,6 +59,17 @@ def test_numpy_arrays_travel_through_shared_memory_once_per_fit():
     assert train["obj"][0] == {"a": 1} and np.array_equal(train["fortran"], big[:8])
 
 
+def test_no_room_in_shared_memory_is_a_clear_error_before_any_node_starts(monkeypatch):
+    def full(*args):
+        raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.UntypedStorage, "_share_fd_cpu_", full)
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", classmethod(full))
+    with pytest.raises(RuntimeError, match=r"cannot place 1 MiB of the datasets in shared memory \(/dev/shm: .* free; "
+                                           r"unable to write.*--shm-size.*factory"):
+        roundtrip(torch.zeros(BIG // 4))
+
+
 def test_each_dataset_is_pickled_once_for_all_nodes():
     sent = ByValue(TensorDataset(torch.zeros(4, 2)), shipment=Shipment())
     assert sent.__reduce__()[1][0] is sent.__reduce__()[1][0]

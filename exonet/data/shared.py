@@ -29,8 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from exonet.units import format_bytes
+
 BIG = 1 << 20  # storages from this size up are shared in place, smaller ones go to the arena
 ALIGN = 64  # arena offsets, so every dtype's elements stay aligned
+SHM = "/dev/shm"  # where torch's shared memory lives on Linux
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,27 @@ def _segment(storage: torch.UntypedStorage) -> Segment:
     return Segment(os.getpid(), fd, nbytes)
 
 
+def _new_shared(nbytes: int) -> torch.UntypedStorage:
+    try:
+        return torch.UntypedStorage._new_shared(nbytes)
+    except RuntimeError as exc:
+        raise _no_room(nbytes, exc) from None
+
+
+def _no_room(nbytes: int, exc: Exception) -> RuntimeError:
+    """Shared memory could not be had: how much was asked, what /dev/shm has, and what to do instead."""
+    try:
+        info = os.statvfs(SHM)
+        free = f"{format_bytes(info.f_bavail * info.f_frsize, binary=True)} free"
+    except OSError:
+        free = "absent"
+    return RuntimeError(f"fit: cannot place {format_bytes(nbytes, binary=True)} of the datasets in shared memory "
+                        f"({SHM}: {free}; {exc}). Enlarge {SHM} (e.g. docker run --shm-size=...), or pass a dataset "
+                        "factory f(rank, num_nodes, train) so that each node builds its own shard")
+
+
 def _shared_copy(storage: torch.UntypedStorage) -> torch.UntypedStorage:
-    copy = torch.UntypedStorage._new_shared(storage.nbytes())
+    copy = _new_shared(storage.nbytes())
     copy.copy_(storage)
     return copy
 
@@ -92,7 +114,7 @@ class Shipment:
             return ("arena", len(self.arenas), offset, untyped.nbytes())
         try:
             return ("segment", _segment(untyped))
-        except RuntimeError:  # cannot be moved (e.g. already shared by file name): share a copy
+        except RuntimeError:  # cannot be moved (already shared by file name, or no room): share a copy
             copy = _shared_copy(untyped)
             self.keep.append(copy)
             return ("segment", _segment(copy))
@@ -125,7 +147,7 @@ class Shipment:
         Call it after each pickling: the stream's handles name arenas by their index here.
         """
         if self._pieces:
-            arena = torch.UntypedStorage._new_shared(self._arena_bytes)
+            arena = _new_shared(self._arena_bytes)
             offset = 0
             for piece in self._pieces:
                 offset = -(-offset // ALIGN) * ALIGN
