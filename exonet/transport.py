@@ -29,7 +29,7 @@ import cloudpickle
 import numpy as np
 import torch
 
-from exonet.data.shared import Resolver, Segment, Shipment, rebuild_array
+from exonet.data.shared import Resolver, Segment, Shipment
 
 MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
 MODULE_SLOTS = ("_modules", "_parameters", "_buffers")
@@ -49,9 +49,9 @@ class NodePickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if self.shipment is not None and isinstance(obj, np.ndarray):
-            tensor = self.shipment.array(obj)
-            if tensor is not None:
-                return rebuild_array, (tensor, bool(obj.flags.writeable))
+            reduced = self.shipment.reduce_array(obj)
+            if reduced is not None:
+                return reduced
         return super().reducer_override(obj)
 
 

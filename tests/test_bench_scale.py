@@ -20,9 +20,9 @@ def test_scale_bench_reports_startup_against_spawn_step_time_and_memory_per_node
 @pytest.mark.slow
 def test_memory_bench_reports_the_extra_pss_of_a_dataset_against_a_tiny_one(capsys):
     assert memory.main(["--nodes", "2", "--gib", "0.004", "--tiny-rows", "256", "--steps", "3",
-                        "--kinds", "tensor,numpy"]) == 0
+                        "--kinds", "tensor,numpy,memmap"]) == 0
     out = capsys.readouterr().out
-    assert out.count("x the dataset (K copies: 2x)") == 4 and "numpy" in out
+    assert out.count("x the dataset (K copies: 2x)") == 6 and "memmap" in out
 
 
 def test_scale_exponent_and_slope_are_least_squares_fits():

@@ -59,6 +59,18 @@ def test_numpy_arrays_travel_through_shared_memory_once_per_fit():
     assert train["obj"][0] == {"a": 1} and np.array_equal(train["fortran"], big[:8])
 
 
+def test_a_memory_mapped_array_travels_as_its_file_and_shares_its_page_cache(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(1000, dtype=np.float32).reshape(100, 10))
+    ro, rw = np.load(path, mmap_mode="r"), np.load(path, mmap_mode="r+")
+    (got,) = roundtrip({"ro": ro, "rows": ro[10:20], "rw": rw, "cow": np.load(path, mmap_mode="c")})
+    assert isinstance(got["rows"], np.memmap) and str(got["rows"].filename) == str(ro.filename)
+    assert np.array_equal(got["ro"], ro) and np.array_equal(got["rows"], ro[10:20])
+    got["rw"][10, 3] = -1.0  # the node's map and the parent's are the same pages of the file
+    assert rw[10, 3] == -1.0 and got["rows"][0, 3] == -1.0 and not got["ro"].flags.writeable
+    assert not isinstance(got["cow"], np.memmap) and got["cow"][10, 3] == 103.0  # copy-on-write: by shared memory
+
+
 def test_no_room_in_shared_memory_is_a_clear_error_before_any_node_starts(monkeypatch):
     def full(*args):
         raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device (28)")

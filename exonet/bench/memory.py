@@ -7,10 +7,12 @@ the tiny run is what the dataset costs; K copies would cost K times its size. ``
 is the highest sample (start-up transients included), ``steady`` the median of the second
 half of the samples taken while every node is up.
 
-    python -m exonet.bench memory [--nodes 8] [--gib 1.0] [--kinds tensor,numpy] [--steps 40]
+    python -m exonet.bench memory [--nodes 8] [--gib 1.0] [--kinds tensor,numpy,memmap] [--steps 40]
 
 Kinds: ``tensor`` is a TensorDataset (moved into shared memory in place); ``numpy`` is a
-Dataset holding numpy arrays (copied once into shared memory: the parent keeps its own).
+Dataset holding numpy arrays (copied once into shared memory: the parent keeps its own);
+``memmap`` the same arrays saved to a file and opened with ``np.load(mmap_mode="r")`` (the
+nodes map the file: only the pages read are resident, in the page cache, counted once).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,12 +50,20 @@ class ArrayDataset(Dataset):
         return torch.from_numpy(self.x[i]), int(self.y[i])
 
 
-def make_dataset(kind: str, rows: int) -> Dataset:
+def make_dataset(kind: str, rows: int, folder: str) -> Dataset:
+    """The dataset of ``kind``; a ``memmap`` one is written to ``folder`` and opened with np.load(mmap_mode="r")."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(rows, DIM, generator=g), torch.randint(0, 10, (rows,), generator=g)
     if kind == "tensor":
         return TensorDataset(x, y)
-    return ArrayDataset(x.numpy(), y.numpy())
+    if kind == "numpy":
+        return ArrayDataset(x.numpy(), y.numpy())
+    if kind == "memmap":
+        np.save(Path(folder, "x.npy"), x.numpy())
+        np.save(Path(folder, "y.npy"), y.numpy())
+        x_map, y_map = (np.load(Path(folder, f"{name}.npy"), mmap_mode="r") for name in ("x", "y"))
+        return ArrayDataset(x_map, y_map)
+    raise ValueError(f"--kinds: unknown kind {kind!r} (tensor, numpy, memmap)")
 
 
 def measure(kind: str, rows: int, nodes: int, steps: int) -> dict[str, Any]:
@@ -60,11 +72,12 @@ def measure(kind: str, rows: int, nodes: int, steps: int) -> dict[str, Any]:
     from exonet.strategies import DDPStrategy, OptimSpec
     from exonet.toy import bench_mlp
 
-    data = make_dataset(kind, rows)
-    t0 = time.perf_counter()
-    with TreeSampler() as sampler:
-        LocalTrainer(bench_mlp(), data).fit(DDPStrategy(OptimSpec("adamw", lr=1e-3)), num_nodes=nodes,
-                                            max_steps=steps, batch_size=32, device="cpu", progress=False)
+    with tempfile.TemporaryDirectory() as folder:
+        data = make_dataset(kind, rows, folder)
+        t0 = time.perf_counter()
+        with TreeSampler() as sampler:
+            LocalTrainer(bench_mlp(), data).fit(DDPStrategy(OptimSpec("adamw", lr=1e-3)), num_nodes=nodes,
+                                                max_steps=steps, batch_size=32, device="cpu", progress=False)
     full = max(n for _, n in sampler.samples)
     up = [total for total, n in sampler.samples if n == full]
     steady = statistics.median(up[len(up) // 2:])  # past the nodes' start-up transients
@@ -85,7 +98,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--gib", type=float, default=1.0, help="size of the large dataset, GiB")
     parser.add_argument("--tiny-rows", type=int, default=4096)
-    parser.add_argument("--kinds", default="tensor,numpy")
+    parser.add_argument("--kinds", default="tensor,numpy,memmap")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--measure", nargs=2, metavar=("KIND", "ROWS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -10,7 +10,9 @@ nodes, every CPU tensor storage it holds is replaced by a handle to shared memor
   small per-sample tensors costs one mapping and one extra copy, not K copies and not
   one file per sample);
 * a numpy array of a dtype torch knows is copied once into shared memory (numpy memory
-  cannot be moved in place) and rebuilt in the node as an array over those pages.
+  cannot be moved in place) and rebuilt in the node as an array over those pages;
+* a memory-mapped numpy array (np.memmap, ``np.load(mmap_mode="r")``) travels as its file,
+  offset and shape: the node maps the same file, sharing its page cache, with no copy.
 
 Handles name a file descriptor the parent holds, opened by the node through
 ``/proc/<parent>/fd/<n>``: nothing is passed per process, so one pickling serves all K
@@ -21,6 +23,7 @@ if the parent is killed. A node maps each segment once, however many objects ref
 
 from __future__ import annotations
 
+import mmap
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -119,6 +122,14 @@ class Shipment:
             self.keep.append(copy)
             return ("segment", _segment(copy))
 
+    def reduce_array(self, arr: np.ndarray) -> tuple | None:
+        """How ``arr`` travels: by its file if it is a memory map, else by shared memory (None: as usual)."""
+        view = file_view(arr)
+        if view is not None:
+            return rebuild_memmap, view
+        tensor = self.array(arr)
+        return None if tensor is None else (rebuild_array, (tensor, bool(arr.flags.writeable)))
+
     def array(self, arr: np.ndarray) -> torch.Tensor | None:
         """A tensor holding ``arr``'s values whose storage will travel shared (None when torch cannot hold it).
 
@@ -200,6 +211,27 @@ class Resolver:
         else:
             raise RuntimeError(f"exonet: unknown shared-memory handle {handle!r}")
         return untyped if dtype is None else torch.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+
+def file_view(arr: np.ndarray) -> tuple[str, int, str, tuple[int, ...], str] | None:
+    """Where a memory-mapped array's bytes lie in its file: (path, offset, dtype, shape, mode), or None.
+
+    A C-contiguous np.memmap opened "r", "r+" or "w+" qualifies: its pages are the file's page
+    cache, so a node that maps the file shares them (no copy at all). A copy-on-write map ("c")
+    may differ from its file, so it travels as any array does.
+    """
+    mm = getattr(arr, "_mmap", None)
+    if (not isinstance(arr, np.memmap) or mm is None or arr.filename is None or arr.mode not in ("r", "r+", "w+")
+            or not arr.flags.c_contiguous or arr.nbytes == 0):
+        return None
+    begins = arr.offset - arr.offset % mmap.ALLOCATIONGRANULARITY  # where numpy's map starts in the file
+    at = begins + arr.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
+    return str(arr.filename), at, arr.dtype.str, arr.shape, "r" if arr.mode == "r" else "r+"
+
+
+def rebuild_memmap(path: str, offset: int, dtype: str, shape: tuple[int, ...], mode: str) -> np.memmap:
+    """The node's map of the same bytes of the same file (``w+`` is reopened ``r+``: never truncated)."""
+    return np.memmap(path, dtype=np.dtype(dtype), mode=mode, offset=offset, shape=shape)
 
 
 def rebuild_array(tensor: torch.Tensor, writeable: bool) -> np.ndarray:
