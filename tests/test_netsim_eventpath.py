@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from exonet.bench import netsim as netsim_bench
-from exonet.netsim import engine, fastpath, simulate
+from exonet.netsim import engine, flows, simulate
 from exonet.netsim.flows import REL_TOL, Batch, FluidNetwork, Shape
 from exonet.scenario import ALGORITHMS, EventSpec, LinkSpec, Resolved
 from exonet.trace import Trace
@@ -85,10 +85,14 @@ class Reference:
 
     @property
     def batches(self) -> list[Batch]:
-        """The batches in transit, their rows brought up to date (as the fast path hands them over)."""
-        for f, (b, i) in self._flows.items():
-            b.remaining[i] = f.remaining
         return list(dict.fromkeys(b for b, _ in self._flows.values()))
+
+    def _sync(self) -> None:
+        """Bring the batches' rows (bytes left, rate) up to date with the flows, as ``FluidNetwork`` keeps them."""
+        for b in self.batches:
+            b.rate = np.zeros(len(b.shape))
+        for f, (b, i) in self._flows.items():
+            b.remaining[i], b.rate[i] = f.remaining, f.rate
 
     def busy(self) -> frozenset[int]:
         return frozenset(link for f in self._flows for link in f.links)
@@ -107,6 +111,7 @@ class Reference:
                 if f.rate:
                     f.remaining -= f.rate * dt
             self.now = t
+            self._sync()
 
     def pause(self, rank: int, down: bool) -> None:
         held = self._paused.get(rank, 0) + (1 if down else -1)
@@ -130,6 +135,7 @@ class Reference:
             f.rate = 0.0
         if active:
             self._allocate(active, self.capacity)
+        self._sync()
         return [(b, np.array(rows)) for b, rows in out.items()]
 
     def rates(self) -> list[tuple[float, float]]:
@@ -259,7 +265,7 @@ def test_replays_match_the_flow_by_flow_event_path(seed, monkeypatch):
     trace, resolved = random_case(random.Random(seed))
     fast, events = simulate(trace, resolved), simulate(trace, resolved, fast_path=False)
     monkeypatch.setattr(engine, "FluidNetwork", Reference)
-    monkeypatch.setattr(fastpath, "FluidNetwork", Reference)
+    monkeypatch.setattr(flows, "FluidNetwork", Reference)  # the fast path's phases run alone (flows.Solo)
     before = simulate(trace, resolved, fast_path=False)
     assert_same(events, before)
     assert_same(fast, before)
@@ -275,5 +281,5 @@ def test_the_overlap_bench_trace_matches_the_flow_by_flow_event_path(seed, monke
                                    latency=rng.uniform(1e-5, 1e-3))
     fast = simulate(trace, resolved)
     monkeypatch.setattr(engine, "FluidNetwork", Reference)
-    monkeypatch.setattr(fastpath, "FluidNetwork", Reference)
+    monkeypatch.setattr(flows, "FluidNetwork", Reference)
     assert_same(fast, simulate(trace, resolved, fast_path=False))

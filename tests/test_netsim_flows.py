@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from exonet.netsim.flows import Batch, FluidNetwork, Shape, fifo, max_min
+from exonet.netsim.flows import Batch, FluidNetwork, Shape, Solo, fifo, max_min
 
 
 def batch(paths: list[tuple[int, ...]], links: int, sizes: list[float] | None = None, caps: list[float] | None = None,
@@ -103,3 +103,22 @@ def test_a_seen_combination_of_batches_reuses_its_allocation():
         net.update()
     (a,), (b,) = first.batches, again.batches
     assert a.rate is b.rate and a.rate.tolist() == pytest.approx([1.0, 2.0], rel=1e-12)
+
+
+@pytest.mark.parametrize("sharing", ["max-min", "fifo"])
+def test_a_recorded_solo_run_answers_as_running_up_to_then(sharing):
+    capacity = [1.0, 2.0, 3.0]
+    paths = [(0, 1), (0,), (1, 2), (2,)]
+    shape = batch(paths, 3).shape
+    sizes = np.array([1.0, 2.5, 0.5, 4.0])
+    solo = Solo(capacity, sharing, shape, sizes)
+    for until in (0.0, 0.3, 1.0, 2.0, 2.75, 10.0, math.inf):
+        net = FluidNetwork(capacity, sharing)
+        b = Batch(shape, sizes, "tag")
+        net.add(b)
+        ran = net.run(until)
+        done, rest = solo.state(until, "tag")
+        assert [(rows.tolist(), t) for _, rows, t in done] == [(rows.tolist(), t) for _, rows, t in ran]
+        assert [r.remaining.tolist() for r in rest] == [b.remaining.tolist() for b in net.batches]
+        assert all(r.tag == "tag" for r in rest)
+

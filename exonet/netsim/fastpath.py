@@ -8,24 +8,24 @@ from running the same ``FluidNetwork`` the event engine uses, on its own, so the
 agree to rounding. Multi-region paths, heterogeneous NICs and TCP caps are all in
 the flows; nothing is assumed uniform.
 
-Phase times are cached by the phase's messages and whole plans by (op, members,
-bytes), so a run that repeats one collective thousands of times solves it once.
+Phases are run once and recorded (``flows.Solo``), cached by the phase's messages, and
+whole plans by (op, members, bytes), so a run that repeats one collective thousands of
+times solves it once.
 
 If something else starts while a fast collective is in flight (another collective,
-an outage of a member), ``state_at`` replays the current phase up to that instant,
-so the engine can take the collective over message by message.
+an outage of a member), ``state_at`` looks up where the current phase stands at that
+instant, so the engine can take the collective over message by message.
 """
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
 
 from exonet.netsim.collectives import choose, phases
-from exonet.netsim.flows import Batch, FluidNetwork
+from exonet.netsim.flows import Batch, Solo
 from exonet.netsim.topology import Phase, Topology
 
 _CACHE_LIMIT = 4096
@@ -58,7 +58,7 @@ class Planner:
         self._builders = choose(algorithms)
         self._sharing = sharing
         self._plans: dict[tuple[str, tuple[int, ...], int], Plan] = {}
-        self._phase_times: dict[Phase, float] = {}
+        self._solos: dict[Phase, tuple[Solo, float]] = {}  # each phase run alone, and its duration
 
     def plan(self, op: str, members: tuple[int, ...], nbytes: int) -> Plan:
         """The phases of ``op`` among ``members`` on ``nbytes`` (cached)."""
@@ -88,19 +88,19 @@ class Planner:
         return plan.offsets[-1]
 
     def _phase_time(self, phase: Phase) -> float:
-        t = self._phase_times.get(phase)
-        if t is None:
-            _, done = self._solve(phase, None, math.inf)
-            t = max(at + latency for b, rows, at in done for latency, _ in b.arrivals(rows))
-            if len(self._phase_times) >= _CACHE_LIMIT:
-                self._phase_times.clear()
-            self._phase_times[phase] = t
-        return t
+        return self._solo(phase)[1]
 
-    def _solve(self, phase: Phase, tag: object, until: float) -> tuple[FluidNetwork, list[tuple[Batch, np.ndarray, float]]]:
-        net = FluidNetwork(self._topo.capacity, self._sharing)
-        net.add(self._topo.batch(phase, tag))
-        return net, net.run(until)
+    def _solo(self, phase: Phase) -> tuple[Solo, float]:
+        """``phase`` run alone (recorded, so a take-over mid-phase is a look-up), and how long it takes."""
+        hit = self._solos.get(phase)
+        if hit is None:
+            batch = self._topo.batch(phase, None)
+            solo = Solo(self._topo.capacity, self._sharing, batch.shape, batch.size)
+            t = max(at + latency for rows, at in solo.finishes() for latency, _ in batch.arrivals(rows))
+            if len(self._solos) >= _CACHE_LIMIT:
+                self._solos.clear()
+            hit = self._solos[phase] = (solo, t)
+        return hit
 
     def state_at(self, plan: Plan, tau: float, tag: object) -> tuple[int, float, list[tuple[Batch, np.ndarray, float]], list[Batch]]:
         """Where a lone ``plan`` stands ``tau`` seconds after it started.
@@ -112,5 +112,5 @@ class Planner:
         offsets = plan.offsets
         assert offsets is not None, "state_at needs a timed plan"
         p = min(bisect_right(offsets, tau) - 1, len(plan.phases) - 1)
-        net, done = self._solve(plan.phases[p], tag, tau - offsets[p])
-        return p, offsets[p], done, list(net.batches)
+        done, rest = self._solo(plan.phases[p])[0].state(tau - offsets[p], tag)
+        return p, offsets[p], done, rest

@@ -32,6 +32,7 @@ a rate change that was seen before costs a dictionary look-up.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Sequence
@@ -347,3 +348,50 @@ def _widen(links: np.ndarray, width: int, pad: int) -> np.ndarray:
     out = np.full((len(links), width), pad, dtype=np.intp)
     out[:, : links.shape[1]] = links
     return out
+
+
+class Solo:
+    """One batch run alone on an otherwise idle network, recorded at every change of rates.
+
+    ``state(until, tag)`` answers what ``FluidNetwork.run(until)`` on that batch would: the
+    rows finished by then with their times, and the batch (owned by ``tag``) with the bytes
+    it has left. It starts from the last recorded change before ``until`` and drains from
+    there, the run's own arithmetic, so the answer is the run's to the bit, without running.
+
+    Args:
+        capacity: bytes/s of every link, indexed by link id.
+        sharing: "max-min" or "fifo".
+        shape, size: the batch's messages and their bytes.
+    """
+
+    def __init__(self, capacity: Sequence[float], sharing: str, shape: Shape, size: np.ndarray) -> None:
+        self.shape, self.size = shape, size
+        net, batch = FluidNetwork(capacity, sharing), Batch(shape, size, None)
+        net.add(batch)
+        self.times: list[float] = []
+        self._points: list[tuple[list[np.ndarray], np.ndarray, np.ndarray, int, tuple, np.ndarray]] = []
+        while True:
+            finished = [rows for _, rows in net.update()]
+            self.times.append(net.now)
+            self._points.append((finished, batch.remaining.copy(), batch.live.copy(), batch.left, batch.key, batch.rate))
+            t = net.next_finish()
+            if t == math.inf:
+                return
+            net.advance(t)
+
+    def finishes(self) -> list[tuple[np.ndarray, float]]:
+        """(rows, time) of every finish, until the last row's."""
+        return [(rows, t) for t, point in zip(self.times, self._points) for rows in point[0]]
+
+    def state(self, until: float, tag: object) -> tuple[list[tuple[Batch, np.ndarray, float]], list[Batch]]:
+        """(batch, rows, time) of the rows finished by ``until``, and the batch in transit then (none if all are done)."""
+        k = bisect.bisect_right(self.times, until) - 1
+        batch = Batch(self.shape, self.size, tag)
+        _, remaining, live, left, key, rate = self._points[k]
+        batch.remaining, batch.live, batch.left, batch.key = remaining.copy(), live.copy(), left, key
+        dt = until - self.times[k]
+        if dt > 0 and until < math.inf:
+            batch.remaining -= rate * dt
+        done = [(batch, rows, t) for t, point in zip(self.times[: k + 1], self._points) for rows in point[0]]
+        return done, [batch] if left else []
+
