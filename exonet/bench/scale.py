@@ -92,7 +92,9 @@ def spawn_import_torch(k: int) -> float:
 
 
 def exponent(ks: list[int], ys: list[float]) -> float:
-    """The least-squares b of y ~ a·K^b."""
+    """The least-squares b of y ~ a·K^b (nan when a time is not positive: too few steps to tell it from noise)."""
+    if min(ys) <= 0:
+        return math.nan
     lx, ly = [math.log(k) for k in ks], [math.log(y) for y in ys]
     mx, my = statistics.fmean(lx), statistics.fmean(ly)
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
