@@ -124,3 +124,22 @@ def test_data_order_is_a_pure_function_of_seed_rank_and_epoch(shared):
         assert epoch_indices(10, 1, 2, 0, 0, shuffle=False, shared=True) == [1, 3, 5, 7, 9]
     else:  # a factory's own shard: each rank shuffles its own
         assert sorted(order(0)) == list(range(100)) and order(0, 0) != order(0, 1)
+
+
+@pytest.mark.slow
+def test_demo_resumes_exactly_from_its_checkpointed_dct_momentum(tmp_path):
+    from exonet.strategies import DeMoStrategy
+
+    def demo() -> DeMoStrategy:
+        return DeMoStrategy(lr=1e-3, compression_topk=4, compression_chunk=8)
+
+    kw = dict(KW, max_steps=6, val_interval=0)
+    whole = LocalTrainer(healthy(), DATA).fit(demo(), checkpoint_interval=3, run_dir=tmp_path, **kw)
+    (run,) = tmp_path.iterdir()
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 3
+    state = torch.load(run / "checkpoints" / "step-00000003" / "node-0.pt", weights_only=False)["strategy"]
+    assert state["momentum"]  # the DCT coefficients of the momentum travel in the checkpoint
+    again = LocalTrainer(healthy(), DATA).fit(demo(), resume_from=run, checkpoint_interval=3, **kw)  # from step 3
+    for a, b in zip(whole.model.parameters(), again.model.parameters()):
+        assert torch.equal(a, b)
+    assert again.history["train_loss"] == whole.history["train_loss"]
