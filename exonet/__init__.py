@@ -14,8 +14,8 @@ from exonet.trace import Trace
 __version__ = "0.1.0"
 
 _LAZY = {
-    "LocalTrainer": "exonet.trainer",
-    "Trainer": "exonet.trainer",
+    "LocalTrainer": "exonet.runtime.trainer",
+    "Trainer": "exonet.runtime.trainer",
     "FitResult": "exonet.result",
     "Scenario": "exonet.scenario",
     "simulate": "exonet.netsim",

@@ -11,8 +11,8 @@ goes through ``bookkeeping()``: the clock is paused, nothing is recorded or coun
 
 ``blocking`` is the one hook for the runtime: every call that waits on other nodes runs
 inside ``comm.blocking()``. The node sets it to its heartbeat, so the progress watchdog
-can tell a node that waits in a collective from the node that hangs (exonet.watchdog).
-Under the online clock (exonet.clock) ``clock`` is the node's link to it: ``recv_any``
+can tell a node that waits in a collective from the node that hangs (exonet.runtime.watchdog).
+Under the online clock (exonet.runtime.clock) ``clock`` is the node's link to it: ``recv_any``
 asks it who to receive from, and when it ``announces``, every blocking call first
 reports the events so far (the call itself included, its ``end_s`` then None).
 """
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from exonet.trace import Collective, Compute, Event, Step, Wait
 
 if TYPE_CHECKING:
-    from exonet.clock import ClockLink
+    from exonet.runtime.clock import ClockLink
 
 GroupArg = Sequence[int] | None
 _DTYPE_NAMES: dict[torch.dtype, str] = {}  # "float32" for torch.float32: str() of a dtype costs a call per collective

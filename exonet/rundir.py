@@ -3,7 +3,7 @@
 Layout of ``<run_dir>/<time>-<label>/``::
 
     config.json      the resolved configuration, written when the run starts
-    checkpoints/     resumable checkpoints, when asked for (see exonet.checkpoint)
+    checkpoints/     resumable checkpoints, when asked for (see exonet.runtime.checkpoint)
     metrics.jsonl    one JSON object per line: {"step", "train_loss"} and {"step", "eval": {...}},
                      then a closing line {"end": true, "lines": N}
     trace.jsonl      the trace (see exonet.trace)

@@ -229,7 +229,7 @@ class Strategy(abc.ABC):
         """Whether the simulated clock decides who syncs when (a server, deadline rounds).
 
         Such a run needs the online clock (a scenario): its trainers decide their steps on their
-        own, and every blocking call reports its events first (exonet.clock).
+        own, and every blocking call reports its events first (exonet.runtime.clock).
         """
         return self.servers > 0
 

@@ -3,7 +3,7 @@
 The K trainers each take their own number of local steps, send their pseudo-gradient
 Δ = θ_start − θ_local to the server (rank K, after the trainers) and wait for the server's
 current parameters, from which they continue; nobody waits for anybody else. The server
-receives with ``comm.recv_any``: the online clock (exonet.clock) hands it the message that
+receives with ``comm.recv_any``: the online clock (exonet.runtime.clock) hands it the message that
 arrives first in simulated time, so updates are applied in the order the scenario's
 network and devices produce, whatever order the real processes reach it in. Subclasses say
 what an update does to the global parameters (``apply``).

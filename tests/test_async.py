@@ -181,7 +181,7 @@ def test_strategies_with_a_server_need_the_clock_and_check_their_arguments():
 
 
 def test_the_clock_tells_a_node_its_simulated_time_and_what_a_transfer_would_take():
-    from exonet.clock import SimClock
+    from exonet.runtime.clock import SimClock
     from exonet.trace import Compute, Step
 
     uplinks = Scenario.from_dict({"name": "two-speeds", "network": {"bandwidth": "8 Mbit/s"},

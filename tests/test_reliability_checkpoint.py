@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from exonet import LocalTrainer, NodeFailure, TraceError
-from exonet.node import epoch_indices
+from exonet.runtime.node import epoch_indices
 from exonet.rundir import load_run, run_status
 from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.toy import FailingModel, synthetic_classification

@@ -1,4 +1,4 @@
-"""In-memory datasets travel to the nodes once, in shared memory (exonet.data.shared through exonet.transport)."""
+"""In-memory datasets travel to the nodes once, in shared memory (exonet.data.shared through exonet.runtime.transport)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from exonet import LocalTrainer
 from exonet.bench import memory
 from exonet.data.shared import BIG, Shipment
-from exonet.node import epoch_indices
+from exonet.runtime.node import epoch_indices
 from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.toy import tiny_mlp
-from exonet.transport import ByValue, shared_by_value
+from exonet.runtime.transport import ByValue, shared_by_value
 
 
 def roundtrip(*objs: object) -> list:

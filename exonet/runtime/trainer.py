@@ -5,7 +5,7 @@ once, not K times; the forkserver never touches CUDA, so CUDA stays safe).
 Rendezvous uses a TCP store the parent opens on port 0, so concurrent runs never
 collide. The parent watches every node: the first failure (an exception, a death by
 signal, or no progress for ``progress_timeout_s``) stops them all and raises
-NodeFailure naming the node; nothing is left running (exonet.run, exonet.watchdog).
+NodeFailure naming the node; nothing is left running (exonet.runtime.run, exonet.runtime.watchdog).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from exonet.node import NodeConfig, is_factory, resolve_dataset
+from exonet.runtime.node import NodeConfig, is_factory, resolve_dataset
 from exonet.result import FitResult
 from exonet.strategies.base import Strategy, check_range, one_of
 
@@ -130,13 +130,13 @@ class LocalTrainer:
             scenario: a scenario (name, path or Scenario) to simulate the run in at the end.
             max_sim_time_s: train until the simulated clock in ``scenario`` reaches this many seconds
                 (``max_steps`` stays a cap): the run is replayed online as it trains, and step k starts
-                only if step k−1 ended before the limit on its slowest node (exonet.clock). Needs a
+                only if step k−1 ended before the limit on its slowest node (exonet.runtime.clock). Needs a
                 scenario whose ``compute.mode`` is "flops".
             timeout_s: a collective waiting longer than this fails the run.
             progress_timeout_s: a node that shows no progress for this long (computing, not waiting on a
                 peer) fails the run, named; start-up may take max(120 s, 4x this). None disables the watchdog.
             checkpoint_interval: save a resumable checkpoint every this many steps under the run
-                directory (needs ``run_dir``); see exonet.checkpoint for the layout.
+                directory (needs ``run_dir``); see exonet.runtime.checkpoint for the layout.
             resume_from: a run directory with a checkpoint: continue that run (same arguments as the
                 original fit), writing into that same directory. The result equals an uninterrupted run.
             run_name: names the run: its folder is ``<time>-<run_name>`` and it is the default wandb
@@ -219,7 +219,7 @@ class LocalTrainer:
             timeout_s=timeout_s, checkpoint_interval=checkpoint_interval or 0,
             max_sim_time_s=None if max_sim_time_s is None else float(max_sim_time_s), servers=servers,
         )
-        from exonet.run import launch
+        from exonet.runtime.run import launch
 
         return launch(self, strategy, cfg, progress=progress, scenario=scenario, run_dir=run_dir,
                       progress_timeout_s=progress_timeout_s, resume_from=resume_from,

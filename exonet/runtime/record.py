@@ -1,6 +1,6 @@
 """RunRecord: what the nodes of a run have reported so far, turned into history and trace.
 
-Node messages (see exonet.run) arrive per node and out of step with each other; the
+Node messages (see exonet.runtime.run) arrive per node and out of step with each other; the
 record keeps every node's trace events, the mean training loss of each step once every
 trainer still running has reported it (trainers of an asynchronous run stop at different
 steps), evaluations, and the final model. Both the local supervisor
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from exonet.trace import Collective, Event, Step, Trace, Wait
 
 if TYPE_CHECKING:
-    from exonet.checkpoint import Resume
+    from exonet.runtime.checkpoint import Resume
 
 
 def _upto(events: list[Event], steps: int) -> list[Event]:
@@ -90,7 +90,7 @@ class RunRecord:
             self.history["eval"].append(msg[3])
             if self.logger is not None:
                 self.logger.log_eval(msg[3])
-        elif kind in ("events", "query"):  # reported before a blocking call (exonet.clock)
+        elif kind in ("events", "query"):  # reported before a blocking call (exonet.runtime.clock)
             self.events[rank].extend(msg[2])
         elif kind == "done":
             self.events[rank].extend(_shift_cids(msg[2], self._cid_offset[rank]))

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from exonet.node import NodeConfig, TrainNode
-from exonet.record import RunRecord
+from exonet.runtime.node import NodeConfig, TrainNode
+from exonet.runtime.record import RunRecord
 from exonet.strategies.base import Strategy
-from exonet.watchdog import Heartbeat
+from exonet.runtime.watchdog import Heartbeat
 
 if TYPE_CHECKING:
-    from exonet.trainer import LocalTrainer
+    from exonet.runtime.trainer import LocalTrainer
 
 _fits = 0  # fits run in this process: each rendezvous under its own store prefix
 

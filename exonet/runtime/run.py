@@ -11,7 +11,7 @@ report has still delivered it):
 * ``("error", rank, traceback_text, monotonic_time)``: the node raised.
 
 Besides the pipes the parent watches the processes (one that dies reports its signal)
-and the progress array (exonet.watchdog: one that hangs is named). A node's error may
+and the progress array (exonet.runtime.watchdog: one that hangs is named). A node's error may
 only be the echo of a peer's failure (a collective's connection reset), so the parent
 blames a peer killed by a signal, else the earliest error. Whatever ends the run early
 (a failure, Ctrl-C), every node is stopped first, then the history and trace so far are
@@ -39,19 +39,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from exonet.checkpoint import CheckpointBook, Resume, load_latest
-from exonet.clock import SimClock, received_event
+from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
+from exonet.runtime.clock import SimClock, received_event
 from exonet.errors import NodeFailure
-from exonet.node import NodeConfig, node_main
+from exonet.runtime.node import NodeConfig, node_main
 from exonet.result import FitResult
 from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.strategies.base import Strategy
-from exonet.record import RunRecord
-from exonet.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value
-from exonet.watchdog import SLOTS, Watchdog
+from exonet.runtime.record import RunRecord
+from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value
+from exonet.runtime.watchdog import SLOTS, Watchdog
 
 if TYPE_CHECKING:
-    from exonet.trainer import LocalTrainer
+    from exonet.runtime.trainer import LocalTrainer
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ ECHO_S = 0.5  # how long a node's error waits for the failure it may echo (a pee
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
     # torch._dynamo: every optimizer imports it (about 70 MB and a second of CPU); preloaded, all nodes share it
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "exonet.node"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "exonet.runtime.node"])
     return ctx
 
 
@@ -273,7 +273,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     if dist.is_torchelastic_launched():
-        from exonet.torchrun import train_under_torchrun
+        from exonet.runtime.torchrun import train_under_torchrun
 
         if resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None or strategy.asynchronous:
             raise ValueError("fit: checkpoint_interval, resume_from, max_sim_time_s and asynchronous strategies are "
@@ -352,7 +352,7 @@ def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, 
         result.history["sim_time_s"] = list(ends)
         if clock is not None and not clock.synchronous:  # rank 0 evaluated its own model, at its own steps
             ends = clock.sim.rank_step_ends(0)
-        for entry in result.history["eval"]:  # a server's evaluations carry their own (exonet.node)
+        for entry in result.history["eval"]:  # a server's evaluations carry their own (exonet.runtime.node)
             if "sim_time_s" not in entry:
                 entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
         result.sim_wall_clock_s = result.sim.wall_clock_s

@@ -1,10 +1,10 @@
 """TrainNode: one rank's life, from rendezvous to the final averaged model.
 
-The parent (``exonet.run``) starts one process per node with ``node_main``.
+The parent (``exonet.runtime.run``) starts one process per node with ``node_main``.
 The training step reads top to bottom: batch → loss → backward → strategy.step().
 Everything the parent needs (losses, evaluations, checkpoint reports, the trace, the
 final model) travels back through a pipe; nothing here draws progress or writes logs.
-The node beats into the parent's progress watchdog (exonet.watchdog) as it goes.
+The node beats into the parent's progress watchdog (exonet.runtime.watchdog) as it goes.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from exonet.checkpoint import load_node, save_node
-from exonet.clock import ClockLink
+from exonet.runtime.checkpoint import load_node, save_node
+from exonet.runtime.clock import ClockLink
 from exonet.communicator import Communicator
 from exonet.strategies.base import NodeContext, Strategy, shared_generator
-from exonet.watchdog import Heartbeat
+from exonet.runtime.watchdog import Heartbeat
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class NodeConfig:
     checkpoint_dir: str | None = None
     resume_dir: str | None = None
     start_step: int = 0
-    max_sim_time_s: float | None = None  # the online clock decides whether each step runs (exonet.clock)
+    max_sim_time_s: float | None = None  # the online clock decides whether each step runs (exonet.runtime.clock)
     servers: int = 0  # ranks after the num_nodes trainers that serve (Strategy.servers): the clock always runs
 
     @property
@@ -466,9 +466,9 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, v
               strategy: Strategy, pipe: Any, beats: Any = None, control: Any = None) -> None:
     """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero.
 
-    ``pipe`` is this node's write end to the parent (exonet.run lists the messages); ``beats`` is the
-    parent's shared progress array (exonet.watchdog), or None when nobody watches; ``control`` is the
-    read end of the online clock's step decisions (exonet.clock), or None.
+    ``pipe`` is this node's write end to the parent (exonet.runtime.run lists the messages); ``beats`` is the
+    parent's shared progress array (exonet.runtime.watchdog), or None when nobody watches; ``control`` is the
+    read end of the online clock's step decisions (exonet.runtime.clock), or None.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     heartbeat = Heartbeat(beats, rank)
