@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, check_range, outer_spec
+from exonet.strategies.base import NodeContext, OptimSpec, base_options, check_range, outer_spec
 from exonet.strategies.server import ServerStrategy
 
 if TYPE_CHECKING:
@@ -64,9 +64,8 @@ class AsyncDiLoCoStrategy(ServerStrategy):
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, H, max_norm, dynamic_local_updates=dynamic_local_updates, optim_spec=optim_spec,
-                         lr_scheduler=lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
-                         cosine_min_ratio=cosine_min_ratio)
+        super().__init__(inner_optim, H, dynamic_local_updates=dynamic_local_updates, optim_spec=optim_spec,
+                         **base_options(locals()))
         self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
         if delayed_nesterov is not None:
             check_range("delayed_nesterov", delayed_nesterov, low=1, integer=True)

@@ -13,7 +13,7 @@ import hashlib
 import inspect
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
@@ -174,7 +174,7 @@ class Strategy(abc.ABC):
     """
 
     name = "strategy"
-    servers = 0  # ranks after the K trainers that serve instead of training (a parameter server); see serve()
+    servers = 0  # ranks after the K trainers that serve instead of training (see exonet.strategies.server)
 
     def __init__(
         self,
@@ -250,15 +250,6 @@ class Strategy(abc.ABC):
 
     def finish(self) -> None:
         """Complete any communication still in flight at the end of training."""
-
-    def serve(self, updated: Callable[[int, float], None]) -> None:
-        """A server rank's whole life, for strategies with ``servers`` (called instead of the training loop).
-
-        Serve until ``self.comm.recv_any`` says no trainer is left, calling ``updated(n, sim_time_s)``
-        after the n-th update of the server's model (its parameters are the global ones then), so
-        the node can evaluate it.
-        """
-        raise NotImplementedError(f"{type(self).__name__} declares servers = {self.servers} but does not serve()")
 
     def optimizer_step(self) -> None:
         """Clip, step the optimizer and the schedule: the purely local part every strategy shares."""

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, check_range
+from exonet.strategies.base import NodeContext, OptimSpec, base_options, check_range
 from exonet.strategies.server import ServerStrategy
 
 if TYPE_CHECKING:
@@ -53,9 +53,8 @@ class FedBuffStrategy(ServerStrategy):
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, H, max_norm, dynamic_local_updates=dynamic_local_updates, optim_spec=optim_spec,
-                         lr_scheduler=lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs, warmup_steps=warmup_steps,
-                         cosine_min_ratio=cosine_min_ratio)
+        super().__init__(inner_optim, H, dynamic_local_updates=dynamic_local_updates, optim_spec=optim_spec,
+                         **base_options(locals()))
         check_range("buffer_size", buffer_size, low=1, integer=True)
         check_range("server_lr", server_lr, low=0, low_open=True)
         self.buffer_size, self.server_lr = buffer_size, server_lr

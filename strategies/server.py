@@ -93,6 +93,11 @@ class ServerStrategy(Strategy):
 
     # ----------------------------------------------------------------- server
     def serve(self, updated: Callable[[int, float], None]) -> None:
+        """The server rank's whole life (the node calls it instead of the training loop).
+
+        Serves until ``comm.recv_any`` says no trainer is left, calling ``updated(n, sim_time_s)``
+        after the n-th update of the global parameters, so the node can evaluate them.
+        """
         delta = torch.empty_like(self.global_params)
         updates = 0
         while (arrival := self.comm.recv_any(delta)) is not None:

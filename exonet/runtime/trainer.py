@@ -198,6 +198,9 @@ class LocalTrainer:
             if not os.path.isdir(resume_from):
                 raise ValueError(f"fit: resume_from must be an existing run directory, got {resume_from!r}")
         servers = getattr(strategy, "servers", 0)
+        if servers and not callable(getattr(strategy, "serve", None)):
+            raise TypeError(f"strategy: {type(strategy).__name__} declares servers = {servers} but has no serve(); "
+                            "subclass exonet.strategies.server.ServerStrategy")
         if max_sim_time_s is not None:
             check_range("fit: max_sim_time_s", max_sim_time_s, low=0, low_open=True)
             if scenario is None:
