@@ -462,13 +462,14 @@ def _loopback_interface() -> str | None:
     return next((n for n in names if n.startswith("lo")), None)
 
 
-def node_main(rank: int, cfg: NodeConfig, model_bytes: bytes, train_data: Any, val_data: Any,
+def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val_data: Any,
               strategy: Strategy, pipe: Any, beats: Any = None, control: Any = None) -> None:
     """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero.
 
     ``pipe`` is this node's write end to the parent (exonet.runtime.run lists the messages); ``beats`` is the
     parent's shared progress array (exonet.runtime.watchdog), or None when nobody watches; ``control`` is the
-    read end of the online clock's step decisions (exonet.runtime.clock), or None.
+    read end of the online clock's step decisions (exonet.runtime.clock), or None. ``model_bytes`` is the
+    model as torch.save wrote it, a uint8 array over the parent's shared memory.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     heartbeat = Heartbeat(beats, rank)

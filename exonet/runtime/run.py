@@ -35,6 +35,7 @@ from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -103,7 +104,9 @@ class Supervisor:
     def start(self, model_bytes: bytes, train: Any, val: Any, strategy: Strategy) -> None:
         if self.progress_timeout_s is not None:
             self.watchdog = Watchdog(self.beats, self.cfg.world, self.progress_timeout_s)
-        self.datasets = shared_by_value(train, val)  # pickled once for all nodes; holds their shared memory
+        # pickled once for all nodes, holding their shared memory; the model's bytes go there too, so a
+        # node's start stays small: the parent writes all K without waiting for each node to read a copy
+        self.shared = shared_by_value(np.frombuffer(model_bytes, dtype=np.uint8), train, val)
         for rank in range(self.cfg.world):
             reader, writer = self.ctx.Pipe(duplex=False)
             self.pipes.append(reader)
@@ -112,7 +115,7 @@ class Supervisor:
                 control, decisions = self.ctx.Pipe(duplex=False)
                 self.controls.append(decisions)
             p = NodeProcess(target=node_main, name=f"exonet-node-{rank}",
-                            args=(rank, ByValue(self.cfg, environ=True), model_bytes, *self.datasets,
+                            args=(rank, ByValue(self.cfg, environ=True), *self.shared,
                                   ByValue(strategy), writer, self.beats, control))
             try:
                 p.start()
