@@ -110,11 +110,14 @@ class Communicator:
         self._running = True
         self._restart_clock()
 
-    def _restart_clock(self) -> None:
+    def _restart_clock(self) -> float:
+        """Start a compute span now; returns now as ``now()`` reads it."""
         self._wall = time.perf_counter()
         self._cpu = time.thread_time()
+        return self._wall - self._t0
 
-    def _flush_compute(self) -> None:
+    def _flush_compute(self) -> float:
+        """Close the compute span in progress and start the next; returns now as ``now()`` reads it."""
         if self._sync is not None:
             self._sync()
         wall, cpu = time.perf_counter(), time.thread_time()
@@ -122,6 +125,7 @@ class Communicator:
             self.events.append(Compute(wall - self._wall, max(0.0, cpu - self._cpu), self._pending_flops))
             self._pending_flops = 0.0
         self._wall, self._cpu = wall, cpu
+        return wall - self._t0
 
     def add_flops(self, flops: float) -> None:
         """Attribute FLOPs to the compute span in progress."""
@@ -218,14 +222,18 @@ class Communicator:
     # ------------------------------------------------------------- plumbing
     def _run(self, op: str, payload: torch.Tensor, group: GroupArg, async_op: bool,
              launch: Callable[[bool], Any], finish: Callable[[], Any]) -> Any:
-        """Record the compute span, issue ``launch`` and record the collective (sync or async)."""
-        self._flush_compute()
+        """Record the compute span, issue ``launch`` and record the collective (sync or async).
+
+        The clock is read once on each side of the call (the span's end is the collective's start,
+        its end the next span's start): this runs on every collective, so its cost is counted in
+        microseconds (``python -m exonet.bench communicator``).
+        """
+        start = self._flush_compute()
         cid = self._next_cid
         self._next_cid += 1
         nbytes = payload.nbytes
         dtype = _dtype_name(payload.dtype)
         members = self._members(group)
-        start = self.now()
         if async_op:
             work = launch(True)
             self.events.append(Collective(cid, op, nbytes, members, True, dtype, start, None))
@@ -241,9 +249,9 @@ class Communicator:
             result = finish()
             if self._sync is not None:
                 self._sync()
+        end = self._restart_clock()
         if not announced:
-            self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, self.now()))
-        self._restart_clock()
+            self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, end))
         return result
 
     def _staged(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], None]]:

@@ -5,10 +5,16 @@ K spawned gloo processes reduce the same fp32 buffer both ways, alternating call
 ``--blocks`` each side's calls of a round run back to back instead (the gap between
 calls is then bare, which flatters the raw side: its threads never go idle). The exonet
 side does all it does in a run: flushes the compute span, counts the bytes and appends
-the Collective; events are handed over every round as ``mark_step`` would. Reported: the
-median per-call time of each side on the slowest rank and their ratio; and the calling
-thread's CPU time per call (gloo reduces on its own threads, so this is mostly the Python
-side, and it is steadier than wall time on a loaded machine).
+the Collective; events are handed over every round as ``mark_step`` would.
+
+Reported per size, on the slowest rank: the median per-call time of each side; the
+overhead as the median of the *paired* differences (each exonet call minus the raw call
+beside it, which cancels drift that a difference of medians keeps) with its 95% interval,
+and that median as a share of the raw call; and the calling thread's CPU time per call.
+A first run with one process measures the bookkeeping alone: there the collective is
+local and costs next to nothing, so the difference is what exonet adds to every call,
+whatever the network. On a shared 2-core machine the K-process difference is mostly
+scheduling noise around that figure.
 
     python -m exonet.bench communicator [--nodes 2] [--sizes 4096,1048576] [--rounds 21] [--calls 50] [--blocks]
     python -m exonet.bench communicator --profile   # cProfile of rank 0's exonet calls
@@ -20,9 +26,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import math
 import pstats
 import statistics
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -48,7 +56,7 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
     dist.init_process_group("gloo", store=store, rank=rank, world_size=k)
     comm = Communicator(rank, k, torch.device("cpu"))
     comm.begin()
-    results: dict[int, tuple[float, float, float, float]] = {}
+    results: dict[int, tuple[list[tuple[float, float]], list[tuple[float, float]]]] = {}
     profiles: list[str] = []
     for nbytes in sizes:
         buf = torch.zeros(max(1, nbytes // 4))  # zeros: repeated sums stay finite
@@ -65,7 +73,7 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
                 (raw_s if side is raw else ours_s).append(_time_block(side, per_side))
             if (r + 1) % (repeats // rounds) == 0:
                 comm.take_events()  # as mark_step does once a step
-        results[nbytes] = tuple(statistics.median(t[j] for t in s) for s in (raw_s, ours_s) for j in (0, 1))
+        results[nbytes] = (raw_s, ours_s)
         if profile:
             prof = cProfile.Profile()
             prof.enable()
@@ -80,17 +88,47 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
     queue.put((rank, results, profiles if rank == 0 else []))
 
 
+@dataclass(frozen=True)
+class Overhead:
+    """One size on one rank, seconds per call: both sides' medians, the paired overhead and its 95% interval."""
+
+    raw: float
+    ours: float
+    raw_cpu: float
+    ours_cpu: float
+    paired: float
+    low: float
+    high: float
+
+    @property
+    def share(self) -> float:
+        """The paired overhead as a fraction of the raw call."""
+        return self.paired / self.raw
+
+
+def overhead(raw: list[tuple[float, float]], ours: list[tuple[float, float]]) -> Overhead:
+    """Medians of each side and the median of the paired differences ``ours[i] - raw[i]``, with the
+    distribution-free 95% interval of that median (order statistics n/2 ± 1.96·√n/2)."""
+    diffs = sorted(o[0] - r[0] for r, o in zip(raw, ours))
+    n = len(diffs)
+    half = 1.96 * math.sqrt(n) / 2
+    low, high = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+    med = statistics.median
+    return Overhead(med(t[0] for t in raw), med(t[0] for t in ours), med(t[1] for t in raw), med(t[1] for t in ours),
+                    med(diffs), diffs[low], diffs[high])
+
+
 def measure(k: int, sizes: list[int], rounds: int, calls: int, blocks: bool = False,
-            profile: bool = False) -> tuple[dict[int, tuple[float, ...]], list[str]]:
-    """Per size, median seconds per call on the slowest rank: (raw wall, raw CPU, exonet wall, exonet CPU);
-    and rank 0's profiles."""
+            profile: bool = False) -> tuple[dict[int, Overhead], list[str]]:
+    """Per size, the Overhead on the slowest rank (largest raw median); and rank 0's profiles."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
-    mp.start_processes(_node, args=(k, store.port, sizes, rounds, calls, blocks, profile, queue), nprocs=k,
-                       start_method="spawn")
-    per_rank = [queue.get() for _ in range(k)]
-    worst = {n: tuple(max(r[1][n][j] for r in per_rank) for j in range(4)) for n in sizes}
+    procs = mp.start_processes(_node, args=(k, store.port, sizes, rounds, calls, blocks, profile, queue), nprocs=k,
+                               start_method="spawn", join=False)
+    per_rank = [queue.get() for _ in range(k)]  # before joining: a result larger than the pipe waits for its reader
+    procs.join()
+    worst = {n: max((overhead(*r[1][n]) for r in per_rank), key=lambda o: o.raw) for n in sizes}
     return worst, [p for r in per_rank for p in r[2]]
 
 
@@ -112,14 +150,22 @@ def main(argv: list[str]) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.quick:
         sizes, args.rounds, args.calls = [4096], 2, 3
+    alone, _ = measure(1, sizes, args.rounds, args.calls, args.blocks)
     results, profiles = measure(args.nodes, sizes, args.rounds, args.calls, args.blocks, args.profile)
-    print(f"communicator bench: K={args.nodes} gloo processes, all_reduce fp32, {args.rounds} rounds x "
-          f"{args.calls} calls per side {'in back-to-back blocks' if args.blocks else 'alternating call by call'}, "
-          f"median per call (slowest rank)")
-    for nbytes, (raw, raw_cpu, ours, ours_cpu) in results.items():
-        print(f"  {_size(nbytes):>9}  raw dist.all_reduce {raw * 1e6:9.1f} us   exonet Communicator "
-              f"{ours * 1e6:9.1f} us   ratio exonet/raw {ours / raw:.3f}  (overhead {(ours - raw) * 1e6:+.1f} us; "
-              f"calling-thread CPU {raw_cpu * 1e6:.1f} vs {ours_cpu * 1e6:.1f} us)")
+    print(f"communicator bench: all_reduce fp32, {args.rounds} rounds x {args.calls} calls per side "
+          f"{'in back-to-back blocks' if args.blocks else 'alternating call by call'}; medians per call, overhead "
+          f"= median of paired differences [95% interval]")
+    for label, table in (("bookkeeping alone, 1 gloo process (the collective is local)", alone),
+                         (f"K={args.nodes} gloo processes (slowest rank)", results)):
+        print(f"  {label}:")
+        for nbytes, o in table.items():
+            print(f"    {_size(nbytes):>9}  raw dist.all_reduce {o.raw * 1e6:9.1f} us   exonet Communicator "
+                  f"{o.ours * 1e6:9.1f} us   overhead {o.paired * 1e6:+.1f} us [{o.low * 1e6:+.1f}, "
+                  f"{o.high * 1e6:+.1f}]   ratio exonet/raw {1 + o.share:.3f}  (calling-thread CPU "
+                  f"{o.raw_cpu * 1e6:.1f} vs {o.ours_cpu * 1e6:.1f} us)")
+    for nbytes in sizes:
+        print(f"  {_size(nbytes)}: exonet's bookkeeping ({alone[nbytes].paired * 1e6:.1f} us) is "
+              f"{alone[nbytes].paired / results[nbytes].raw:.1%} of a K={args.nodes} all-reduce")
     for text in profiles:
         print(text)
     return 0
