@@ -21,6 +21,7 @@ _LAZY = {
     "simulate": "exonet.netsim",
     "SimResult": "exonet.netsim",
     "compare": "exonet.comparison",
+    "warm_up": "exonet.runtime.forkserver",
 }
 
 __all__ = ["NodeFailure", "ScenarioError", "Trace", "TraceError", *_LAZY]

@@ -10,6 +10,9 @@ from exonet.errors import NodeFailure, ScenarioError, TraceError
 
 
 def _cmd_quickstart(args: argparse.Namespace) -> int:
+    import exonet
+
+    exonet.warm_up()  # the node server's imports run beside the quickstart's own
     from exonet.quickstart import quickstart
 
     quickstart(out_dir=Path(args.out), steps=args.steps, nodes=args.nodes, scenarios=args.scenario or None)

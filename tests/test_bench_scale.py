@@ -12,7 +12,7 @@ def test_scale_bench_reports_startup_against_spawn_step_time_and_memory_per_node
     assert scale.main(["--nodes", "2,3", "--steps", "3", "--models", "mlp,cnn", "--startup-nodes", "2",
                        "--repeat", "1"]) == 0
     out = capsys.readouterr().out
-    assert "ratio spawn/exonet: cold" in out and "warm" in out
+    assert "ratio spawn/exonet: cold" in out and "prepared" in out and "warm" in out
     assert out.count("per additional node:") == 2 and "time per step ~ K^" in out
     assert "scale bench: cnn" in out and "K=  3" in out
 

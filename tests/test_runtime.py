@@ -189,3 +189,23 @@ def test_float64_model_keeps_float64_precision_through_the_final_average():
     reference = sgd_on_union(data, k=2, batch=4, steps=4, lr=0.05, dtype=torch.float64)
     for got, want in zip(result.model.parameters(), reference.parameters()):
         assert got.dtype == torch.float64 and torch.allclose(got, want, atol=1e-12, rtol=0)
+
+
+def test_warm_up_starts_the_server_every_fit_forks_from_without_importing_torch(node_pids):
+    import subprocess
+    import sys
+    from multiprocessing import forkserver
+
+    import exonet
+
+    script = ("import sys, exonet; exonet.warm_up(); from multiprocessing import forkserver; "
+              "print(forkserver._forkserver._forkserver_pid is not None, 'torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True).stdout.split() == ["True", "False"]  # started before the caller imports torch
+    exonet.warm_up()
+    server = forkserver._forkserver._forkserver_pid
+    exonet.warm_up()  # twice: the same server
+    assert forkserver._forkserver._forkserver_pid == server
+    LocalTrainer(linear_regressor(4, 1), TensorDataset(torch.randn(32, 4), torch.randn(32, 1))).fit(
+        DDPStrategy(OptimSpec("sgd", lr=0.1)), num_nodes=2, max_steps=2, batch_size=4, progress=False)
+    assert forkserver._forkserver._forkserver_pid == server and node_pids() == []

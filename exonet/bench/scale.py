@@ -10,9 +10,11 @@ the cost grows.
 Side by side, start-up against ``torch.multiprocessing.spawn`` of K processes that
 import torch (and nothing else), the floor for any torch program that starts K
 processes: exonet's first fit in a fresh interpreter (``cold``, the forkserver imports
-torch once) and a later one (``warm``), both a whole 1-step fit.
+torch once) and a later one (``warm``), both a whole 1-step fit; and a first fit after
+``exonet.warm_up()`` was called ``--setup-s`` seconds before it, those seconds spent on one
+core as a caller's own set-up would, ``exonet.warm_up()`` the script's first line (``prepared``).
 
-    python -m exonet.bench scale [--nodes 8,16,32] [--steps 40] [--models mlp,cnn] [--startup-nodes 8]
+    python -m exonet.bench scale [--nodes 8,16,32] [--steps 40] [--models mlp,cnn] [--startup-nodes 8] [--setup-s 0]
 
 Models: ``mlp`` is the bench MLP on synthetic blobs; ``cnn`` a two-layer CNN on
 scikit-learn's 8×8 digits (bundled with scikit-learn, no download).
@@ -105,18 +107,31 @@ def slope(ks: list[int], ys: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(ks, ys)) / sum((a - mx) ** 2 for a in ks)
 
 
-def startup(k: int, repeat: int) -> dict[str, float]:
-    """Cold (fresh interpreter) and warm exonet start-up and the spawn reference, medians of ``repeat``."""
+def startup(k: int, repeat: int, setup_s: float) -> dict[str, float]:
+    """Cold (fresh interpreter), prepared and warm exonet start-up and the spawn reference, medians of ``repeat``."""
     cold = [_fresh(["--cold", str(k)]) for _ in range(repeat)]
+    prepared = [_fresh(["--cold", str(k), "--setup-s", str(setup_s)], warm_up=True) for _ in range(repeat)]
     model, data = workload("mlp")
     timed_fit(model, data, 2, 1)  # the forkserver is up from here on
     warm = [timed_fit(model, data, k, 1) for _ in range(repeat)]
     spawn = [spawn_import_torch(k) for _ in range(repeat)]
-    return {"cold": statistics.median(cold), "warm": statistics.median(warm), "spawn": statistics.median(spawn)}
+    return {"cold": statistics.median(cold), "prepared": statistics.median(prepared), "warm": statistics.median(warm),
+            "spawn": statistics.median(spawn)}
 
 
-def _fresh(args: list[str]) -> float:
-    out = subprocess.run([sys.executable, "-m", "exonet.bench", "scale", *args], capture_output=True, text=True)
+def busy(seconds: float) -> None:
+    """Spend ``seconds`` of CPU on this thread (a stand-in for a caller's own set-up)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        sum(range(1000))
+
+
+def _fresh(args: list[str], warm_up: bool = False) -> float:
+    """The seconds a fit in a fresh interpreter printed; with ``warm_up``, the script's first line is
+    ``exonet.warm_up()``, before torch is imported."""
+    first = "import exonet; exonet.warm_up(); " if warm_up else ""
+    script = f"import sys; {first}from exonet.bench.scale import main; sys.exit(main(sys.argv[1:]))"
+    out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"scale bench: {' '.join(args)} failed:\n{out.stderr}")
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -156,18 +171,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--startup-nodes", type=int, default=8, help="K for the start-up comparison (0: skip)")
     parser.add_argument("--repeat", type=int, default=3, help="start-up runs per side (medians)")
+    parser.add_argument("--setup-s", type=float, default=0.0,
+                        help="CPU seconds of set-up between exonet.warm_up() and the first fit (prepared start-up)")
     parser.add_argument("--cold", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cold:
+        busy(args.setup_s)
         model, data = workload("mlp")
         print(json.dumps(timed_fit(model, data, args.cold, 1)))
         return 0
     if args.startup_nodes:
-        s = startup(args.startup_nodes, args.repeat)
+        s = startup(args.startup_nodes, args.repeat, args.setup_s)
         print(f"start-up bench: K={args.startup_nodes}, a whole 1-step exonet fit against mp.spawn of "
-              f"{args.startup_nodes} processes that import torch (medians of {args.repeat})")
-        print(f"  exonet cold {s['cold']:6.2f} s   warm {s['warm']:6.2f} s   mp.spawn {s['spawn']:6.2f} s")
-        print(f"  ratio spawn/exonet: cold {s['spawn'] / s['cold']:.1f}x, warm {s['spawn'] / s['warm']:.1f}x")
+              f"{args.startup_nodes} processes that import torch (medians of {args.repeat}; prepared: the first fit "
+              f"{args.setup_s:g} CPU s after exonet.warm_up())")
+        print(f"  exonet cold {s['cold']:6.2f} s   prepared {s['prepared']:6.2f} s   warm {s['warm']:6.2f} s   "
+              f"mp.spawn {s['spawn']:6.2f} s")
+        print(f"  ratio spawn/exonet: cold {s['spawn'] / s['cold']:.1f}x, prepared {s['spawn'] / s['prepared']:.1f}x, "
+              f"warm {s['spawn'] / s['warm']:.1f}x")
     ks = [int(k) for k in args.nodes.split(",")]
     for name in args.models.split(","):
         report(name, scale(name, ks, args.steps), args.steps)

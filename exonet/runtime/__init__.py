@@ -3,6 +3,7 @@
 ``trainer`` (LocalTrainer.fit, validation) → ``run`` (the supervisor: rendezvous, node
 processes, messages, failures) → ``node`` (one rank's life) with ``transport`` (how models,
 datasets and strategies reach the nodes), ``record`` (history and trace from node
-messages), ``watchdog`` (progress), ``checkpoint``, ``clock`` (the online simulated clock)
-and ``torchrun`` (the same fit under an external launcher).
+messages), ``watchdog`` (progress), ``checkpoint``, ``clock`` (the online simulated clock),
+``forkserver`` (the server nodes are forked from) and ``torchrun`` (the same fit under an
+external launcher).
 """

@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
+from exonet.runtime.forkserver import context
 from exonet.errors import NodeFailure
 from exonet.runtime.node import NodeConfig, node_main
 from exonet.result import FitResult
@@ -60,13 +60,6 @@ POLL_S = 0.05
 CHECK_S = 0.1
 GRACE_S = 2.0
 ECHO_S = 0.5  # how long a node's error waits for the failure it may echo (a peer's death or earlier error)
-
-
-def _context() -> Any:
-    ctx = mp.get_context("forkserver")
-    # torch._dynamo: every optimizer imports it (about 70 MB and a second of CPU); preloaded, all nodes share it
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "exonet.runtime.node"])
-    return ctx
 
 
 def _exit_reason(code: int | None) -> str:
@@ -94,7 +87,7 @@ class Supervisor:
                  book: CheckpointBook | None, resume: Resume | None, clock: SimClock | None = None) -> None:
         self.cfg, self.progress_timeout_s, self.book, self.clock = cfg, progress_timeout_s, book, clock
         self.controls: list[Any] = []  # write ends of the clock's decisions, one per node
-        self.ctx = _context()
+        self.ctx = context()
         self.pipes: list[Any] = []
         self.beats = self.ctx.Array("d", SLOTS * cfg.world, lock=False)
         self.watchdog: Watchdog | None = None
