@@ -85,6 +85,9 @@ def _parse(text: object, where: str, kind: str, units: dict[str, Decimal], allow
     value = float(_CONTEXT.multiply(Decimal(number), units[unit]))
     if not math.isfinite(value):
         raise ScenarioError(f"{where}: {text!r} is too large to be a {kind}")
+    if value == 0 and not allow_zero and Decimal(number) > 0:
+        raise ScenarioError(f"{where}: {text!r} is too small to be a {kind} (it rounds to zero); expected a {kind} "
+                            f"such as {examples}")
     if value < 0 or (value == 0 and not allow_zero):
         bound = "non-negative" if allow_zero else "positive"
         raise ScenarioError(f"{where}: {text!r} must be {bound}; expected a {kind} such as {examples}")

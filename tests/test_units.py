@@ -166,8 +166,8 @@ def test_number_and_known_unit_scales_exactly(number: float, unit: str) -> None:
     parse = parse_rate if table is RATE_UNITS else parse_size if table is SIZE_UNITS else parse_time
     try:
         value = parse(f"{number!r} {unit}", "x")
-    except ScenarioError:
-        assert number == 0 and parse is parse_rate
+    except ScenarioError as err:  # a rate must be positive: zero, or a number so small that it rounds to zero
+        assert parse is parse_rate and (number == 0 or "too small to be a rate (it rounds to zero)" in str(err))
         return
     assert value == pytest.approx(number * float(table[unit]), rel=1e-15)
 
@@ -178,3 +178,11 @@ def test_formatted_values_parse_back_to_three_digits(value: float) -> None:
     assert parse_size(format_bytes(value)) == pytest.approx(value, rel=5e-3)
     assert parse_size(format_bytes(value, binary=True)) == pytest.approx(value, rel=5e-3)
     assert parse_time(format_time(value)) == pytest.approx(value, rel=5e-3)
+
+
+def test_a_positive_rate_that_rounds_to_zero_is_too_small_not_non_positive():
+    with pytest.raises(ScenarioError, match=r"network.bandwidth: '5e-324 b/s' is too small to be a rate \(it rounds"):
+        parse_rate("5e-324 b/s", "network.bandwidth")
+    with pytest.raises(ScenarioError, match=r"'0 b/s' must be positive"):
+        parse_rate("0 b/s", "network.bandwidth")
+    assert parse_time("5e-324 ns", "x") == 0.0  # a time may be zero: the nearest value
