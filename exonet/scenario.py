@@ -34,6 +34,7 @@ Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -423,6 +424,11 @@ class Scenario:
 
     def __hash__(self) -> int:
         return hash(json.dumps(self._data, sort_keys=True, default=str))
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits that equal scenarios share, stable across processes (a trace records it)."""
+        return hashlib.sha256(json.dumps(self._data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _assign(table: dict[str, Any], key: str, value: Any) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from exonet import LocalTrainer, Scenario
+from exonet import LocalTrainer, Scenario, Trace, simulate
 from exonet.strategies import AsyncDiLoCoStrategy, DiLoCoStrategy, FedAvgStrategy, FedBuffStrategy, OptimSpec
 from exonet.toy import SleepyModel, synthetic_classification, tiny_mlp
 
@@ -63,6 +63,8 @@ def test_async_diloco_steps_follow_speed_and_sync_diloco_steps_are_equal(runs):
 def test_the_online_clock_equals_replay_and_the_same_seed_gives_the_same_run(runs):
     a, b = runs["async"], runs["again"]
     assert a.sim_wall_clock_s == pytest.approx(a.simulate(HETERO).wall_clock_s, rel=1e-9)
+    assert a.trace.meta["decided_in"] == {"scenario": "hetero-four", "fingerprint": HETERO.fingerprint}
+    assert "decided_in" not in runs["sync"].trace.meta  # a time budget alone decides no order
     assert a.sim_wall_clock_s >= LIMIT
     assert a.history["train_loss"] == b.history["train_loss"] and a.history["eval"] == b.history["eval"]
     assert shape(a.trace) == shape(b.trace)
@@ -196,3 +198,21 @@ def test_the_clock_tells_a_node_its_simulated_time_and_what_a_transfer_would_tak
     assert answers[1] == 2.0
     assert answers[0] == pytest.approx(2 * 3 / 4 * 1_000_000 / 5e5, rel=1e-12)  # ring: 2(n−1)/n·S over rank 1's uplink
     assert answers[2] == pytest.approx(1_000_000 / 5e5, rel=1e-12)  # rank 1's uplink is the bottleneck
+
+
+def test_replaying_an_asynchronous_trace_in_another_scenario_warns_that_its_order_was_chosen_elsewhere():
+    import warnings
+
+    trace = Trace(4, meta={"decided_in": {"scenario": HETERO.name, "fingerprint": HETERO.fingerprint}})
+    for rank in range(4):
+        trace.add_compute(rank, 0.01)
+        trace.add_collective(rank, "all_reduce", 4096)
+        trace.add_step(rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        simulate(trace, Scenario.from_dict(HETERO.to_dict()))  # an equal scenario: the order is its own
+        simulate(Trace(4, events=trace.events), "datacenter")  # no clock decided anything
+    with pytest.warns(UserWarning, match=r"order .* the online clock chose in scenario 'hetero-four'; replayed in "
+                                         r"'home-broadband' it keeps that order.*scenario='home-broadband'"):
+        simulate(trace, "home-broadband")
+    assert HETERO.fingerprint != Scenario.load("home-broadband").fingerprint and len(HETERO.fingerprint) == 16

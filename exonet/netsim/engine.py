@@ -46,6 +46,7 @@ order it is fed. The per-rank and per-collective records live in exonet.netsim.s
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ from exonet.netsim.flows import SHARING, FluidNetwork
 from exonet.netsim.result import COMM, COMPUTE, IDLE, NodeTimes, SimResult, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
-from exonet.scenario import Resolved
+from exonet.scenario import Resolved, Scenario
 from exonet.trace import P2P_OPS, Collective, Compute, Event, Step, Trace, Wait
 
 
@@ -732,10 +733,21 @@ def simulate(trace: Trace, scenario: object, *, history: Sequence[float] | None 
     if isinstance(scenario, Resolved):
         resolved, name = scenario, scenario.name
     else:
-        from exonet.scenario import Scenario
-
         chosen = Scenario.coerce(scenario)
         resolved, name = chosen.resolve(trace.num_nodes), chosen.name
+        _warn_if_decided_elsewhere(trace, chosen)
     sim = Simulation(resolved, fast_path=fast_path, name=name)
     sim.feed_trace(trace)
     return sim.result(history)
+
+
+def _warn_if_decided_elsewhere(trace: Trace, scenario: Scenario) -> None:
+    """An asynchronous run's order (arrivals, who made a deadline) was chosen by the online clock in
+    the scenario it ran in (``meta["decided_in"]``); replayed in another, that order stays."""
+    decided = trace.meta.get("decided_in")
+    if isinstance(decided, dict) and decided.get("fingerprint") != scenario.fingerprint:
+        warnings.warn(f"simulate: this trace is of an asynchronous run whose order (arrivals at the server, who made "
+                      f"each deadline) the online clock chose in scenario {decided.get('scenario')!r}; replayed in "
+                      f"{scenario.name!r} it keeps that order, so the times are that order's on this network, not "
+                      f"what the run would have done here (fit it with scenario={scenario.name!r} for that)",
+                      stacklevel=3)

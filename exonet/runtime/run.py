@@ -291,6 +291,8 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     if resume is not None:
         cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
     clock = None
+    if strategy.asynchronous and scenario is not None:  # the clock chooses the order in this scenario (see simulate)
+        meta["decided_in"] = {"scenario": scenario.name, "fingerprint": scenario.fingerprint}
     if cfg.max_sim_time_s is not None or strategy.asynchronous:
         clock = SimClock(scenario, cfg.world, math.inf if cfg.max_sim_time_s is None else cfg.max_sim_time_s,
                          cfg.max_steps, trainers=cfg.num_nodes, synchronous=not strategy.asynchronous,
