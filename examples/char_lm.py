@@ -34,7 +34,7 @@ from torch.utils.data import Dataset
 from exonet import LocalTrainer, Scenario, SimResult
 from exonet.result import FitResult
 from exonet.strategies import DiLoCoStrategy, OptimSpec
-from exonet.units import format_bytes, format_time
+from exonet.scenario.units import format_bytes, format_time
 
 MODULES = ("functools", "textwrap", "heapq", "dataclasses", "collections", "random", "fractions", "statistics")
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exonet import Scenario, ScenarioError, Trace, TraceError, simulate
-from exonet.scenario_schema import ALGORITHMS, COMPUTE_MODES, EVENT_KINDS, JITTERS, SHARING
+from exonet.scenario.schema import ALGORITHMS, COMPUTE_MODES, EVENT_KINDS, JITTERS, SHARING
 from exonet.trace import OPS, Collective, Compute
 
 SIM_SCENARIO = Scenario.from_dict({"name": "fuzz", "network": {"bandwidth": "8 Mbit/s", "latency": "1 ms"}})

@@ -4,7 +4,7 @@
 ``Resolved`` is the same scenario made concrete for a given node count, in SI base
 units, which is all the simulator reads. This module loads scenarios (files, presets,
 dicts), edits them (``replace``), resolves them and describes them; what a document
-may say, field by field, and its error messages live in ``exonet.scenario_schema``.
+may say, field by field, and its error messages live in ``exonet.scenario.schema``.
 
 Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 
@@ -46,9 +46,9 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from exonet import units
+from exonet.scenario import units
 from exonet.errors import ScenarioError
-from exonet.scenario_schema import (
+from exonet.scenario.schema import (
     ALGORITHMS,
     ARRAYS,
     DEFAULT_REGION,
