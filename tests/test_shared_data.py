@@ -16,7 +16,7 @@ from exonet.data.shared import BIG, Shipment
 from exonet.runtime.node import epoch_indices
 from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.toy import tiny_mlp
-from exonet.runtime.transport import ByValue, pickle_model, shared_by_value
+from exonet.runtime.transport import ByValue, pickle_model, shared_by_value, shared_bytes
 
 
 def roundtrip(*objs: object) -> list:
@@ -83,15 +83,21 @@ def test_no_room_in_shared_memory_is_a_clear_error_before_any_node_starts(monkey
         roundtrip(torch.zeros(BIG // 4))
 
 
-def test_the_model_travels_in_shared_memory_so_that_a_node_start_stays_small():
+def test_the_model_travels_in_shared_memory_so_that_a_node_start_stays_small(monkeypatch):
     """A start larger than the pipe's buffer made the parent wait for each node in turn to read its copy."""
     model = torch.nn.Linear(512, 512)  # 1 MiB of weights
     blob = pickle_model(model)
-    (sent,) = shared_by_value(np.frombuffer(blob, dtype=np.uint8))
+    sent = shared_bytes(blob)  # held, as the supervisor holds it: its shared memory lives as long
     wire = pickle.dumps(sent)
     assert len(wire) < 4096 < len(blob)
     got = torch.load(io.BytesIO(pickle.loads(wire)), weights_only=False)
     assert torch.equal(got.weight, model.weight) and torch.equal(got.bias, model.bias)
+
+    def full(*args):
+        raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", classmethod(full))
+    assert shared_bytes(blob) is blob  # no room in /dev/shm: the bytes travel in each start, as before
 
 
 def test_each_dataset_is_pickled_once_for_all_nodes():

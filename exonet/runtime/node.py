@@ -469,7 +469,7 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
     ``pipe`` is this node's write end to the parent (exonet.runtime.run lists the messages); ``beats`` is the
     parent's shared progress array (exonet.runtime.watchdog), or None when nobody watches; ``control`` is the
     read end of the online clock's step decisions (exonet.runtime.clock), or None. ``model_bytes`` is the
-    model as torch.save wrote it, a uint8 array over the parent's shared memory.
+    model as torch.save wrote it: a uint8 array over the parent's shared memory, or the bytes themselves.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     heartbeat = Heartbeat(beats, rank)

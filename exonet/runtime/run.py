@@ -35,7 +35,6 @@ from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -48,7 +47,8 @@ from exonet.result import FitResult
 from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.strategies.base import Strategy
 from exonet.runtime.record import RunRecord
-from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value
+from exonet.runtime.transport import (ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value,
+                                      shared_bytes)
 from exonet.runtime.watchdog import SLOTS, Watchdog
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class Supervisor:
             self.watchdog = Watchdog(self.beats, self.cfg.world, self.progress_timeout_s)
         # pickled once for all nodes, holding their shared memory; the model's bytes go there too, so a
         # node's start stays small: the parent writes all K without waiting for each node to read a copy
-        self.shared = shared_by_value(np.frombuffer(model_bytes, dtype=np.uint8), train, val)
+        self.shared = (shared_bytes(model_bytes), *shared_by_value(train, val))
         for rank in range(self.cfg.world):
             reader, writer = self.ctx.Pipe(duplex=False)
             self.pipes.append(reader)

@@ -82,6 +82,20 @@ def shared_by_value(*datasets: Any) -> tuple[ByValue, ...]:
     return tuple(ByValue(d, shipment=shipment) for d in datasets)
 
 
+def shared_bytes(data: bytes) -> Any:
+    """``data`` for every node, placed in shared memory now: one copy, and a node's start stays small.
+
+    When /dev/shm has no room (a container's default is 64 MB) the bytes themselves are
+    returned, and each node's start carries its own copy, as it did before.
+    """
+    sent = ByValue(np.frombuffer(data, dtype=np.uint8), shipment=Shipment())
+    try:
+        sent.__reduce__()  # pickles once, here: the shared copy is made now, not when the first node starts
+    except RuntimeError:
+        return data
+    return sent
+
+
 def _load(data: bytes, arenas: tuple[Segment, ...] | None, environ: dict[str, str] | None) -> Any:
     if environ is not None:
         for key in set(os.environ) - set(environ):
