@@ -22,7 +22,7 @@ def test_communicator_bench_reports_both_sides_and_their_ratio(capsys):
     out = capsys.readouterr().out
     assert "bookkeeping alone, 1 gloo process" in out and "K=2 gloo processes" in out
     row = (r"4 KiB +raw dist.all_reduce +[\d.]+ us +exonet Communicator +[\d.]+ us +overhead [+-][\d.]+ us "
-           r"\[[+-][\d.]+, [+-][\d.]+\] +ratio exonet/raw [\d.]+")
+           r"\[[+-][\d.]+, [+-][\d.]+\] +ratio exonet/raw [\d.]+ \(paired\)")
     assert len(re.findall(row, out)) == 2  # one process, then K
     assert re.search(r"4 KiB: exonet's bookkeeping \([\d.]+ us\) is [\d.]+% of a K=2 all-reduce", out)
 
@@ -46,5 +46,7 @@ def test_communicator_overhead_is_the_median_of_paired_differences_with_its_orde
     ours = [(r + 0.01 * i, 0.2) for i, (r, _) in enumerate(raw)]  # paired differences 0.00, 0.01, ..., 0.99
     o = communicator.overhead(raw, ours)
     assert o.paired == pytest.approx(0.495) and o.raw == pytest.approx(50.5) and o.ours_cpu == 0.2
-    assert (o.low, o.high) == pytest.approx((0.40, 0.59))  # ranks 40 and 59: n/2 -+ 1.96 sqrt(n)/2
+    assert (o.low, o.high) == pytest.approx((0.39, 0.60))  # P(B(100, 1/2) <= 39) = 1.76% <= 2.5% < P(B <= 40)
     assert o.share == pytest.approx(0.495 / 50.5)
+    assert communicator.median_ranks(1050) == (492, 557) and communicator.median_ranks(5) == (0, 4)
+    assert communicator.median_ranks(6) == (0, 5)  # P(B(6, 1/2) = 0) = 1.6%: the extremes, at 96.9%

@@ -106,13 +106,25 @@ class Overhead:
         return self.paired / self.raw
 
 
+def median_ranks(n: int) -> tuple[int, int]:
+    """0-based ranks (lo, hi) of the distribution-free 95% interval of the median of n sorted values.
+
+    The exact binomial rule: with m the largest count such that P(Binomial(n, 1/2) ≤ m) ≤ 2.5%,
+    the interval runs from the (m+1)-th smallest value to the (m+1)-th largest; (0, n-1) when
+    n is too small for any such m.
+    """
+    below, m = 0, -1
+    while 40 * (below + math.comb(n, m + 1)) <= 2**n:  # P(B ≤ m+1) ≤ 1/40, in exact integers
+        m += 1
+        below += math.comb(n, m)
+    return (m, n - 1 - m) if m >= 0 else (0, n - 1)
+
+
 def overhead(raw: list[tuple[float, float]], ours: list[tuple[float, float]]) -> Overhead:
     """Medians of each side and the median of the paired differences ``ours[i] - raw[i]``, with the
-    distribution-free 95% interval of that median (order statistics n/2 ± 1.96·√n/2)."""
+    distribution-free 95% interval of that median (``median_ranks``; it takes the pairs as independent)."""
     diffs = sorted(o[0] - r[0] for r, o in zip(raw, ours))
-    n = len(diffs)
-    half = 1.96 * math.sqrt(n) / 2
-    low, high = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+    low, high = median_ranks(len(diffs))
     med = statistics.median
     return Overhead(med(t[0] for t in raw), med(t[0] for t in ours), med(t[1] for t in raw), med(t[1] for t in ours),
                     med(diffs), diffs[low], diffs[high])
@@ -126,7 +138,12 @@ def measure(k: int, sizes: list[int], rounds: int, calls: int, blocks: bool = Fa
     store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
     procs = mp.start_processes(_node, args=(k, store.port, sizes, rounds, calls, blocks, profile, queue), nprocs=k,
                                start_method="spawn", join=False)
-    per_rank = [queue.get() for _ in range(k)]  # before joining: a result larger than the pipe waits for its reader
+    per_rank: list[Any] = []
+    while len(per_rank) < k:  # read while they run: a result larger than the pipe waits for its reader
+        if queue.empty():
+            procs.join(timeout=0.1)  # raises if a process failed, which would never put its result
+        else:
+            per_rank.append(queue.get())
     procs.join()
     worst = {n: max((overhead(*r[1][n]) for r in per_rank), key=lambda o: o.raw) for n in sizes}
     return worst, [p for r in per_rank for p in r[2]]
@@ -161,7 +178,7 @@ def main(argv: list[str]) -> int:
         for nbytes, o in table.items():
             print(f"    {_size(nbytes):>9}  raw dist.all_reduce {o.raw * 1e6:9.1f} us   exonet Communicator "
                   f"{o.ours * 1e6:9.1f} us   overhead {o.paired * 1e6:+.1f} us [{o.low * 1e6:+.1f}, "
-                  f"{o.high * 1e6:+.1f}]   ratio exonet/raw {1 + o.share:.3f}  (calling-thread CPU "
+                  f"{o.high * 1e6:+.1f}]   ratio exonet/raw {1 + o.share:.3f} (paired)  (calling-thread CPU "
                   f"{o.raw_cpu * 1e6:.1f} vs {o.ours_cpu * 1e6:.1f} us)")
     for nbytes in sizes:
         print(f"  {_size(nbytes)}: exonet's bookkeeping ({alone[nbytes].paired * 1e6:.1f} us) is "
