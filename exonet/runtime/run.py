@@ -33,7 +33,7 @@ from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -98,8 +98,15 @@ class Supervisor:
         if self.progress_timeout_s is not None:
             self.watchdog = Watchdog(self.beats, self.cfg.world, self.progress_timeout_s)
         # pickled once for all nodes, holding their shared memory; the model's bytes go there too, so a
-        # node's start stays small: the parent writes all K without waiting for each node to read a copy
-        self.shared = (shared_bytes(model_bytes), *shared_by_value(train, val))
+        # node's start stays small: the parent writes all K without waiting for each node to read a copy.
+        # The datasets are placed first: when /dev/shm is small, the model's bytes are what gives way.
+        datasets = shared_by_value(train, val)
+        try:
+            for sent in datasets:
+                sent.__reduce__()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            self._cannot_send(exc, train, val, strategy)
+        self.shared = (shared_bytes(model_bytes), *datasets)
         for rank in range(self.cfg.world):
             reader, writer = self.ctx.Pipe(duplex=False)
             self.pipes.append(reader)
@@ -113,15 +120,19 @@ class Supervisor:
             try:
                 p.start()
             except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                check_picklable({"train_dataset": train, "val_dataset": val, "strategy": strategy,
-                                 "dataloader_kwargs": self.cfg.dataloader_kwargs})
-                raise TypeError(f"fit: the datasets, strategy or dataloader_kwargs cannot be sent to the node "
-                                f"processes ({exc})") from None
+                self._cannot_send(exc, train, val, strategy)
             finally:
                 writer.close()  # the node holds the only write end: its death reads as end-of-file here
                 if control is not None:
                     control.close()
             self.procs.append(p)
+
+    def _cannot_send(self, exc: Exception, train: Any, val: Any, strategy: Strategy) -> NoReturn:
+        """Raise the TypeError that names what cannot travel to the nodes (pickling ``exc`` failed)."""
+        check_picklable({"train_dataset": train, "val_dataset": val, "strategy": strategy,
+                         "dataloader_kwargs": self.cfg.dataloader_kwargs})
+        raise TypeError(f"fit: the datasets, strategy or dataloader_kwargs cannot be sent to the node "
+                        f"processes ({exc})") from None
 
     def wait(self) -> None:
         """Consume messages until every node is done; raise NodeFailure on the first failure or hang."""
