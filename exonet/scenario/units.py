@@ -18,6 +18,8 @@ from decimal import Context, Decimal
 
 from exonet.errors import ScenarioError
 
+MIN_RATE = 0.125  # bytes/s, 1 bit/s: no network is slower, and the largest payload's time stays a finite tick count
+
 _SI = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 _PREFIXES = {**_SI, **_IEC}
@@ -85,13 +87,15 @@ def _parse(text: object, where: str, kind: str, units: dict[str, Decimal], allow
     value = float(_CONTEXT.multiply(Decimal(number), units[unit]))
     if not math.isfinite(value):
         raise ScenarioError(f"{where}: {text!r} is too large to be a {kind}")
-    if value == 0 and not allow_zero and Decimal(number) > 0:
-        raise ScenarioError(f"{where}: {text!r} is too small to be a {kind} (it rounds to zero); expected a {kind} "
-                            f"such as {examples}")
+    if (value == 0 and not allow_zero and Decimal(number) > 0) or (kind == "rate" and 0 < value < MIN_RATE):
+        why = "the least is 1 bit/s" if kind == "rate" else "it rounds to zero"
+        raise ScenarioError(f"{where}: {text!r} is too small to be a {kind} ({why}); expected a {kind} such as "
+                            f"{examples}")
     if value < 0 or (value == 0 and not allow_zero):
         bound = "non-negative" if allow_zero else "positive"
         raise ScenarioError(f"{where}: {text!r} must be {bound}; expected a {kind} such as {examples}")
     return value
+
 
 
 def _suggest(unit: str, units: dict[str, Decimal]) -> str:
