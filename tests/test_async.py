@@ -215,4 +215,7 @@ def test_replaying_an_asynchronous_trace_in_another_scenario_warns_that_its_orde
     with pytest.warns(UserWarning, match=r"order .* the online clock chose in scenario 'hetero-four'; replayed in "
                                          r"'home-broadband' it keeps that order.*scenario='home-broadband'"):
         simulate(trace, "home-broadband")
+    with pytest.warns(UserWarning, match=r"chose in scenario 'hetero-four' before the trace was scaled; replayed in "
+                                         r"'hetero-four'"):
+        simulate(trace.scaled(bytes=10), HETERO)  # its own scenario, but not the traffic the order was chosen for
     assert HETERO.fingerprint != Scenario.load("home-broadband").fingerprint and len(HETERO.fingerprint) == 16

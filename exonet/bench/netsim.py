@@ -73,7 +73,7 @@ def ddp_trace(steps: int, nodes: int, nbytes: int, seed: int = 0, buckets: int =
 def overlap_trace(steps: int, nodes: int, nbytes: int, seed: int = 0) -> Trace:
     """Every step: compute, then async all-reduces on all ranks and on the rank's region (its half), then both waits.
 
-    Ranks of one region share their event objects (events are immutable), so a 10,000-step trace stays small.
+    Ranks of one region share their event objects (nothing changes an event once built), so a 10,000-step trace stays small.
     """
     rng = np.random.default_rng(seed)
     per_rank = 0.25 * (1.0 + 0.02 * rng.uniform(-1.0, 1.0, nodes))

@@ -10,9 +10,9 @@ the cost grows.
 Side by side, start-up against ``torch.multiprocessing.spawn`` of K processes that
 import torch (and nothing else), the floor for any torch program that starts K
 processes: exonet's first fit in a fresh interpreter (``cold``, the forkserver imports
-torch once) and a later one (``warm``), both a whole 1-step fit; and a first fit after
-``exonet.warm_up()`` was called ``--setup-s`` seconds before it, those seconds spent on one
-core as a caller's own set-up would, ``exonet.warm_up()`` the script's first line (``prepared``).
+torch once) and a later one (``warm``), both a whole 1-step fit; and the first fit of a fresh
+interpreter whose first line is ``exonet.warm_up()``, followed by the script's own imports (torch,
+this module) and ``--setup-s`` seconds of CPU work on one core, as a caller's set-up would (``prepared``).
 
     python -m exonet.bench scale [--nodes 8,16,32] [--steps 40] [--models mlp,cnn] [--startup-nodes 8] [--setup-s 0]
 
@@ -172,7 +172,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--startup-nodes", type=int, default=8, help="K for the start-up comparison (0: skip)")
     parser.add_argument("--repeat", type=int, default=3, help="start-up runs per side (medians)")
     parser.add_argument("--setup-s", type=float, default=0.0,
-                        help="CPU seconds of set-up between exonet.warm_up() and the first fit (prepared start-up)")
+                        help="CPU seconds of set-up after exonet.warm_up() and the script's imports, before its first fit "
+                             "(prepared start-up)")
     parser.add_argument("--cold", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cold:

@@ -743,11 +743,16 @@ def simulate(trace: Trace, scenario: object, *, history: Sequence[float] | None 
 
 def _warn_if_decided_elsewhere(trace: Trace, scenario: Scenario) -> None:
     """An asynchronous run's order (arrivals, who made a deadline) was chosen by the online clock in
-    the scenario it ran in (``meta["decided_in"]``); replayed in another, that order stays."""
+    the scenario it ran in (``meta["decided_in"]``), for the trace as recorded; replayed in another
+    scenario, or scaled (``Trace.scaled``), that order stays. (A ``Resolved`` scenario is exonet's
+    own, made for this trace: it is not checked.)"""
     decided = trace.meta.get("decided_in")
-    if isinstance(decided, dict) and decided.get("fingerprint") != scenario.fingerprint:
+    if not isinstance(decided, dict):
+        return
+    scaled = "scaled" in trace.meta
+    if scaled or decided.get("fingerprint") != scenario.fingerprint:
+        where = f"scenario {decided.get('scenario')!r}" + (" before the trace was scaled" if scaled else "")
         warnings.warn(f"simulate: this trace is of an asynchronous run whose order (arrivals at the server, who made "
-                      f"each deadline) the online clock chose in scenario {decided.get('scenario')!r}; replayed in "
-                      f"{scenario.name!r} it keeps that order, so the times are that order's on this network, not "
-                      f"what the run would have done here (fit it with scenario={scenario.name!r} for that)",
-                      stacklevel=3)
+                      f"each deadline) the online clock chose in {where}; replayed in {scenario.name!r} it keeps "
+                      f"that order, so the times are that order's on this network, not what the run would have done "
+                      f"here (fit it with scenario={scenario.name!r} for that)", stacklevel=3)

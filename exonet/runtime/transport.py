@@ -60,7 +60,8 @@ class ByValue:
 
     With a ``shipment`` its tensors and arrays travel in shared memory (the shipment must outlive the
     nodes' start). With ``environ=True`` the node also takes this process's environment as it is now,
-    as a spawned process would: the forkserver's own is a snapshot from the first fit, so a
+    as a spawned process would: the forkserver's own is a snapshot from when it started (``warm_up()`` or
+    the first fit), so a
     variable set since (``AWS_ENDPOINT_URL`` in a notebook cell) would otherwise be missed.
     """
 

@@ -60,7 +60,7 @@ from exonet.scenario.schema import (
     validate,
 )
 
-# ALGORITHMS and FAMILIES belong to the schema; they are re-exported because the simulator imports them from here.
+# ALGORITHMS and FAMILIES belong to the schema; exonet.scenario (the package) re-exports them with these names.
 __all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "LinkSpec", "Resolved", "Scenario", "list_presets"]
 
 
