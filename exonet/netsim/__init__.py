@@ -5,10 +5,12 @@ replay fed event by event. Modules: ``topology`` (NICs, regions, paths),
 ``flows`` (fluid max-min / FIFO sharing), ``collectives`` (algorithms as phases and
 their closed forms), ``compute`` (speed, jitter, slowdowns, outages), ``fastpath``
 (lone collectives timed without events), ``agenda`` (integer ticks, same-instant
-order), ``state`` (the replay's records), ``engine`` (the SimPy replay), ``result``.
+order), ``state`` (the replay's records), ``engine`` (the SimPy replay), ``replay``
+(``simulate``, a whole trace), ``diagnose`` (why a replay cannot finish), ``result``.
 """
 
-from exonet.netsim.engine import Simulation, simulate
+from exonet.netsim.engine import Simulation
+from exonet.netsim.replay import simulate
 from exonet.netsim.result import NodeTimes, SimResult
 
 __all__ = ["NodeTimes", "SimResult", "Simulation", "simulate"]

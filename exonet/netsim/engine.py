@@ -1,8 +1,8 @@
 """Engine: replay per-rank events through a SimPy model, incrementally.
 
 ``Simulation`` consumes each rank's events as they are fed (``feed``), so a run can be
-simulated while it is produced; ``simulate`` is the convenience wrapper for a whole
-trace. How time passes:
+simulated while it is produced; ``simulate`` (exonet.netsim.replay) is the convenience
+wrapper for a whole trace. How time passes:
 
 * A rank runs its own events without waiting for the clock: compute spans only
   move its own cursor (their length depends on its speed, jitter and outages, all
@@ -40,13 +40,13 @@ processed until it is fed or closed, so nothing it will do can land in the past.
 
 Time is integer ticks, and everything due at one instant runs in a fixed order
 (exonet.netsim.agenda): that keeps a replay exact however long it runs and in whatever
-order it is fed. The per-rank and per-collective records live in exonet.netsim.state.
+order it is fed. The per-rank and per-collective records live in exonet.netsim.state; what
+a trace that cannot finish is stuck on is worded in exonet.netsim.diagnose.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -54,12 +54,13 @@ from dataclasses import dataclass
 from exonet.errors import ScenarioError, TraceError
 from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.compute import ComputeModel
+from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
 from exonet.netsim.result import COMM, COMPUTE, IDLE, NodeTimes, SimResult, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
-from exonet.scenario import Resolved, Scenario
+from exonet.scenario import Resolved
 from exonet.trace import P2P_OPS, Collective, Compute, Event, Step, Trace, Wait
 
 
@@ -264,7 +265,7 @@ class Simulation:
         self.close()
         self.run_until_blocked()
         if self._open:
-            raise TraceError(self._deadlock())
+            raise TraceError(deadlock(self._ranks, list(self._open.values()), self._everyone))
         if self._any:
             raise TraceError(f"trace: rank {min(self._any)} waits for a message from any rank, and none comes")
         ends = self._step_ends
@@ -290,42 +291,6 @@ class Simulation:
             history=None if history is None else [float(x) for x in history],
             timelines=[Timeline(rk.times, bytes(rk.kinds), seconds(rk.t)) for rk in ranks],
         )
-
-    def _deadlock(self) -> str:
-        """What each stuck rank is blocked on, and why its peers never get there (the input has ended)."""
-        lines = []
-        for rk in self._ranks:
-            c = rk.blocked
-            if c is not None and not c.done:
-                lines.append(f"rank {rk.rank} waits in {self._describe(c)}")
-        if not lines:
-            lines.append(self._describe(next(iter(self._open.values()))))
-        return "trace: collectives must match across the group's members, and these never can: " + "; ".join(lines)
-
-    def _where(self, c: Instance) -> str:
-        """``c`` for people: its op, index and group (or the direction of a message)."""
-        group, k = c.key
-        if c.op == "any":
-            return f"a receive from any rank on rank {c.members[0]}"
-        if c.op == "p2p":
-            return f"message #{k} from rank {c.members[0]} to rank {c.members[1]}"
-        return f"{c.op} #{k} on {'all ranks' if group is self._everyone else f'group {list(group)}'}"
-
-    def _describe(self, c: Instance) -> str:
-        """``c``, who issued it, and what each member that did not is doing instead."""
-        missing = [r for r in c.members if r not in c.ranks]
-        if not missing:
-            return self._where(c)
-        reasons = []
-        for r in missing:
-            other = self._ranks[r].blocked
-            if other is None:
-                reasons.append(f"rank {r} ended its events without issuing it")
-            else:
-                reasons.append(f"rank {r} is blocked first in {self._where(other)}")
-        never = all(self._ranks[r].blocked is None for r in missing)
-        return (f"{self._where(c)}, issued by ranks {c.ranks} but {'never' if never else 'not yet'} by ranks "
-                f"{missing} ({'; '.join(reasons)})")
 
     # ----------------------------------------------------------------- ranks
     def _advance(self, rk: RankState) -> None:
@@ -718,41 +683,3 @@ class Simulation:
         self._drain(t)
         self._net.pause(rank, down)
         self._net_changed(t)
-
-
-def simulate(trace: Trace, scenario: object, *, history: Sequence[float] | None = None, fast_path: bool = True) -> SimResult:
-    """Replay ``trace`` in ``scenario`` and return the simulated outcome.
-
-    Args:
-        trace: the run's per-node events.
-        scenario: a ``Resolved`` scenario, or anything ``Scenario.coerce`` accepts
-            (a Scenario, a preset name, a path to a TOML file, a dict).
-        history: per-step mean training losses, for ``SimResult.loss_vs_time``.
-        fast_path: time lone collectives analytically (exact; off only to cross-check).
-    """
-    if isinstance(scenario, Resolved):
-        resolved, name = scenario, scenario.name
-    else:
-        chosen = Scenario.coerce(scenario)
-        resolved, name = chosen.resolve(trace.num_nodes), chosen.name
-        _warn_if_decided_elsewhere(trace, chosen)
-    sim = Simulation(resolved, fast_path=fast_path, name=name)
-    sim.feed_trace(trace)
-    return sim.result(history)
-
-
-def _warn_if_decided_elsewhere(trace: Trace, scenario: Scenario) -> None:
-    """An asynchronous run's order (arrivals, who made a deadline) was chosen by the online clock in
-    the scenario it ran in (``meta["decided_in"]``), for the trace as recorded; replayed in another
-    scenario, or scaled (``Trace.scaled``), that order stays. (A ``Resolved`` scenario is exonet's
-    own, made for this trace: it is not checked.)"""
-    decided = trace.meta.get("decided_in")
-    if not isinstance(decided, dict):
-        return
-    scaled = "scaled" in trace.meta
-    if scaled or decided.get("fingerprint") != scenario.fingerprint:
-        where = f"scenario {decided.get('scenario')!r}" + (" before the trace was scaled" if scaled else "")
-        warnings.warn(f"simulate: this trace is of an asynchronous run whose order (arrivals at the server, who made "
-                      f"each deadline) the online clock chose in {where}; replayed in {scenario.name!r} it keeps "
-                      f"that order, so the times are that order's on this network, not what the run would have done "
-                      f"here (fit it with scenario={scenario.name!r} for that)", stacklevel=3)
