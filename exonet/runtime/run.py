@@ -103,7 +103,7 @@ class Supervisor:
         datasets = shared_by_value(train, val)
         try:
             for sent in datasets:
-                sent.__reduce__()
+                sent.pickle_now()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             self._cannot_send(exc, train, val, strategy)
         self.shared = (shared_bytes(model_bytes), *datasets)

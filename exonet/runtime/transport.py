@@ -69,12 +69,16 @@ class ByValue:
         self.obj, self.environ, self.shipment = obj, environ, shipment
         self._pickled: tuple[bytes, tuple[Segment, ...] | None] | None = None
 
-    def __reduce__(self) -> tuple[Any, tuple]:
+    def pickle_now(self) -> tuple[bytes, tuple[Segment, ...] | None]:
+        """Pickle ``obj`` now (placing its shared memory), if not yet: its bytes and shared arenas."""
         if self._pickled is None:
             buf = io.BytesIO()
             NodePickler(buf, self.shipment).dump(self.obj)
             self._pickled = (buf.getvalue(), None if self.shipment is None else self.shipment.seal())
-        return _load, (*self._pickled, dict(os.environ) if self.environ else None)
+        return self._pickled
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return _load, (*self.pickle_now(), dict(os.environ) if self.environ else None)
 
 
 def shared_by_value(*datasets: Any) -> tuple[ByValue, ...]:
@@ -91,7 +95,7 @@ def shared_bytes(data: bytes) -> Any:
     """
     sent = ByValue(np.frombuffer(data, dtype=np.uint8), shipment=Shipment())
     try:
-        sent.__reduce__()  # pickles once, here: the shared copy is made now, not when the first node starts
+        sent.pickle_now()  # the shared copy is made here, not when the first node starts
     except RuntimeError:
         return data
     return sent
