@@ -160,6 +160,29 @@ def test_a_transient_failure_is_retried_once_with_backoff(s3, caplog):
         proxy.close()
 
 
+def test_upload_run_goes_through_the_same_retrying_client(s3, tmp_path, monkeypatch, caplog):
+    from exonet.storage import upload_run
+
+    run = tmp_path / "20261201-ddp"
+    (run / "sim").mkdir(parents=True)
+    for name in ("status.json", "config.json", "metrics.jsonl", "sim/trace.json"):
+        (run / name).write_text(name)
+    proxy = DropFirst(s3.endpoint, drops=1)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        keys = upload_run(run, "s3://exo/sweeps/a/", retries=2)
+    finally:
+        proxy.close()
+    assert proxy.dropped == 1 and "retry 1 of 2" in caplog.text
+    prefix = "sweeps/a/20261201-ddp/"
+    assert keys[-1] == prefix + "status.json" and sorted(keys) == sorted(prefix + n for n in
+                                                                          ("config.json", "metrics.jsonl", "sim/trace.json", "status.json"))
+    for key in keys:
+        assert s3.client.get_object(Bucket="exo", Key=key)["Body"].read().decode() == key.removeprefix(prefix)
+    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+        upload_run(run, "bucket/prefix")
+
+
 def test_a_local_folder_reads_the_same(tmp_path):
     write_shards(DATA, tmp_path / "digits", shard_size=10)
     for url in (str(tmp_path / "digits"), f"file://{tmp_path / 'digits'}"):

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from exonet.strategies import DDPStrategy, OptimSpec
@@ -169,29 +168,3 @@ def test_estimate_with_partial_participation_runs_every_rank():
     e = estimate("diloco:H=1,participation=0.25", params=1e5, nodes=8, steps=6, step_time=1.0)
     assert sum(e.trace.payload_bytes(r) for r in range(8)) > 0
     e.trace.validate()
-
-
-class FakeS3:
-    """Stands in for a boto3 S3 client: records what would be uploaded."""
-
-    def __init__(self) -> None:
-        self.uploads: list[tuple[str, str, str]] = []
-
-    def upload_file(self, filename: str, bucket: str, key: str) -> None:
-        self.uploads.append((Path(filename).name, bucket, key))
-
-
-def test_upload_to_s3_copies_the_run_directory_status_last(tiny_run, monkeypatch):
-    import types
-
-    from exonet.storage import upload_run
-
-    client = FakeS3()
-    monkeypatch.setitem(sys.modules, "boto3", types.SimpleNamespace(client=lambda service: client))
-    keys = upload_run(tiny_run.run_dir, "s3://bucket/sweeps/a/")
-    names = [name for name, _, _ in client.uploads]
-    assert names[-1] == "status.json" and {"config.json", "metrics.jsonl", "trace.jsonl"} <= set(names)
-    assert all(b == "bucket" for _, b, _ in client.uploads)
-    assert keys[0].startswith(f"sweeps/a/{tiny_run.run_dir.name}/")
-    with pytest.raises(ValueError, match="s3://bucket/prefix"):
-        upload_run(tiny_run.run_dir, "bucket/prefix")

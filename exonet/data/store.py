@@ -1,4 +1,7 @@
-"""Where shards live: a local folder or an S3 prefix, behind one small interface.
+"""Where shards and uploaded runs live: a local folder or an S3 prefix, behind one small interface.
+
+This is exonet's one S3 client: datasets read through it and ``fit(upload_to=...)`` writes through it
+(exonet.storage), so both get the same retries and the same errors.
 
 ``open_store(url)`` takes ``s3://bucket/prefix``, ``file:///path`` or a plain path. An
 S3 store builds its boto3 client lazily in the process that uses it (a node, a DataLoader
@@ -94,7 +97,7 @@ class S3Store:
                 import boto3
                 from botocore.config import Config
             except ImportError:
-                raise ImportError("exonet.data on s3:// needs boto3: pip install 'exonet[s3]'") from None
+                raise ImportError("S3 (s3:// datasets, fit(upload_to=...)) needs boto3: pip install 'exonet[s3]'") from None
             config = Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60)
             self._client = boto3.session.Session().client("s3", config=config, **self.options)
         return self._client
@@ -120,6 +123,10 @@ class S3Store:
 
     def write(self, name: str, data: bytes) -> None:
         self._retry(name, lambda: self.client().put_object(Bucket=self.bucket, Key=self.key(name), Body=data))
+
+    def upload(self, path: Path, name: str) -> None:
+        """Copy the local file ``path`` to ``name`` under this prefix (boto3's multipart transfer, retried)."""
+        self._retry(name, lambda: self.client().upload_file(str(path), self.bucket, self.key(name)))
 
     # ----------------------------------------------------------- failures
     def _retry(self, name: str, call: Callable[[], T]) -> T:
