@@ -33,7 +33,7 @@ from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,7 @@ import torch.distributed as dist
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
 from exonet.runtime.forkserver import context
+from exonet.runtime.job import Job
 from exonet.errors import NodeFailure
 from exonet.runtime.node import NodeConfig, node_main
 from exonet.result import FitResult
@@ -50,9 +51,6 @@ from exonet.runtime.record import RunRecord
 from exonet.runtime.transport import (ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value,
                                       shared_bytes)
 from exonet.runtime.watchdog import SLOTS, Watchdog
-
-if TYPE_CHECKING:
-    from exonet.runtime.trainer import LocalTrainer
 
 log = logging.getLogger(__name__)
 
@@ -265,18 +263,19 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
     return path, resume
 
 
-def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, progress: bool, scenario: Any,
+def launch(job: Job, *, progress: bool, scenario: Any,
            run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
            resume_from: str | os.PathLike | None, wandb_project: str | None = None,
            wandb_run_name: str | None = None, run_name: str | None = None,
            upload_to: str | None = None) -> FitResult:
     """Run a validated fit: run directory, rendezvous, nodes, supervision, results."""
+    strategy, cfg = job.strategy, job.cfg
     if scenario is not None:
         from exonet.scenario import Scenario
 
         scenario = Scenario.coerce(scenario)
         scenario.resolve(cfg.world)  # fail before training, not after
-    config = run_config(strategy, cfg, trainer.model)
+    config = run_config(strategy, cfg, job.model)
     label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     if dist.is_torchelastic_launched():
@@ -288,9 +287,9 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         is_zero = os.environ.get("RANK") == "0"
         run_path = _open_run(config, label, run_dir, None)[0] if is_zero else None
         logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
-        record, real_time = train_under_torchrun(trainer, strategy, cfg, meta, progress and is_zero, logger)
-        return _finish(trainer, config, record, run_path, real_time, scenario, upload_to)
-    model_bytes = pickle_model(trainer.model)
+        record, real_time = train_under_torchrun(job, meta, progress and is_zero, logger)
+        return _finish(job, config, record, run_path, real_time, scenario, upload_to)
+    model_bytes = pickle_model(job.model)
     store = dist.TCPStore("127.0.0.1", 0, cfg.world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     cfg = replace(cfg, store_port=store.port)
@@ -313,7 +312,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     t0 = time.perf_counter()
     finished = False
     try:
-        sup.start(model_bytes, trainer.train_dataset, trainer.val_dataset, strategy)
+        sup.start(model_bytes, job.train_dataset, job.val_dataset, strategy)
         sup.wait()
         finished = True
     finally:
@@ -326,7 +325,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         if sup.record.logger is not None and not finished:
             sup.record.logger.finish(exit_code=1)
 
-    return _finish(trainer, config, sup.record, run_path, real_time, scenario, upload_to, clock)
+    return _finish(job, config, sup.record, run_path, real_time, scenario, upload_to, clock)
 
 
 def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_path: Path | None) -> Any:
@@ -338,14 +337,14 @@ def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_pa
     return WandbLogger(project, config, name=name, dir=str(run_path) if run_path is not None else None)
 
 
-def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, run_path: Path | None,
+def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path | None,
             real_time: float, scenario: Any, upload_to: str | None, clock: SimClock | None = None) -> FitResult:
     """The FitResult of a finished run; its run directory, upload, simulation and wandb summary.
 
     With a scenario, the history gains ``sim_time_s`` (each step's simulated end) and every
     evaluation its ``sim_time_s``; a clocked run's simulation is the online clock's own.
     """
-    model = copy.deepcopy(trainer.model)
+    model = copy.deepcopy(job.model)
     if record.state is not None:
         model.load_state_dict(torch.load(io.BytesIO(record.state), weights_only=True))
     result = FitResult(model=model, history=record.history, trace=record.trace(), config=config, real_time_s=real_time)

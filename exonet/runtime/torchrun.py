@@ -17,17 +17,14 @@ import os
 import time
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
-from exonet.runtime.node import NodeConfig, TrainNode
+from exonet.runtime.job import Job
+from exonet.runtime.node import TrainNode
 from exonet.runtime.record import RunRecord
-from exonet.strategies.base import Strategy
 from exonet.runtime.watchdog import Heartbeat
-
-if TYPE_CHECKING:
-    from exonet.runtime.trainer import LocalTrainer
 
 _fits = 0  # fits run in this process: each rendezvous under its own store prefix
 
@@ -49,9 +46,9 @@ def _store(rank: int, world: int, timeout_s: float) -> dist.Store:
     return dist.PrefixStore(f"exonet-fit-{_fits}", store)
 
 
-def train_under_torchrun(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, meta: dict[str, Any],
-                         progress: bool, logger: Any) -> tuple[RunRecord, float]:
+def train_under_torchrun(job: Job, meta: dict[str, Any], progress: bool, logger: Any) -> tuple[RunRecord, float]:
     """Train this process's node, then gather every node's reports into one RunRecord."""
+    cfg = job.cfg
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if cfg.num_nodes != world:
         raise ValueError(f"fit: num_nodes={cfg.num_nodes} but torchrun started WORLD_SIZE={world} processes")
@@ -62,8 +59,8 @@ def train_under_torchrun(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeC
     dist.init_process_group(cfg.backend, store=_store(rank, world, cfg.timeout_s), rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_s))
     try:
-        TrainNode(rank, cfg, copy.deepcopy(trainer.model), trainer.train_dataset, trainer.val_dataset,
-                  copy.deepcopy(strategy), messages.append, Heartbeat(None, rank)).run()
+        TrainNode(rank, cfg, copy.deepcopy(job.model), job.train_dataset, job.val_dataset,
+                  copy.deepcopy(job.strategy), messages.append, Heartbeat(None, rank)).run()
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, messages)
     finally:

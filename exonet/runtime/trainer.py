@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from exonet.runtime.job import Job
 from exonet.runtime.node import NodeConfig, is_factory, resolve_dataset
 from exonet.result import FitResult
 from exonet.strategies.base import Strategy, check_range, one_of
@@ -224,7 +225,8 @@ class LocalTrainer:
         )
         from exonet.runtime.run import launch
 
-        return launch(self, strategy, cfg, progress=progress, scenario=scenario, run_dir=run_dir,
+        job = Job(self.model, self.train_dataset, self.val_dataset, strategy, cfg)
+        return launch(job, progress=progress, scenario=scenario, run_dir=run_dir,
                       progress_timeout_s=progress_timeout_s, resume_from=resume_from,
                       wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
                       upload_to=upload_to)
