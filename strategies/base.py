@@ -9,7 +9,6 @@ step and all communication, and talks to the network only through ``self.comm``.
 from __future__ import annotations
 
 import abc
-import hashlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -17,8 +16,14 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
+from exonet.arguments import check_range, one_of
+from exonet.seeding import shared_generator
+
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
+
+__all__ = ["OPTIMIZERS", "NodeContext", "OptimSpec", "Strategy", "base_options", "check_range", "flatten",
+           "inner_spec", "one_of", "outer_spec", "shared_generator", "unflatten_into"]
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
@@ -141,19 +146,6 @@ class NodeContext:
     max_steps: int
     seed: int
     device: torch.device
-
-
-def check_range(name: str, value: Any, *, low: float | None = None, high: float | None = None,
-                low_open: bool = False, integer: bool = False) -> None:
-    """Raise ValueError/TypeError naming ``name`` unless ``value`` is a number within the bounds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise TypeError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if low is not None and (value <= low if low_open else value < low):
-        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value!r}")
 
 
 class Strategy(abc.ABC):
@@ -316,26 +308,3 @@ def unflatten_into(flat: torch.Tensor, tensors: Iterable[torch.Tensor]) -> None:
         n = t.numel()
         t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
-
-
-def shared_generator(seed: int, *keys: int | str) -> torch.Generator:
-    """A CPU generator that every node derives identically from the run seed and ``keys``.
-
-    Masks, participants and island partitions drawn from it agree on all nodes at zero
-    bytes on the wire (the seed gym broadcasts them instead). Hashing, rather than
-    adding, the keys keeps streams for different purposes and rounds independent.
-    """
-    digest = hashlib.blake2b(repr((seed, *keys)).encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
-
-
-def one_of(**spellings: Any) -> Any:
-    """The value of an argument accepted under several names (seed-gym aliases); None when none is given.
-
-    Raises:
-        TypeError: more than one spelling was given, naming them.
-    """
-    given = [name for name, value in spellings.items() if value is not None]
-    if len(given) > 1:
-        raise TypeError(f"{' and '.join(given)} are aliases of one argument; pass only one of them")
-    return spellings[given[0]] if given else None

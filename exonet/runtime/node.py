@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from exonet.runtime.checkpoint import load_node, save_node
 from exonet.runtime.clock import ClockLink
 from exonet.communicator import Communicator
-from exonet.strategies.base import NodeContext, Strategy, shared_generator
+from exonet.seeding import shared_generator
+from exonet.strategies.base import NodeContext, Strategy
 from exonet.runtime.watchdog import Heartbeat
 
 

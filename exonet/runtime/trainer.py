@@ -20,7 +20,8 @@ import torch.distributed as dist
 from exonet.runtime.job import Job
 from exonet.runtime.node import NodeConfig, is_factory, resolve_dataset
 from exonet.result import FitResult
-from exonet.strategies.base import Strategy, check_range, one_of
+from exonet.arguments import check_range, one_of
+from exonet.strategies.base import Strategy
 
 DEVICES = ("cpu", "cuda", "mps")
 AUTOCAST = {True: "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}

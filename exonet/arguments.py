@@ -1,0 +1,35 @@
+"""Argument checks shared by fit, the strategies and the runtime: errors that name the argument.
+
+They live here, below both the runtime and the strategies, so either can use them without
+depending on the other; ``exonet.strategies.base`` re-exports them for strategy authors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def check_range(name: str, value: Any, *, low: float | None = None, high: float | None = None,
+                low_open: bool = False, integer: bool = False) -> None:
+    """Raise ValueError/TypeError naming ``name`` unless ``value`` is a number within the bounds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise TypeError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value!r}")
+
+
+def one_of(**spellings: Any) -> Any:
+    """The value of an argument accepted under several names (seed-gym aliases); None when none is given.
+
+    Raises:
+        TypeError: more than one spelling was given, naming them.
+    """
+    given = [name for name, value in spellings.items() if value is not None]
+    if len(given) > 1:
+        raise TypeError(f"{' and '.join(given)} are aliases of one argument; pass only one of them")
+    return spellings[given[0]] if given else None
