@@ -9,7 +9,8 @@ import torch
 
 from exonet import LocalTrainer, Scenario, Trace, simulate
 from exonet.strategies import AsyncDiLoCoStrategy, DiLoCoStrategy, FedAvgStrategy, FedBuffStrategy, OptimSpec
-from exonet.toy import SleepyModel, synthetic_classification, tiny_mlp
+from exonet.testing import SleepyModel
+from exonet.toy import synthetic_classification, tiny_mlp
 
 SPEEDS = (1.0, 0.8, 0.4, 0.2)
 LIMIT = 0.15

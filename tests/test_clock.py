@@ -66,7 +66,7 @@ def test_the_clock_needs_a_scenario_with_deterministic_compute():
 @pytest.mark.slow
 def test_send_and_recv_are_real_counted_traced_and_simulated():
     from exonet.strategies.base import OptimSpec as Spec
-    from exonet.toy import RingPassStrategy
+    from exonet.testing import RingPassStrategy
 
     steps, numel = 3, 2500
     r = LocalTrainer(tiny_mlp(), synthetic_classification(128, 8, 4)).fit(

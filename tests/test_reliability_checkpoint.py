@@ -11,7 +11,8 @@ from exonet import LocalTrainer, NodeFailure, TraceError
 from exonet.runtime.node import epoch_indices
 from exonet.rundir import load_run, run_status
 from exonet.strategies import DDPStrategy, OptimSpec
-from exonet.toy import FailingModel, synthetic_classification
+from exonet.testing import FailingModel
+from exonet.toy import synthetic_classification
 
 DATA = synthetic_classification(128, dim=8, classes=4)  # 64 samples per node: 8 steps per epoch
 VAL = synthetic_classification(32, dim=8, classes=4, train=False)

@@ -19,7 +19,8 @@ from torch.utils.data import Dataset
 from exonet import LocalTrainer, NodeFailure, Trace, TraceError
 from exonet.rundir import load_run
 from exonet.strategies import DDPStrategy, OptimSpec
-from exonet.toy import BadLossModel, synthetic_classification, tiny_mlp
+from exonet.testing import BadLossModel
+from exonet.toy import synthetic_classification, tiny_mlp
 
 DATA = synthetic_classification(64, dim=8, classes=4)
 

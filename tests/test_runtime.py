@@ -12,8 +12,8 @@ from torch.utils.data import TensorDataset
 from exonet import LocalTrainer, NodeFailure, Trainer
 from exonet.rundir import load_run
 from exonet.strategies import AllReduceStrategy, DDPStrategy, OptimSpec
-from exonet.toy import (FailingModel, ProbeStrategy, ShardFactory, bench_mlp, linear_regressor,
-                        synthetic_classification, synthetic_regression, tiny_mlp)
+from exonet.testing import FailingModel, ProbeStrategy
+from exonet.toy import ShardFactory, bench_mlp, linear_regressor, synthetic_classification, synthetic_regression, tiny_mlp
 from exonet.trace import Wait
 
 

@@ -1,0 +1,181 @@
+"""Test doubles: models and strategies that fail, stall or check the runtime on purpose.
+
+They live in the package (not in tests/) because node processes unpickle them by module
+path, and a node can import ``exonet.testing`` but not a test file. The demo data and
+models are in ``exonet.toy``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from exonet.strategies.base import Strategy
+from exonet.toy import tiny_mlp
+
+
+class FailingModel(nn.Module):
+    """Raises on ``fail_rank`` at step ``fail_step`` (counting forward calls): for failure tests."""
+
+    def __init__(self, fail_rank: int, fail_step: int, message: str = "boom", how: str = "raise") -> None:
+        super().__init__()
+        self.inner = tiny_mlp()
+        self.fail_rank, self.fail_step, self.message, self.how = fail_rank, fail_step, message, how
+        self.calls = 0
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        import os
+        import signal
+        import time
+
+        import torch.distributed as dist
+
+        if self.training:
+            self.calls += 1
+            if dist.is_initialized() and dist.get_rank() == self.fail_rank and self.calls == self.fail_step:
+                if self.how == "raise":
+                    raise RuntimeError(self.message)
+                if self.how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.how == "hang":
+                    time.sleep(3600)
+        return self.inner(batch)
+
+
+class ProbeStrategy(Strategy):
+    """Exercises every Communicator operation once per step and checks the results (for tests).
+
+    Each rank contributes tensors filled with its rank, so every result is known in
+    closed form; a wrong result raises inside the node and fails the run.
+    """
+
+    name = "probe"
+
+    def step(self) -> None:
+        n, r = self.num_nodes, self.rank
+        world = float(sum(range(n)))
+        x = torch.full((n * 2,), float(r))
+        _expect("all_reduce sum", self.comm.all_reduce(x.clone()), torch.full((n * 2,), world))
+        _expect("all_reduce avg", self.comm.all_reduce(x.clone(), op="avg"), torch.full((n * 2,), world / n))
+        gathered = self.comm.all_gather(torch.full((3,), float(r)))
+        _expect("all_gather", gathered, torch.arange(n, dtype=torch.float32)[:, None].expand(n, 3))
+        b = self.comm.broadcast(torch.full((5,), float(r)), src=n - 1)
+        _expect("broadcast", b, torch.full((5,), float(n - 1)))
+        rs = self.comm.reduce_scatter(torch.arange(n * 2, dtype=torch.float32) + r)
+        _expect("reduce_scatter", rs, torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) * n + world)
+        a2a = self.comm.all_to_all(torch.arange(n, dtype=torch.float32) + 10 * r)
+        _expect("all_to_all", a2a, torch.arange(n, dtype=torch.float32) * 10 + r)
+        handle = self.comm.all_reduce(torch.ones(4), async_op=True)
+        _expect("async all_reduce", handle.wait(), torch.full((4,), float(n)))
+        self.comm.declare_groups([[0, 1]])
+        if n >= 3 and r < 2:
+            _expect("subgroup all_reduce", self.comm.all_reduce(torch.ones(2), group=[0, 1]), torch.full((2,), 2.0))
+        self.optimizer_step()
+        self.local_step += 1
+
+
+class RingPassStrategy(Strategy):
+    """Each step, every rank sends ``numel`` floats filled with its rank to the next rank and receives from the previous.
+
+    Exercises ``send``/``recv`` (for tests): the send is async, the receive blocks, and the
+    received values are checked.
+    """
+
+    name = "ring-pass"
+
+    def __init__(self, numel: int = 1000, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.numel = numel
+
+    def step(self) -> None:
+        n, r = self.num_nodes, self.rank
+        sent = self.comm.send(torch.full((self.numel,), float(r)), (r + 1) % n, async_op=True)
+        got = self.comm.recv(torch.empty(self.numel), (r - 1) % n)
+        sent.wait()
+        _expect("recv", got, torch.full((self.numel,), float((r - 1) % n)))
+        self.optimizer_step()
+        self.local_step += 1
+
+
+def _expect(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    if not torch.allclose(got, want):
+        raise AssertionError(f"{what}: got {got.tolist()}, expected {want.tolist()}")
+
+
+class SlowEvalModel(nn.Module):
+    """``tiny_mlp`` that sleeps ``seconds`` per evaluation batch: a long evaluation is not a hang (watchdog tests)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.inner = tiny_mlp()
+        self.seconds = seconds
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        import time
+
+        if not self.training:
+            time.sleep(self.seconds)
+        return self.inner(batch)
+
+
+class SleepyModel(nn.Module):
+    """``tiny_mlp`` that sleeps ``seconds`` per training forward on global rank ``rank``: a node that is slow in
+    reality but not in the scenario (the simulated order must win over the real one)."""
+
+    def __init__(self, seconds: float, rank: int) -> None:
+        super().__init__()
+        self.inner = tiny_mlp()
+        self.seconds, self.rank = seconds, rank
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        import time
+
+        import torch.distributed as dist
+
+        if self.training and dist.is_initialized() and dist.get_rank() == self.rank:
+            time.sleep(self.seconds)
+        return self.inner(batch)
+
+
+class BadLossModel(nn.Module):
+    """Returns a loss exonet must reject: ``kind`` "vector" (not a scalar) or "detached" (no grad)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.inner = tiny_mlp()
+        self.kind = kind
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        if self.kind == "vector":
+            return nn.functional.cross_entropy(self.inner.net(x), y, reduction="none")
+        return self.inner(batch).detach()
+
+
+class DyingStrategy(Strategy):
+    """DDP-like gradient averaging whose ``kill_rank`` is SIGKILLed at step ``kill_step`` (1-based) with
+    its all-reduce in flight: a node dying in the middle of a collective (fault tests)."""
+
+    name = "dying"
+
+    def __init__(self, kill_rank: int, kill_step: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kill_rank, self.kill_step = kill_rank, kill_step
+
+    def step(self) -> None:
+        import os
+        import signal
+
+        from exonet.strategies.base import flatten, unflatten_into
+
+        grads = [p.grad for p in self.params]
+        flat = flatten(grads)
+        handle = self.comm.all_reduce(flat, op="avg", async_op=True)
+        if self.rank == self.kill_rank and self.local_step + 1 == self.kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        handle.wait()
+        unflatten_into(flat, grads)
+        self.optimizer_step()
+        self.local_step += 1
