@@ -31,8 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from exonet import LocalTrainer, Scenario, SimResult
-from exonet.result import FitResult
+from exonet import FitResult, LocalTrainer, Scenario, SimResult
 from exonet.strategies import DiLoCoStrategy, OptimSpec
 from exonet.scenario.units import format_bytes, format_time
 

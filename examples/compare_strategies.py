@@ -28,9 +28,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-from exonet import LocalTrainer, Scenario, compare
+from exonet import FitResult, LocalTrainer, Scenario, compare
 from exonet.comparison import Comparison
-from exonet.result import FitResult
 from exonet.strategies import (DDPStrategy, DeMoStrategy, DiLoCoStrategy, FedAvgStrategy, OptimSpec,
                                SPARTADiLoCoStrategy, SPARTAStrategy, StreamingDiLoCoStrategy, Strategy)
 from exonet.toy import digits, digits_mlp

@@ -24,9 +24,8 @@ import math
 import time
 from pathlib import Path
 
-from exonet import LocalTrainer, Scenario, simulate
+from exonet import FitResult, LocalTrainer, Scenario, simulate
 from exonet.comparison import time_to_loss
-from exonet.result import FitResult
 from exonet.strategies import DDPStrategy, DiLoCoStrategy, OptimSpec, SPARTAStrategy, Strategy
 from exonet.toy import digits, digits_mlp
 from exonet.scenario.units import format_rate, format_time

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LocalTrainer": "exonet.runtime.trainer",
     "Trainer": "exonet.runtime.trainer",
-    "FitResult": "exonet.result",
+    "FitResult": "exonet.fit_result",
     "Scenario": "exonet.scenario",
     "simulate": "exonet.netsim",
     "SimResult": "exonet.netsim",

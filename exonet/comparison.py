@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from exonet.result import FitResult
+from exonet.fit_result import FitResult
 from exonet.trace import Trace
 
 

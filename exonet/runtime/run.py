@@ -44,7 +44,7 @@ from exonet.runtime.forkserver import context
 from exonet.runtime.job import Job
 from exonet.errors import NodeFailure
 from exonet.runtime.node import NodeConfig, node_main
-from exonet.result import FitResult
+from exonet.fit_result import FitResult
 from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.strategies.base import Strategy
 from exonet.runtime.record import RunRecord

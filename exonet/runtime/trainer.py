@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from exonet.runtime.job import Job
 from exonet.runtime.node import NodeConfig, is_factory, resolve_dataset
-from exonet.result import FitResult
+from exonet.fit_result import FitResult
 from exonet.arguments import check_range, one_of
 from exonet.strategies.base import Strategy
 
