@@ -1,9 +1,11 @@
 """The main job: four strategies, one training run each, compared on three contrasting networks.
 
 Trains DDP, DiLoCo, SPARTA and DeMo with K nodes on scikit-learn's digits (no
-download), then replays each run's trace in a datacenter, two cloud regions and
-volunteers on home broadband, prints the comparison, and writes the plot, the run
-directories and Chrome traces.
+download) for their real loss curves, projects each strategy to a 1B-parameter bf16
+model on each preset's devices and network (exonet.projection, the machinery of
+``exonet estimate``) for the trade-off at a scale that matters, replays each small
+run's own trace in a datacenter, two cloud regions and volunteers on home broadband,
+prints both tables, and writes the plot, the run directories and Chrome traces.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from exonet.comparison import Comparison
+    from exonet.projection import Scale
 
 DEFAULT_SCENARIOS = ("datacenter", "cross-region", "home-broadband")
 TARGET_LOSS = 0.25
@@ -43,9 +46,32 @@ def compute_model(scenario: str, nodes: int) -> str:
     return f"this machine's {'thread-CPU' if r.compute_mode == 'measured' else 'wall'} seconds (varies with load)"
 
 
+def steps_to_target(history: dict, target: float) -> int | None:
+    """The first evaluated step at which the node-averaged model's validation loss reached ``target``."""
+    return next((e["step"] for e in history.get("eval", []) if e["loss"] <= target), None)
+
+
+def projection_table(results: dict, scenarios: Sequence[str], nodes: int, scale: Scale | None = None) -> str:
+    """The quickstart's first table: each strategy at ``scale`` per scenario, beside its small run's real loss."""
+    from exonet.projection import Scale, project, to_markdown
+
+    scale = scale or Scale()
+    rows = project(quickstart_strategies(), scenarios, nodes=nodes, scale=scale)
+    final = {name: r.history["eval"][-1]["loss"] for name, r in results.items()}
+    reached = {name: steps_to_target(r.history, TARGET_LOSS) for name, r in results.items()}
+    extra = {
+        "digits: final val loss": [f"{final[row['run']]:.4f}" for row in rows],
+        f"digits: steps to {TARGET_LOSS}": [str(reached[row["run"]] or "not reached") for row in rows],
+    }
+    return to_markdown(rows, scale, extra) + f"\n\n{scale.describe(nodes)}"
+
+
 def quickstart(out_dir: Path = Path("exonet_quickstart"), steps: int = 400, nodes: int = 4,
-               scenarios: Sequence[str] | None = None) -> Comparison:
-    """Train, compare, print, plot; returns the comparison (its table is what was printed)."""
+               scenarios: Sequence[str] | None = None, scale: Scale | None = None) -> Comparison:
+    """Train, project (to ``scale``, default 1B parameters in bf16), compare, print, plot.
+
+    Returns the comparison of the small runs (its table is the second one printed).
+    """
     from exonet import LocalTrainer, compare
     from exonet.toy import digits, digits_mlp
 
@@ -58,9 +84,12 @@ def quickstart(out_dir: Path = Path("exonet_quickstart"), steps: int = 400, node
             strategy, num_nodes=nodes, max_steps=steps, batch_size=16, val_interval=25, val_size=512, seed=0,
             run_dir=out_dir / "runs")
         print(f"  done in {results[name].real_time_s:.1f} s; run directory {results[name].run_dir}", flush=True)
+    print()
+    print("The trade-off at scale, per strategy and network:")
+    print(projection_table(results, scenarios, nodes, scale))
     table = compare(results, scenarios, target_loss=TARGET_LOSS)
     print()
-    print(f"Simulated wall-clock per strategy and network (K={nodes}, {steps} steps, target val loss {TARGET_LOSS}):")
+    print(f"The digits runs themselves, replayed (K={nodes}, {steps} steps, target val loss {TARGET_LOSS}):")
     print(table.to_markdown())
     print("\ncompute model per scenario:")
     for name in scenarios:

@@ -1,10 +1,15 @@
-"""The main job's table is the same run to run: its presets time compute from counted FLOPs, not this CPU."""
+"""The main job: its projection at scale and its tables are the same run to run (compute from counted FLOPs)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from exonet.quickstart import DEFAULT_SCENARIOS, compute_model, quickstart
+from exonet.estimate import LayerStack
+from exonet.projection import Scale, project, to_markdown
+from exonet.quickstart import DEFAULT_SCENARIOS, compute_model, quickstart, quickstart_strategies
+
+SMALL = Scale(params=2e5, steps=4, per_steps=1000)
 
 
 def test_every_default_scenario_times_compute_from_flops():
@@ -13,10 +18,40 @@ def test_every_default_scenario_times_compute_from_flops():
     assert compute_model("cross-continent", 4).startswith("this machine's thread-CPU seconds")
 
 
+def test_the_projection_is_deterministic_and_differs_by_strategy_and_network():
+    strategies = {k: v for k, v in quickstart_strategies().items() if k in ("DDP", "DiLoCo H=25")}
+    scale = Scale(params=2e5, steps=50, per_steps=1000)
+    rows = project(strategies, ["datacenter", "home-broadband"], nodes=4, scale=scale)
+    assert rows == project(strategies, ["datacenter", "home-broadband"], nodes=4, scale=scale)
+    util = {(r["run"], r["scenario"]): r["utilization"] for r in rows}
+    assert util[("DDP", "home-broadband")] < util[("DiLoCo H=25", "home-broadband")]
+    assert util[("DDP", "home-broadband")] < util[("DDP", "datacenter")]
+
+
+def test_projected_bytes_are_the_strategies_payload_scaled_to_the_stated_steps():
+    params = sum(p.numel() for p in LayerStack(200_000, 24, torch.bfloat16).parameters())
+    rows = project({k: v for k, v in quickstart_strategies().items() if k == "DDP"}, ["datacenter"], nodes=4,
+                   scale=SMALL)
+    # DDP all-reduces every gradient once per step: 2 bytes per bf16 parameter, scaled from 4 steps to 1,000.
+    assert rows[0]["payload_bytes_per_node"] == 2 * params * 4 * 250
+    table = to_markdown(rows, SMALL, {"extra": ["x"]})
+    assert table.splitlines()[0] == ("| run | scenario | compute util @2e+05 | time per 1,000 steps | "
+                                     "payload/node per 1,000 steps | extra |")
+
+
+def test_a_scenario_without_a_device_cannot_be_projected():
+    with pytest.raises(ValueError, match="cross-continent.*names no device"):
+        project(quickstart_strategies(), ["cross-continent"], nodes=4, scale=SMALL)
+
+
 @pytest.mark.slow
-def test_the_quickstart_table_is_identical_run_to_run(tmp_path, capsys):
-    first = quickstart(tmp_path / "a", steps=12, nodes=2).to_markdown()
-    second = quickstart(tmp_path / "b", steps=12, nodes=2).to_markdown()
+def test_the_quickstart_tables_are_identical_run_to_run(tmp_path, capsys):
+    first = quickstart(tmp_path / "a", steps=12, nodes=2, scale=SMALL).to_markdown()
+    printed_first = capsys.readouterr().out
+    second = quickstart(tmp_path / "b", steps=12, nodes=2, scale=SMALL).to_markdown()
+    printed_second = capsys.readouterr().out
     assert first == second
-    printed = capsys.readouterr().out
-    assert printed.count("compute model per scenario:") == 2 and "datacenter: counted FLOPs / (989 TFLOP/s" in printed
+    projection = [line for line in printed_first.splitlines() if "@2e+05" in line or "| DeMo | " in line]
+    assert projection and projection == [line for line in printed_second.splitlines() if line in projection]
+    assert "compute model per scenario:" in printed_first and "datacenter: counted FLOPs / (989 TFLOP/s" in printed_first
+    assert "projected to 2e+05 parameters (bf16), 2 nodes" in printed_first
