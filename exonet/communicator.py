@@ -386,6 +386,41 @@ class Communicator:
         self._restart_clock()
         return answer
 
+    # ---------------------------------------------------------------- questions to the simulated clock
+    # A time-aware strategy asks these through its Communicator, never the simulator: each needs
+    # the online clock, which runs whenever fit has a scenario, and is answered from the same
+    # replay that times the run (so a replay of the finished trace gives the same times).
+    def _ask(self, what: str, question: tuple) -> Any:
+        if self.clock is None:
+            raise RuntimeError(f"{what} needs the online clock: fit with a scenario (fit(..., scenario=S))")
+        return self.clock.ask(question, self.take_events())
+
+    @property
+    def has_clock(self) -> bool:
+        """Whether the simulated clock answers this node's questions (fit was given a scenario)."""
+        return self.clock is not None
+
+    def sim_now(self) -> float:
+        """This rank's simulated time, in seconds, once its events so far have been replayed."""
+        return self._ask("Communicator.sim_now", ("now",))
+
+    def speeds(self) -> tuple[float, ...]:
+        """Every rank's relative compute speed in the scenario (1 = the scenario's device)."""
+        return tuple(self._ask("Communicator.speeds", ("speeds",)))
+
+    def transfer_time(self, op: str, nbytes: int, group: GroupArg = None) -> float:
+        """Simulated seconds that collective (or a ``send`` of ``nbytes``) would take on an idle network."""
+        return self._ask("Communicator.transfer_time", ("transfer", op, nbytes, self._members(group)))
+
+    def deadline_round(self, round_index: int, deadline_s: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(participants, late) of deadline round ``round_index``: who finished its local work in time.
+
+        Every trainer asks once per round when its local work ends; the answer comes once every
+        trainer has finished the round or stopped (exonet.runtime.clock, ``SimClock._deadline``).
+        """
+        participants, late = self._ask("deadline_s", ("deadline", round_index, deadline_s))
+        return tuple(participants), tuple(late)
+
     def _check_peer(self, op: str, peer: int) -> None:
         if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.world_size or peer == self.rank:
             raise ValueError(f"{op}: the peer must be another rank in [0, {self.world_size}), got {peer!r}")

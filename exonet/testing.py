@@ -179,3 +179,38 @@ class DyingStrategy(Strategy):
         unflatten_into(flat, grads)
         self.optimizer_step()
         self.local_step += 1
+
+
+class ClockProbeStrategy(Strategy):
+    """Averages gradients every step and asks the simulated clock what it knows (for tests).
+
+    After each step it records ``comm.sim_now()``; once, ``comm.speeds()`` and the idle-network
+    time of its own all-reduce; at the end of ``max_steps`` it writes them to
+    ``<out_dir>/rank<r>.json`` for the test to read.
+    """
+
+    name = "clock-probe"
+
+    def __init__(self, optim_spec: Any, out_dir: str) -> None:
+        super().__init__(optim_spec)
+        self.out_dir = out_dir
+        self._seen: dict[str, Any] = {"now": []}
+
+    def step(self) -> None:
+        from exonet.strategies.base import flatten, unflatten_into
+
+        grads = flatten(p.grad for p in self.params)
+        if "transfer" not in self._seen:
+            self._seen["speeds"] = list(self.comm.speeds())
+            self._seen["bytes"] = grads.numel() * grads.element_size()
+            self._seen["transfer"] = self.comm.transfer_time("all_reduce", self._seen["bytes"])
+        self.comm.all_reduce(grads, op="avg")
+        unflatten_into(grads, (p.grad for p in self.params))
+        self.optimizer_step()
+        self.local_step += 1
+        self._seen["now"].append(self.comm.sim_now())
+        if self.local_step == self.ctx.max_steps:
+            import json
+            from pathlib import Path
+
+            Path(self.out_dir, f"rank{self.rank}.json").write_text(json.dumps(self._seen))

@@ -124,11 +124,7 @@ class FedAvgStrategy(Strategy):
 
     def deadline_round(self) -> None:
         """End of a deadline round: the clock says who made it; they average, the late adopt the result."""
-        clock = self.comm.clock
-        if clock is None:
-            raise RuntimeError("deadline_s needs the online clock: fit with a scenario")
-        participants, late = clock.ask(("deadline", self.local_step // self.H - 1, self.deadline_s),
-                                       self.comm.take_events())
+        participants, late = self.comm.deadline_round(self.local_step // self.H - 1, self.deadline_s)
         self.comm.declare_groups([participants])
         self._wait_hand_offs()  # the last round's, after the question: the clock reads this round's opening first
         with torch.no_grad():

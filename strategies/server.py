@@ -67,10 +67,9 @@ class ServerStrategy(Strategy):
             self.global_params = flatten(self.params)  # θ_start on a trainer, θ_global on the server
         self.local_H = self.H
         if self.dynamic_local_updates and self.rank != self.server:
-            speeds = comm.clock.ask(("speeds",), []) if comm.clock is not None else None
-            if speeds is None:
+            if not comm.has_clock:
                 raise RuntimeError("dynamic_local_updates needs the online clock (fit with a scenario)")
-            trainers = speeds[: ctx.num_nodes]
+            trainers = comm.speeds()[: ctx.num_nodes]
             self.local_H = max(1, round(self.H * trainers[self.rank] / max(trainers)))
         self.since_sync = 0
 

@@ -80,3 +80,28 @@ def test_send_and_recv_are_real_counted_traced_and_simulated():
     assert sim.wire_bytes == [4 * numel * steps] * 3
     for node in sim.per_node:  # equal compute: each recv waits for a 10 kB message sent at once, at 1 MB/s
         assert node.comm_s == pytest.approx(steps * 4 * numel / 1e6, rel=1e-9)
+
+
+EVEN = Scenario.from_dict({
+    "name": "even-pair", "network": {"bandwidth": "10 Mbit/s", "latency": "2 ms"},
+    "compute": {"mode": "flops", "tflops": 1e-4, "mfu": 1.0},
+})
+
+
+@pytest.mark.slow
+def test_a_strategy_asks_the_clock_through_typed_communicator_methods(tmp_path):
+    import json
+
+    from exonet.testing import ClockProbeStrategy
+
+    data = synthetic_classification(256, 8, 4)
+    result = LocalTrainer(tiny_mlp(), data, data).fit(
+        ClockProbeStrategy(OptimSpec("sgd", lr=0.1), str(tmp_path)), num_nodes=2, max_steps=4, batch_size=16,
+        seed=0, scenario=EVEN, max_sim_time_s=1e9, val_size=0, progress=False)
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ends = result.simulate(EVEN).step_end_times
+    for s in seen:
+        assert s["speeds"] == [1.0, 1.0]
+        # ring all-reduce, n = 2: 2(n-1)·α + 2(n-1)/n·S/B on an idle network
+        assert s["transfer"] == pytest.approx(2 * 2e-3 + s["bytes"] / (10e6 / 8), rel=1e-12)
+        assert s["now"] == pytest.approx(ends, rel=1e-12)  # the clock's "now" after a step is that step's end
