@@ -10,7 +10,7 @@ Bookkeeping traffic (start-up broadcast, evaluation averaging, the final model)
 goes through ``bookkeeping()``: the clock is paused, nothing is recorded or counted.
 
 ``blocking`` is the one hook for the runtime: every call that waits on other nodes runs
-inside ``comm.blocking()``. The node sets it to its heartbeat, so the progress watchdog
+inside ``comm.blocking()``. The node passes its heartbeat's, so the progress watchdog
 can tell a node that waits in a collective from the node that hangs (exonet.runtime.watchdog).
 Under the online clock (exonet.runtime.clock) ``clock`` is the node's link to it: ``recv_any``
 asks it who to receive from, and when it ``announces``, every blocking call first
@@ -81,9 +81,14 @@ class Communicator:
         world_size: number of nodes.
         device: where the strategy's tensors live (MPS tensors are staged through CPU).
         backend: the process group backend in use ("gloo" or "nccl").
+        blocking: a context every call that waits on other nodes runs inside (the node passes its
+            heartbeat's, so waiting on the network is never taken for a hang).
+        clock: the node's link to the online simulated clock, when fit has one.
     """
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, backend: str = "gloo") -> None:
+    def __init__(self, rank: int, world_size: int, device: torch.device, backend: str = "gloo", *,
+                 blocking: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+                 clock: ClockLink | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -96,8 +101,8 @@ class Communicator:
         self._t0 = time.perf_counter()
         self._sync = torch.cuda.synchronize if device.type == "cuda" else None
         self._running = False
-        self.blocking: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
-        self.clock: ClockLink | None = None
+        self.blocking = blocking
+        self.clock = clock
         self._restart_clock()
 
     # ---------------------------------------------------------------- clock

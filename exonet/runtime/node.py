@@ -145,9 +145,7 @@ class TrainNode:
         self.clock = clock  # the online clock: whether each step runs, who a server receives next
         self.device = self._device()
         self.model = model.to(self.device)
-        self.comm = Communicator(rank, cfg.world, self.device, cfg.backend)
-        self.comm.blocking = heartbeat.blocked
-        self.comm.clock = clock
+        self.comm = Communicator(rank, cfg.world, self.device, cfg.backend, blocking=heartbeat.blocked, clock=clock)
         self.strategy = strategy
         self.train_data, self.val_data = train_data, val_data
         self.autocast_dtype = getattr(torch, cfg.autocast) if cfg.autocast else None
