@@ -104,6 +104,78 @@ def _ring(g: Members, size: float, count: int) -> list[Phase]:
     return [phase] * count
 
 
+def _ordered(g: Members, topo: Topology) -> list[int]:
+    """``g`` with each region's members together (regions in the order their lowest member comes), by rank within,
+    so a ring crosses each inter-region link once each way; for contiguous regions this is ``g`` itself."""
+    first: dict[str, int] = {}
+    for r in g:
+        first.setdefault(topo.region(r), len(first))
+    return sorted(g, key=lambda r: (first[topo.region(r)], r))
+
+
+def _levels(g: Members, topo: Topology) -> list[list[list[int]]]:
+    """The hierarchy of ``g``, innermost level first: each level a list of rings that run at once.
+
+    Members are laid on a grid (local index j within a host, host index i within a region,
+    region index k), hosts and regions in the order their lowest member comes. Level 0 rings
+    vary j (one per host), level 1 vary i (one per local rank and region), level 2 vary k
+    (one per local rank and host index). Levels of size 1 are dropped. When the hosts do not
+    all hold the same number of members, or the regions the same number of hosts, the grid
+    does not exist and ``g`` is one level: a flat ring in region order.
+    """
+    regions: dict[str, dict[int, list[int]]] = {}
+    for r in g:
+        regions.setdefault(topo.region(r), {}).setdefault(topo.host(r), []).append(r)
+    grid = [list(hosts.values()) for hosts in regions.values()]  # grid[k][i][j]
+    H, L = len(grid[0]), len(grid[0][0])
+    if any(len(hosts) != H or any(len(h) != L for h in hosts) for hosts in grid):
+        return [[_ordered(g, topo)]]
+    R = len(grid)
+    levels = [
+        [[grid[k][i][j] for j in range(L)] for k in range(R) for i in range(H)],
+        [[grid[k][i][j] for i in range(H)] for k in range(R) for j in range(L)],
+        [[grid[k][i][j] for k in range(R)] for i in range(H) for j in range(L)],
+    ]
+    return [rings for rings in levels if len(rings[0]) > 1]
+
+
+def _level_ring(rings: list[list[int]], size: float, count: int) -> list[Phase]:
+    """``count`` ring phases of ``size`` on every ring of a level at once."""
+    phase = tuple(m for ring in rings for m in _ring(ring, size, 1)[0])
+    return [phase] * count
+
+
+def _reduce_scatter_hier(g: Members, S: float, topo: Topology) -> list[Phase]:
+    out, X = [], S
+    for rings in _levels(g, topo):
+        d = len(rings[0])
+        out += _level_ring(rings, X / d, d - 1)
+        X /= d
+    return out
+
+
+def _all_gather_hier(g: Members, s: float, topo: Topology) -> list[Phase]:
+    out, block = [], s
+    for rings in reversed(_levels(g, topo)):
+        d = len(rings[0])
+        out += _level_ring(rings, block, d - 1)
+        block *= d
+    return out
+
+
+def _broadcast_hier(g: Members, S: float, topo: Topology) -> list[Phase]:
+    """Binomial trees level by level, outermost first, from g[0]; at each level only the rings that hold the data
+    (at their position 0) take part."""
+    out: list[Phase] = []
+    holders = {g[0]}
+    for rings in reversed(_levels(g, topo)):
+        active = [ring for ring in rings if ring[0] in holders]
+        trees = [_broadcast_binomial(ring, S) for ring in active]
+        out += [tuple(m for tree in trees for m in tree[j]) for j in range(len(trees[0]))]
+        holders.update(r for ring in active for r in ring)
+    return out
+
+
 def _pairs(g: Members, size: float) -> Phase:
     """Every member sends ``size`` to every other member."""
     return tuple((a, b, size) for a in g for b in g if a != b)
@@ -246,23 +318,26 @@ Builder = Callable[[Members, float, Topology], list[Phase]]
 
 BUILDERS: dict[str, dict[str, Builder]] = {
     "all_reduce": {
-        "ring": lambda g, S, t: _ring(g, S / len(g), 2 * (len(g) - 1)),
+        "ring": lambda g, S, t: _ring(_ordered(g, t), S / len(g), 2 * (len(g) - 1)),
         "halving_doubling": lambda g, S, t: _all_reduce_hd(g, S),
         "tree": lambda g, S, t: _all_reduce_tree(g, S),
         "star": lambda g, S, t: [_to_hub(g, S), _from_hub(g, S)],
         "direct": lambda g, S, t: [_pairs(g, S / len(g))] * 2,
+        "hierarchical": lambda g, S, t: [*_reduce_scatter_hier(g, S, t), *_all_gather_hier(g, S / len(g), t)],
     },
     "all_gather": {
-        "ring": lambda g, s, t: _ring(g, s, len(g) - 1),
+        "ring": lambda g, s, t: _ring(_ordered(g, t), s, len(g) - 1),
         "halving_doubling": lambda g, s, t: _all_gather_hd(g, s),
         "star": lambda g, s, t: [_to_hub(g, s), _from_hub(g, (len(g) - 1) * s)],
         "direct": lambda g, s, t: [_pairs(g, s)],
+        "hierarchical": _all_gather_hier,
     },
     "reduce_scatter": {
-        "ring": lambda g, S, t: _ring(g, S / len(g), len(g) - 1),
+        "ring": lambda g, S, t: _ring(_ordered(g, t), S / len(g), len(g) - 1),
         "halving_doubling": lambda g, S, t: _reduce_scatter_hd(g, S),
         "star": lambda g, S, t: [_to_hub(g, S), _from_hub(g, S / len(g))],
         "direct": lambda g, S, t: [_pairs(g, S / len(g))],
+        "hierarchical": _reduce_scatter_hier,
     },
     "broadcast": {
         "chain": _broadcast_chain,
@@ -270,6 +345,7 @@ BUILDERS: dict[str, dict[str, Builder]] = {
         "binomial_fanout": lambda g, S, t: _broadcast_fanout(g, S),
         "star": lambda g, S, t: [_from_hub(g, S)],
         "direct": lambda g, S, t: _broadcast_direct(g, S),
+        "hierarchical": _broadcast_hier,
     },
     "all_to_all": {
         "direct": lambda g, S, t: [_pairs(g, S / len(g))],
