@@ -11,6 +11,6 @@ order), ``state`` (the replay's records), ``engine`` (the SimPy replay), ``repla
 
 from exonet.netsim.engine import Simulation
 from exonet.netsim.replay import simulate
-from exonet.netsim.result import NodeTimes, SimResult
+from exonet.netsim.result import LinkLoad, NodeTimes, SimResult
 
-__all__ = ["NodeTimes", "SimResult", "Simulation", "simulate"]
+__all__ = ["LinkLoad", "NodeTimes", "SimResult", "Simulation", "simulate"]

@@ -82,6 +82,37 @@ all_to_all (S full input; each rank sends S/n to each other member)
   direct            α + (n−1)/n·S/B
   star              everyone sends the hub the (n−1)·S/n meant for others, the hub
                     forwards to each the (n−1)·S/n meant for it:  2α + 2(n−1)²/n·S/B
+
+Rings follow regions: the ring algorithms (and chain) order the members region by region
+(regions in the order their lowest member comes, ranks ascending within), so a ring
+crosses each inter-region link once each way; with contiguous regions that is rank order.
+
+hierarchical (the default under [hosts]; NCCL's two-level algorithm, one more level for regions)
+  The members are laid on a grid of levels, innermost first: d_1 = L devices of the group
+  per host (fabric: B_f, α_f), d_2 = hosts per region (NICs: B, α), d_3 = regions (the
+  inter-region links), Π d = n; a level of size 1 is dropped. The rings of one level run
+  at once (one per position in the other levels: level 2 has one ring per local rank,
+  over that device's NIC) and share links max-min. A group whose hosts hold unequal
+  numbers of its members, or whose regions unequal numbers of hosts, has no grid: it is
+  one level, a flat ring in region order (so with no hosts and one region this is ring).
+  reduce_scatter    ring reduce-scatter at each level, inside out, on what the level
+                    before left:  Σ_i (d_i−1)·(α_i + S/(d_1⋯d_i)/B_i)
+  all_gather        ring all-gather at each level, outside in (each rank's own s goes
+                    across first, so no byte crosses a NIC twice), on blocks that grow:
+                    Σ_i (d_i−1)·(α_i + s·d_{i+1}⋯d_k/B_i)
+  all_reduce        reduce_scatter then all_gather of S/n: the outermost level is a ring
+                    all-reduce of S/(d_1⋯d_{k−1}). Hosts (L = G, H hosts, NIC per device):
+                    2[(G−1)α_f + (G−1)/G·S/B_f] + 2(H−1)α + 2(H−1)/H·(S/G)/B; with a
+                    per-host NIC the G rings share one NIC, so the last term has S, not S/G.
+                    Regions (m ranks each, no hosts, link B_l ≤ m·B):
+                    2(m−1)(α + S/(mB)) + 2α_l + S/B_l: the link carries S each way, not
+                    2(n−1)/n·S as a flat ring does. Hosts and regions: the three terms in turn.
+  broadcast         binomial trees level by level, outermost first, from g[0]:
+                    Σ_i ⌈log2 d_i⌉·(α_i + S/B_i)
+  all_to_all        direct (every pair exchanges its own bytes; a hierarchy saves none)
+
+  With per-host NICs, B above is the host NIC's rate and every ring of a level that leaves
+  the host shares it; B_i is the rate a level's messages get when no other level runs.
 """
 
 from __future__ import annotations

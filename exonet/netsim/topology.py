@@ -108,6 +108,15 @@ class Topology:
     def region(self, rank: int) -> str:
         return self._resolved.region[rank]
 
+    def link_name(self, link: int) -> str:
+        """A readable name for link id ``link``: "uplink 3", "downlink 3", "us->eu", "fabric up 3", "fabric down 3"."""
+        n = self.num_nodes
+        if link < 2 * n:
+            return f"{'uplink' if link < n else 'downlink'} {link % n}"
+        if link >= self._fabric:
+            return f"fabric {'up' if link - self._fabric < n else 'down'} {(link - self._fabric) % n}"
+        return next(f"{a}->{b}" for (a, b), i in self._link_ids.items() if i == link)
+
     def _build(self, src: int, dst: int) -> Path:
         r = self._resolved
         share = 1.0 if r.host_cores is None else max(1.0, self.num_nodes / r.host_cores)
