@@ -10,7 +10,9 @@ Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 
 * Defaults are ideal: ``latency`` "0 s", efficiency 1, no TCP window, no packet framing
   (``mss``/``header_bytes``), no per-message overhead, no jitter,
-  sharing "max-min", collective "ring", compute mode "measured", speed 1, mfu 1.
+  sharing "max-min", collective "ring" ("hierarchical" when ``[hosts]`` is given), compute
+  mode "measured", speed 1, mfu 1. ``[hosts]`` needs ``devices`` and ``bandwidth`` and whole
+  hosts (num_nodes a multiple of devices), each inside one region.
   ``network.bandwidth`` is required unless both ``uplink`` and ``downlink`` are given.
   A link's ``latency`` defaults to ``network.latency``. ``efficiency`` scales every
   bandwidth: NICs, per-node overrides and inter-region links.
@@ -26,7 +28,7 @@ Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
   without ``compute.mode``. With the option set explicitly (say ``jitter = "none"``)
   the parameter is kept, so a sweep can switch the option off and on.
 * ``replace(**changes)``: ``name``/``description`` and the network keys by name
-  (``bandwidth=``, ``latency=``, ``collective=`` ...); ``network``, ``compute`` and
+  (``bandwidth=``, ``latency=``, ``collective=`` ...); ``network``, ``compute``, ``hosts`` and
   ``stragglers`` take a dict merged into that table; ``regions``, ``links``,
   ``nodes`` and ``events`` take a list that replaces the array. ``None`` removes a key.
 """
@@ -259,7 +261,7 @@ class Scenario:
     def replace(self, **changes: Any) -> Scenario:
         """A modified copy, for sweeps: ``s.replace(bandwidth="100 Mbit/s", compute={"mode": "wall"})``.
 
-        Network keys go by name; ``network``/``compute``/``stragglers`` take a dict merged
+        Network keys go by name; ``network``/``compute``/``stragglers``/``hosts`` take a dict merged
         into that table; ``regions``/``links``/``nodes``/``events`` take a list that replaces
         the array; ``name``/``description`` a string. A value of None removes the key.
         ``bandwidth`` means both directions, so it also clears the network's ``uplink`` and
