@@ -371,7 +371,7 @@ BUILDERS: dict[str, dict[str, Builder]] = {
         "hierarchical": _reduce_scatter_hier,
     },
     "broadcast": {
-        "chain": _broadcast_chain,
+        "chain": lambda g, S, t: _broadcast_chain(_ordered(g, t), S, t),
         "binomial": lambda g, S, t: _broadcast_binomial(g, S),
         "binomial_fanout": lambda g, S, t: _broadcast_fanout(g, S),
         "star": lambda g, S, t: [_from_hub(g, S)],
