@@ -73,10 +73,21 @@ def test_the_default_placement_is_consecutive_blocks():
     ([[0, 1], [2]], r"placement\[1\] gives 1 ranks but trace 1 has 2 nodes"),
     ([[0, 1], [2, -3]], r"placement\[1\] must hold non-negative integer ranks"),
     ([[0, 1], {"host": [1]}], r"placement\[1\] must be a list of ranks or \{'hosts'"),
+    ([[0, 1], {"hosts": ["a"]}], r"placement\[1\] must be a list of ranks or \{'hosts': \[host indices\]\}"),
 ])
 def test_bad_placements_are_named(placement, message):
     with pytest.raises(ValueError, match=message):
         simulate([job(2, "all_reduce", 1000), job(2, "all_reduce", 1000)], two_regions(), placement=placement)
+
+
+def test_each_job_gets_its_own_history_and_a_resolved_scenario_may_be_larger():
+    a, b = job(2, "all_reduce", 4_000_000, steps=2), job(2, "all_reduce", 6_000_000, steps=1)
+    result = simulate([a, b], two_regions().resolve(6), history=[[3.0, 2.0], None], placement=[[0, 3], [1, 2]])
+    assert len(result.per_node) == 6 and result.jobs[1].history is None
+    assert [loss for _, loss in result.jobs[0].loss_vs_time()] == [3.0, 2.0]
+    assert result.jobs[0].step_end_times == simulate(a, two_regions().resolve(2)).step_end_times
+    with pytest.raises(ValueError, match="history has 1 entries for 2 jobs"):
+        simulate([a, b], two_regions(), history=[[1.0, 2.0]])
 
 
 def test_placement_needs_several_traces():

@@ -65,15 +65,19 @@ def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any]
         raise TypeError("simulate: expected a Trace or a non-empty list of Traces")
     if history is not None and len(history) != len(traces):
         raise ValueError(f"simulate: history has {len(history)} entries for {len(traces)} jobs; give one list (or None) per job")
-    chosen = None if isinstance(scenario, Resolved) else Scenario.coerce(scenario)
-    devices = (scenario.hosts.devices if scenario.hosts else 1) if chosen is None else chosen.to_dict().get("hosts", {}).get("devices", 1)
+    if isinstance(scenario, Resolved):
+        chosen, devices = None, scenario.hosts.devices if scenario.hosts else 1
+    else:
+        chosen = Scenario.coerce(scenario)
+        devices = chosen.to_dict().get("hosts", {}).get("devices", 1)
     jobs = _place(traces, placement, devices)
     n = max(r for ranks in jobs for r in ranks) + 1
     n += -n % devices
-    if chosen is None:
+    if isinstance(scenario, Resolved):
         resolved, name = scenario, scenario.name
-        if resolved.num_nodes != n:
+        if resolved.num_nodes < n:
             raise ScenarioError(f"simulate: the placement uses {n} ranks but the scenario was resolved for {resolved.num_nodes}")
+        n = resolved.num_nodes
     else:
         resolved, name = chosen.resolve(n), chosen.name
         for t in traces:
@@ -105,9 +109,11 @@ def _place(traces: list[Trace], placement: Sequence[Any] | None, devices: int) -
     jobs, owner = [], {}
     for j, (t, entry) in enumerate(zip(traces, placement)):
         if isinstance(entry, Mapping):
-            if set(entry) != {"hosts"}:
-                raise ValueError(f"simulate: placement[{j}] must be a list of ranks or {{'hosts': [...]}}, got {entry!r}")
-            ranks = [h * devices + d for h in entry["hosts"] for d in range(devices)]
+            hosts = entry.get("hosts")
+            if set(entry) != {"hosts"} or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in hosts):
+                raise ValueError(f"simulate: placement[{j}] must be a list of ranks or {{'hosts': [host indices]}}, "
+                                 f"got {entry!r}")
+            ranks = [h * devices + d for h in hosts for d in range(devices)]
         else:
             ranks = list(entry)
         if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
