@@ -1,7 +1,7 @@
 """Benchmark the network simulator: replay a large DDP trace and report events per second.
 
 ``python -m exonet.bench netsim [--steps N] [--nodes K] [--mbytes M] [--buckets B] [--identical] [--event-path]``
-``python -m exonet.bench netsim --overlap [--steps N] [--nodes K] [--reference-steps R] [--fit]``
+``python -m exonet.bench netsim --overlap [--parity] [--steps N] [--nodes K] [--reference-steps R] [--fit]``
 
 The trace: every step, every rank computes for about 0.25 s (a fixed per-rank
 offset of up to ±2 %), issues one all_reduce of M MB, and marks the step end; with
@@ -14,7 +14,8 @@ is timed apart from the replay.
 
 ``--overlap`` is the trace where collectives overlap, so flows share links: every step,
 every rank issues two async all-reduces of M MB at once, one on all ranks and one on its
-own region's ranks (hierarchical data parallelism), then waits for both. It is replayed
+own region's ranks (hierarchical data parallelism), then waits for both; with ``--parity``
+the second is on the ranks of its own parity (even or odd), so both cross the shared link. It is replayed
 twice, as the engine runs it and, on the first R steps, on the event path alone
 (``fast_path=False``: every collective flow by flow, no analytic phases), side by side.
 ``--fit`` replays it at several node counts and step counts and fits the growth exponents
@@ -70,8 +71,10 @@ def ddp_trace(steps: int, nodes: int, nbytes: int, seed: int = 0, buckets: int =
     return Trace(nodes, {"bench": "netsim"}, events)
 
 
-def overlap_trace(steps: int, nodes: int, nbytes: int, seed: int = 0) -> Trace:
+def overlap_trace(steps: int, nodes: int, nbytes: int, seed: int = 0, parity: bool = False) -> Trace:
     """Every step: compute, then async all-reduces on all ranks and on the rank's region (its half), then both waits.
+
+    With ``parity`` the second all-reduce is on the ranks of the rank's parity instead (even or odd ranks).
 
     Ranks of one region share their event objects (nothing changes an event once built), so a 10,000-step trace stays small.
     """
@@ -80,7 +83,8 @@ def overlap_trace(steps: int, nodes: int, nbytes: int, seed: int = 0) -> Trace:
     half = nodes // 2
     step = Step()
     tails = []
-    for region in (tuple(range(half)), tuple(range(half, nodes))):
+    groups = (tuple(range(0, nodes, 2)), tuple(range(1, nodes, 2))) if parity else (tuple(range(half)), tuple(range(half, nodes)))
+    for region in groups:
         tail: list = []
         for k in range(steps):
             tail.append((Collective(2 * k, "all_reduce", nbytes, None, True), Collective(2 * k + 1, "all_reduce", nbytes, region, True),
@@ -90,20 +94,20 @@ def overlap_trace(steps: int, nodes: int, nbytes: int, seed: int = 0) -> Trace:
     for r in range(nodes):
         span = Compute(float(per_rank[r]), float(per_rank[r]))
         row: list = []
-        for rest in tails[r >= half]:
+        for rest in tails[r % 2 if parity else r >= half]:
             row.append(span)
             row += rest
         events.append(row)
     return Trace(nodes, {"bench": "netsim-overlap"}, events)
 
 
-def replay_seconds(steps: int, nodes: int, nbytes: int, fast_path: bool = True) -> float:
+def replay_seconds(steps: int, nodes: int, nbytes: int, fast_path: bool = True, parity: bool = False) -> float:
     """CPU seconds to replay the overlapped trace (building it not included).
 
     The replay is single-threaded, so on an idle machine this is its wall time, and on a
     busy one it is still the replay's own cost (so the fits are not bent by the load).
     """
-    trace = overlap_trace(steps, nodes, nbytes)
+    trace = overlap_trace(steps, nodes, nbytes, parity=parity)
     t0 = time.process_time()
     simulate(trace, two_regions(nodes), fast_path=fast_path)
     return time.process_time() - t0
@@ -117,19 +121,20 @@ def exponent(xs: list[int], ys: list[float]) -> float:
 def overlap(args: argparse.Namespace) -> int:
     nbytes = int(args.mbytes * 1e6)
     t0 = time.perf_counter()
-    trace = overlap_trace(args.steps, args.nodes, nbytes)
+    trace = overlap_trace(args.steps, args.nodes, nbytes, parity=args.parity)
     built = time.perf_counter() - t0
     t0, c0 = time.perf_counter(), time.process_time()
     result = simulate(trace, two_regions(args.nodes))
     replay, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"trace: {args.steps} steps x {args.nodes} nodes, per step two concurrent async all_reduces of {args.mbytes:g} MB "
-          f"(all ranks, and the rank's region of {args.nodes // 2}), built in {built:.2f} s")
+          f"(all ranks, and the rank's {'parity' if args.parity else 'region'} of {args.nodes // 2}), built in {built:.2f} s")
     print(f"replay: {result.events} events in {replay:.2f} s ({cpu:.2f} s CPU) = {replay / args.steps * 1e3:.3f} ms per step")
     print(f"simulated wall-clock {result.wall_clock_s:.1f} s, step {result.wall_clock_s / max(1, result.num_steps):.4f} s, "
           f"utilization {result.utilization:.1%}")
     r = min(args.reference_steps, args.steps)
     if r > 0:
-        here, alone = replay_seconds(r, args.nodes, nbytes), replay_seconds(r, args.nodes, nbytes, fast_path=False)
+        here = replay_seconds(r, args.nodes, nbytes, parity=args.parity)
+        alone = replay_seconds(r, args.nodes, nbytes, fast_path=False, parity=args.parity)
         print(f"side by side on the first {r} steps (CPU): {here / r * 1e3:.3f} ms per step as run, "
               f"{alone / r * 1e3:.3f} ms on the event path alone (fast_path=False): {alone / here:.1f}x")
     if args.fit:
@@ -172,6 +177,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--event-path", action="store_true", help="disable the fast path (every flow as events)")
     parser.add_argument("--overlap", action="store_true",
                         help="two concurrent async all-reduces per step, on all ranks and on each region (flows share links)")
+    parser.add_argument("--parity", action="store_true",
+                        help="with --overlap: the second all-reduce on even/odd ranks (both cross the shared link)")
     parser.add_argument("--reference-steps", type=int, default=100,
                         help="with --overlap: steps replayed side by side on the event path alone (default 100; 0 skips)")
     parser.add_argument("--fit", action="store_true", help="with --overlap: fit the growth exponents in nodes and in steps")

@@ -82,6 +82,37 @@ all_to_all (S full input; each rank sends S/n to each other member)
   direct            α + (n−1)/n·S/B
   star              everyone sends the hub the (n−1)·S/n meant for others, the hub
                     forwards to each the (n−1)·S/n meant for it:  2α + 2(n−1)²/n·S/B
+
+Rings follow regions: the ring algorithms (and chain) order the members region by region
+(regions in the order their lowest member comes, ranks ascending within), so a ring
+crosses each inter-region link once each way; with contiguous regions that is rank order.
+
+hierarchical (the default under [hosts]; NCCL's two-level algorithm, one more level for regions)
+  The members are laid on a grid of levels, innermost first: d_1 = L devices of the group
+  per host (fabric: B_f, α_f), d_2 = hosts per region (NICs: B, α), d_3 = regions (the
+  inter-region links), Π d = n; a level of size 1 is dropped. The rings of one level run
+  at once (one per position in the other levels: level 2 has one ring per local rank,
+  over that device's NIC) and share links max-min. A group whose hosts hold unequal
+  numbers of its members, or whose regions unequal numbers of hosts, has no grid: it is
+  one level, a flat ring in region order (so with no hosts and one region this is ring).
+  reduce_scatter    ring reduce-scatter at each level, inside out, on what the level
+                    before left:  Σ_i (d_i−1)·(α_i + S/(d_1⋯d_i)/B_i)
+  all_gather        ring all-gather at each level, outside in (each rank's own s goes
+                    across first, so no byte crosses a NIC twice), on blocks that grow:
+                    Σ_i (d_i−1)·(α_i + s·d_{i+1}⋯d_k/B_i)
+  all_reduce        reduce_scatter then all_gather of S/n: the outermost level is a ring
+                    all-reduce of S/(d_1⋯d_{k−1}). Hosts (L = G, H hosts, NIC per device):
+                    2[(G−1)α_f + (G−1)/G·S/B_f] + 2(H−1)α + 2(H−1)/H·(S/G)/B; with a
+                    per-host NIC the G rings share one NIC, so the last term has S, not S/G.
+                    Regions (m ranks each, no hosts, link B_l ≤ m·B):
+                    2(m−1)(α + S/(mB)) + 2α_l + S/B_l: the link carries S each way, not
+                    2(n−1)/n·S as a flat ring does. Hosts and regions: the three terms in turn.
+  broadcast         binomial trees level by level, outermost first, from g[0]:
+                    Σ_i ⌈log2 d_i⌉·(α_i + S/B_i)
+  all_to_all        direct (every pair exchanges its own bytes; a hierarchy saves none)
+
+  With per-host NICs, B above is the host NIC's rate and every ring of a level that leaves
+  the host shares it; B_i is the rate a level's messages get when no other level runs.
 """
 
 from __future__ import annotations
@@ -102,6 +133,78 @@ def _ring(g: Members, size: float, count: int) -> list[Phase]:
     n = len(g)
     phase = tuple((g[i], g[(i + 1) % n], size) for i in range(n))
     return [phase] * count
+
+
+def _ordered(g: Members, topo: Topology) -> list[int]:
+    """``g`` with each region's members together (regions in the order their lowest member comes), by rank within,
+    so a ring crosses each inter-region link once each way; for contiguous regions this is ``g`` itself."""
+    first: dict[str, int] = {}
+    for r in g:
+        first.setdefault(topo.region(r), len(first))
+    return sorted(g, key=lambda r: (first[topo.region(r)], r))
+
+
+def _levels(g: Members, topo: Topology) -> list[list[list[int]]]:
+    """The hierarchy of ``g``, innermost level first: each level a list of rings that run at once.
+
+    Members are laid on a grid (local index j within a host, host index i within a region,
+    region index k), hosts and regions in the order their lowest member comes. Level 0 rings
+    vary j (one per host), level 1 vary i (one per local rank and region), level 2 vary k
+    (one per local rank and host index). Levels of size 1 are dropped. When the hosts do not
+    all hold the same number of members, or the regions the same number of hosts, the grid
+    does not exist and ``g`` is one level: a flat ring in region order.
+    """
+    regions: dict[str, dict[int, list[int]]] = {}
+    for r in g:
+        regions.setdefault(topo.region(r), {}).setdefault(topo.host(r), []).append(r)
+    grid = [list(hosts.values()) for hosts in regions.values()]  # grid[k][i][j]
+    H, L = len(grid[0]), len(grid[0][0])
+    if any(len(hosts) != H or any(len(h) != L for h in hosts) for hosts in grid):
+        return [[_ordered(g, topo)]]
+    R = len(grid)
+    levels = [
+        [[grid[k][i][j] for j in range(L)] for k in range(R) for i in range(H)],
+        [[grid[k][i][j] for i in range(H)] for k in range(R) for j in range(L)],
+        [[grid[k][i][j] for k in range(R)] for i in range(H) for j in range(L)],
+    ]
+    return [rings for rings in levels if len(rings[0]) > 1]
+
+
+def _level_ring(rings: list[list[int]], size: float, count: int) -> list[Phase]:
+    """``count`` ring phases of ``size`` on every ring of a level at once."""
+    phase = tuple(m for ring in rings for m in _ring(ring, size, 1)[0])
+    return [phase] * count
+
+
+def _reduce_scatter_hier(g: Members, S: float, topo: Topology) -> list[Phase]:
+    out, X = [], S
+    for rings in _levels(g, topo):
+        d = len(rings[0])
+        out += _level_ring(rings, X / d, d - 1)
+        X /= d
+    return out
+
+
+def _all_gather_hier(g: Members, s: float, topo: Topology) -> list[Phase]:
+    out, block = [], s
+    for rings in reversed(_levels(g, topo)):
+        d = len(rings[0])
+        out += _level_ring(rings, block, d - 1)
+        block *= d
+    return out
+
+
+def _broadcast_hier(g: Members, S: float, topo: Topology) -> list[Phase]:
+    """Binomial trees level by level, outermost first, from g[0]; at each level only the rings that hold the data
+    (at their position 0) take part."""
+    out: list[Phase] = []
+    holders = {g[0]}
+    for rings in reversed(_levels(g, topo)):
+        active = [ring for ring in rings if ring[0] in holders]
+        trees = [_broadcast_binomial(ring, S) for ring in active]
+        out += [tuple(m for tree in trees for m in tree[j]) for j in range(len(trees[0]))]
+        holders.update(r for ring in active for r in ring)
+    return out
 
 
 def _pairs(g: Members, size: float) -> Phase:
@@ -246,30 +349,34 @@ Builder = Callable[[Members, float, Topology], list[Phase]]
 
 BUILDERS: dict[str, dict[str, Builder]] = {
     "all_reduce": {
-        "ring": lambda g, S, t: _ring(g, S / len(g), 2 * (len(g) - 1)),
+        "ring": lambda g, S, t: _ring(_ordered(g, t), S / len(g), 2 * (len(g) - 1)),
         "halving_doubling": lambda g, S, t: _all_reduce_hd(g, S),
         "tree": lambda g, S, t: _all_reduce_tree(g, S),
         "star": lambda g, S, t: [_to_hub(g, S), _from_hub(g, S)],
         "direct": lambda g, S, t: [_pairs(g, S / len(g))] * 2,
+        "hierarchical": lambda g, S, t: [*_reduce_scatter_hier(g, S, t), *_all_gather_hier(g, S / len(g), t)],
     },
     "all_gather": {
-        "ring": lambda g, s, t: _ring(g, s, len(g) - 1),
+        "ring": lambda g, s, t: _ring(_ordered(g, t), s, len(g) - 1),
         "halving_doubling": lambda g, s, t: _all_gather_hd(g, s),
         "star": lambda g, s, t: [_to_hub(g, s), _from_hub(g, (len(g) - 1) * s)],
         "direct": lambda g, s, t: [_pairs(g, s)],
+        "hierarchical": _all_gather_hier,
     },
     "reduce_scatter": {
-        "ring": lambda g, S, t: _ring(g, S / len(g), len(g) - 1),
+        "ring": lambda g, S, t: _ring(_ordered(g, t), S / len(g), len(g) - 1),
         "halving_doubling": lambda g, S, t: _reduce_scatter_hd(g, S),
         "star": lambda g, S, t: [_to_hub(g, S), _from_hub(g, S / len(g))],
         "direct": lambda g, S, t: [_pairs(g, S / len(g))],
+        "hierarchical": _reduce_scatter_hier,
     },
     "broadcast": {
-        "chain": _broadcast_chain,
+        "chain": lambda g, S, t: _broadcast_chain(_ordered(g, t), S, t),
         "binomial": lambda g, S, t: _broadcast_binomial(g, S),
         "binomial_fanout": lambda g, S, t: _broadcast_fanout(g, S),
         "star": lambda g, S, t: [_from_hub(g, S)],
         "direct": lambda g, S, t: _broadcast_direct(g, S),
+        "hierarchical": _broadcast_hier,
     },
     "all_to_all": {
         "direct": lambda g, S, t: [_pairs(g, S / len(g))],

@@ -55,9 +55,9 @@ from exonet.errors import ScenarioError, TraceError
 from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.diagnose import deadlock
-from exonet.netsim.fastpath import Planner
+from exonet.netsim.fastpath import Plan, Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
-from exonet.netsim.result import COMM, COMPUTE, IDLE, NodeTimes, SimResult, Timeline
+from exonet.netsim.result import COMM, COMPUTE, IDLE, LinkLoad, NodeTimes, SimResult, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
@@ -130,6 +130,8 @@ class Simulation:
         self._inbox: dict[int, list[Instance]] = {}  # receiver -> messages delivered that it has not received
         self._any: dict[int, RankState] = {}  # receivers waiting in an any-source receive
         self._received: dict[int, list[tuple[int, float]]] = {}  # receiver -> (sender, seconds) its AnyRecvs took
+        self._carried: dict[Plan, int] = {}  # plan -> how many collectives ran it (for the links' loads)
+        self._group_end: dict[tuple[int, ...], int] = {}  # members -> tick their latest collective ended
         for r, outages in enumerate(self._cm.down):
             for t0, t1 in outages:
                 self._schedule_outage(r, t0, t1)
@@ -268,14 +270,48 @@ class Simulation:
             raise TraceError(deadlock(self._ranks, list(self._open.values()), self._everyone))
         if self._any:
             raise TraceError(f"trace: rank {min(self._any)} waits for a message from any rank, and none comes")
-        ends = self._step_ends
-        if history is not None and len(history) != len(ends):
-            raise ValueError(f"simulate: history has {len(history)} losses but the trace has {len(ends)} steps")
         ranks = self._ranks
         if self._mirror:
             ranks = [ranks[0]] * len(ranks)
             self._events *= len(ranks)
         wall = max(self._last_end, *(rk.t for rk in ranks))
+        return self._outcome(ranks, wall, self._step_ends, self._wire, self._events, history)
+
+    def job_result(self, ranks: Sequence[int], events: int = 0, history: Sequence[float] | None = None) -> SimResult:
+        """The outcome of the job on ``ranks`` (global ranks, in the job's order), once ``result`` has run.
+
+        Its wall-clock is when its last rank or collective ended; its step i ends when its slowest rank
+        ends it. Only valid when the job's collectives stay among its ranks (``simulate`` makes sure).
+        """
+        own = set(ranks)
+        states = [self._ranks[0] if self._mirror else self._ranks[r] for r in ranks]
+        ends = [max(rk.step_ends[i] for rk in states if i < len(rk.step_ends))
+                for i in range(max(len(rk.step_ends) for rk in states))]
+        last = max((t for members, t in self._group_end.items() if members[0] in own), default=0)
+        wire = [self._wire[r] for r in ranks]
+        return self._outcome(states, max(last, *(rk.t for rk in states)), ends, wire, events, history)
+
+    def link_loads(self, jobs: Sequence[Sequence[int]]) -> list[LinkLoad]:
+        """What every link carried, in all and per job (each job a list of global ranks), once ``result`` has run."""
+        owner = {r: j for j, ranks in enumerate(jobs) for r in ranks}
+        carried: dict[int, list[float]] = {}
+        for plan, count in self._carried.items():
+            job = owner[plan.phases[0][0][0]] if plan.phases else None
+            for phase in plan.phases:
+                for src, dst, size in phase:
+                    for link in self._topo.path(src, dst).links:
+                        carried.setdefault(link, [0.0] * len(jobs))[job] += count * self._topo.wire_size(size)
+        span = seconds(max(self._last_end, *(rk.t for rk in self._ranks)))
+        capacity = self._topo.capacity
+        return [LinkLoad(self._topo.link_name(link), capacity[link], sum(by_job), tuple(by_job),
+                         sum(by_job) / (capacity[link] * span) if span > 0 else 0.0)
+                for link, by_job in sorted(carried.items())]
+
+    def _outcome(self, ranks: Sequence[RankState], wall: int, ends: Sequence[int], wire: Sequence[float], events: int,
+                 history: Sequence[float] | None) -> SimResult:
+        """The SimResult of ``ranks`` (each rank's state, in the result's order) ending at tick ``wall``."""
+        if history is not None and len(history) != len(ends):
+            raise ValueError(f"simulate: history has {len(history)} losses but the trace has {len(ends)} steps")
         nodes = [NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step)
                  for r, rk in enumerate(ranks)]
         total = sum(rk.compute for rk in ranks)
@@ -283,11 +319,11 @@ class Simulation:
             wall_clock_s=seconds(wall),
             per_node=nodes,
             step_end_times=[seconds(t) for t in ends],
-            wire_bytes=[round(b) for b in self._wire],
+            wire_bytes=[round(b) for b in wire],
             utilization=total / (len(nodes) * wall) if wall > 0 else 0.0,
             scenario_name=self.name,
             num_steps=len(ends),
-            events=self._events,
+            events=events,
             history=None if history is None else [float(x) for x in history],
             timelines=[Timeline(rk.times, bytes(rk.kinds), seconds(rk.t)) for rk in ranks],
         )
@@ -511,6 +547,7 @@ class Simulation:
             return
         c.start = t
         plan = c.plan = self._planner.plan(c.op, c.members, c.nbytes)
+        self._carried[plan] = self._carried.get(plan, 0) + 1
         wire = self._wire
         for r, sent in plan.sent:
             wire[r] += sent
@@ -651,6 +688,7 @@ class Simulation:
         c.end = t
         c.done = True
         self._last_end = max(self._last_end, t)
+        self._group_end[c.members] = t
         queued = self._queued.get(c.key[0])
         if queued:
             nxt = queued.popleft()

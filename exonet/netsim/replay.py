@@ -1,4 +1,7 @@
-"""``simulate``: replay a whole trace in a scenario (the incremental engine is exonet.netsim.engine).
+"""``simulate``: replay a whole trace, or several jobs' traces on one network, in a scenario.
+
+(The incremental engine is exonet.netsim.engine.) Several jobs are laid on global ranks as one
+trace, each job's collectives on groups of its own ranks, so they share links as any two groups do.
 
 Besides resolving the scenario for the trace's node count, it checks where the trace's order
 came from: an asynchronous run's order was chosen by the online clock in one scenario, for the
@@ -7,34 +10,130 @@ traffic as recorded, and replaying it elsewhere keeps that order; that deserves 
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from exonet.errors import ScenarioError
 from exonet.netsim.engine import Simulation
 from exonet.netsim.result import SimResult
 from exonet.scenario import Resolved, Scenario
-from exonet.trace import Trace
+from exonet.trace import Collective, Event, Trace
 
 
-def simulate(trace: Trace, scenario: object, *, history: Sequence[float] | None = None, fast_path: bool = True) -> SimResult:
+def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Sequence[Any] | None = None,
+             fast_path: bool = True, placement: Sequence[Any] | None = None) -> SimResult:
     """Replay ``trace`` in ``scenario`` and return the simulated outcome.
 
     Args:
-        trace: the run's per-node events.
+        trace: the run's per-node events; or a list of traces, several jobs sharing one network
+            (each on its own ranks; their collectives are different groups and share links max-min).
         scenario: a ``Resolved`` scenario, or anything ``Scenario.coerce`` accepts
             (a Scenario, a preset name, a path to a TOML file, a dict).
-        history: per-step mean training losses, for ``SimResult.loss_vs_time``.
+        history: per-step mean training losses, for ``SimResult.loss_vs_time``; with several
+            traces, one such list (or None) per job.
         fast_path: time lone collectives analytically (exact; off only to cross-check).
+        placement: with several traces, the global ranks each job occupies, one entry per job:
+            a list of ranks (the job's rank i runs on the i-th), or ``{"hosts": [h, ...]}`` for
+            whole hosts of the scenario's ``[hosts]``. Default: consecutive blocks in the order
+            given, each job starting on a new host when the scenario has hosts.
+
+    With several traces the result covers the whole network (``wall_clock_s``: when the last job
+    ended; ``per_node`` by global rank) and adds ``jobs`` (each job's own SimResult, its ranks as
+    in its trace) and ``links`` (what every link carried, per job, and its utilisation).
     """
+    if isinstance(trace, Trace):
+        if placement is not None:
+            raise ValueError("simulate: placement= places several jobs; pass a list of traces, or no placement")
+        if isinstance(scenario, Resolved):
+            resolved, name = scenario, scenario.name
+        else:
+            chosen = Scenario.coerce(scenario)
+            resolved, name = chosen.resolve(trace.num_nodes), chosen.name
+            _warn_if_decided_elsewhere(trace, chosen)
+        sim = Simulation(resolved, fast_path=fast_path, name=name)
+        sim.feed_trace(trace)
+        return sim.result(history)
+    return _simulate_jobs(list(trace), scenario, history, fast_path, placement)
+
+
+def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any] | None, fast_path: bool,
+                   placement: Sequence[Any] | None) -> SimResult:
+    """Several jobs on one network: their traces laid on global ranks as one trace, replayed once."""
+    if not traces or not all(isinstance(t, Trace) for t in traces):
+        raise TypeError("simulate: expected a Trace or a non-empty list of Traces")
+    if history is not None and len(history) != len(traces):
+        raise ValueError(f"simulate: history has {len(history)} entries for {len(traces)} jobs; give one list (or None) per job")
     if isinstance(scenario, Resolved):
-        resolved, name = scenario, scenario.name
+        chosen, devices = None, scenario.hosts.devices if scenario.hosts else 1
     else:
         chosen = Scenario.coerce(scenario)
-        resolved, name = chosen.resolve(trace.num_nodes), chosen.name
-        _warn_if_decided_elsewhere(trace, chosen)
+        devices = chosen.to_dict().get("hosts", {}).get("devices", 1)
+    jobs = _place(traces, placement, devices)
+    n = max(r for ranks in jobs for r in ranks) + 1
+    n += -n % devices
+    if isinstance(scenario, Resolved):
+        resolved, name = scenario, scenario.name
+        if resolved.num_nodes < n:
+            raise ScenarioError(f"simulate: the placement uses {n} ranks but the scenario was resolved for {resolved.num_nodes}")
+        n = resolved.num_nodes
+    else:
+        resolved, name = chosen.resolve(n), chosen.name
+        for t in traces:
+            _warn_if_decided_elsewhere(t, chosen)
+    whole = Trace(n)
+    for t, ranks in zip(traces, jobs):
+        everyone = tuple(sorted(ranks))
+        for local, events in enumerate(t.events):
+            whole.events[ranks[local]] = [_moved(e, ranks, everyone) for e in events]
     sim = Simulation(resolved, fast_path=fast_path, name=name)
-    sim.feed_trace(trace)
-    return sim.result(history)
+    sim.feed_trace(whole)
+    result = sim.result()
+    result.jobs = [sim.job_result(ranks, sum(map(len, t.events)), None if history is None else history[j])
+                   for j, (t, ranks) in enumerate(zip(traces, jobs))]
+    result.links = sim.link_loads(jobs)
+    return result
+
+
+def _place(traces: list[Trace], placement: Sequence[Any] | None, devices: int) -> list[list[int]]:
+    """Each job's global ranks, checked: one per node of its trace, no rank in two jobs."""
+    if placement is None:
+        jobs, start = [], 0
+        for t in traces:
+            jobs.append(list(range(start, start + t.num_nodes)))
+            start += t.num_nodes + -t.num_nodes % devices
+        return jobs
+    if len(placement) != len(traces):
+        raise ValueError(f"simulate: placement has {len(placement)} entries for {len(traces)} traces; give one per job")
+    jobs, owner = [], {}
+    for j, (t, entry) in enumerate(zip(traces, placement)):
+        if isinstance(entry, Mapping):
+            hosts = entry.get("hosts")
+            if set(entry) != {"hosts"} or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in hosts):
+                raise ValueError(f"simulate: placement[{j}] must be a list of ranks or {{'hosts': [host indices]}}, "
+                                 f"got {entry!r}")
+            ranks = [h * devices + d for h in hosts for d in range(devices)]
+        else:
+            ranks = list(entry)
+        if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
+            raise ValueError(f"simulate: placement[{j}] must hold non-negative integer ranks (or hosts), got {entry!r}")
+        if len(ranks) != t.num_nodes:
+            raise ValueError(f"simulate: placement[{j}] gives {len(ranks)} ranks but trace {j} has {t.num_nodes} nodes")
+        for r in ranks:
+            if r in owner:
+                raise ValueError(f"simulate: placement[{j}] and placement[{owner[r]}] both hold rank {r}; jobs need their own ranks")
+            owner[r] = j
+        jobs.append(ranks)
+    return jobs
+
+
+def _moved(e: Event, ranks: list[int], everyone: tuple[int, ...]) -> Event:
+    """``e`` of a job laid on global ``ranks``: a collective's group renamed (None: the job's ranks)."""
+    if type(e) is not Collective:
+        return e
+    group = everyone if e.group is None else tuple(ranks[r] for r in e.group)
+    return dataclasses.replace(e, group=group)
 
 
 def _warn_if_decided_elsewhere(trace: Trace, scenario: Scenario) -> None:

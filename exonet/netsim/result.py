@@ -43,6 +43,17 @@ class Timeline:
     end: float  # the node's last event; the run goes on to wall_clock_s
 
 
+@dataclass(frozen=True, slots=True)
+class LinkLoad:
+    """What one link (one direction) carried over a replay of several jobs."""
+
+    name: str  # "uplink 3", "downlink 3", "us->eu", "fabric up 3", "fabric down 3"
+    capacity: float  # bytes/s
+    bytes: float  # on the wire, every job together
+    by_job: tuple[float, ...]  # the same, per job
+    utilization: float  # bytes / (capacity × the replay's wall-clock)
+
+
 @dataclass
 class SimResult:
     """The outcome of replaying a trace in a scenario.
@@ -56,6 +67,9 @@ class SimResult:
         scenario_name: the scenario's name ("" when it had none).
         num_steps: how many steps the run had (the most any node took).
         events: how many trace events were replayed.
+        jobs: with several traces (``simulate([a, b], ...)``), each job's own result, its ranks numbered as
+            in its trace; empty otherwise.
+        links: with several traces, every link that carried bytes, and how much of it each job used.
     """
 
     wall_clock_s: float
@@ -68,6 +82,8 @@ class SimResult:
     events: int = 0
     history: list[float] | None = None
     timelines: list[Timeline] = field(default_factory=list, repr=False)
+    jobs: list[SimResult] = field(default_factory=list, repr=False)
+    links: list[LinkLoad] = field(default_factory=list, repr=False)
 
     def loss_vs_time(self) -> list[tuple[float, float]]:
         """Each step's loss paired with the simulated time the step ended (needs ``history``)."""

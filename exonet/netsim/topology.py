@@ -13,8 +13,15 @@ A TCP window W caps a flow at W / (2α) on its path; on a path with α = 0 the r
 trip is 0 and the window never binds (the scenario schema refuses a window when
 every latency is 0, since it would then do nothing at all).
 
+With ``[hosts]``, a message between two devices of one host crosses only the fabric:
+the sender's fabric up-port and the receiver's fabric down-port, with the fabric's latency
+and no TCP window (NVLink is not TCP). Between hosts it crosses NICs as above; under
+``nic = "per-host"`` every device of a host uses the host's one NIC, that of its lowest rank
+(so the host's flows share it, at that rank's rates).
+
 Links are numbered so a flow is a tuple of small integers: uplinks ``0..n-1``,
-downlinks ``n..2n-1``, then two ids per inter-region link (one per direction).
+downlinks ``n..2n-1``, then two ids per inter-region link (one per direction), then,
+with hosts, the fabric up-ports and down-ports of the n devices.
 """
 
 from __future__ import annotations
@@ -75,6 +82,12 @@ class Topology:
             for direction in ((a, b), (b, a)):
                 self._link_ids[direction] = len(self.capacity)
                 self.capacity.append(spec.bandwidth)
+        hosts = self.hosts = resolved.hosts
+        self._fabric = len(self.capacity)
+        if hosts is not None:
+            if not hosts.bandwidth > 0 or math.isinf(hosts.bandwidth):
+                raise ScenarioError(f"scenario: hosts.bandwidth must be a positive finite rate, got {hosts.bandwidth!r}")
+            self.capacity.extend([hosts.bandwidth] * (2 * n))
         self._paths: dict[tuple[int, int], Path] = {}
         self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # by the phase's (src, dst) pairs
         self._phases: dict[int, tuple[Phase, Shape, np.ndarray]] = {}  # id(phase) -> (phase, shape, wire sizes)
@@ -88,22 +101,45 @@ class Topology:
             p = self._paths[key] = self._build(src, dst)
         return p
 
+    def host(self, rank: int) -> int:
+        """The host holding ``rank`` (each rank is its own host when the scenario has none)."""
+        return rank if self.hosts is None else self.hosts.host(rank)
+
+    def region(self, rank: int) -> str:
+        return self._resolved.region[rank]
+
+    def link_name(self, link: int) -> str:
+        """A readable name for link id ``link``: "uplink 3", "downlink 3", "us->eu", "fabric up 3", "fabric down 3"."""
+        n = self.num_nodes
+        if link < 2 * n:
+            return f"{'uplink' if link < n else 'downlink'} {link % n}"
+        if link >= self._fabric:
+            return f"fabric {'up' if link - self._fabric < n else 'down'} {(link - self._fabric) % n}"
+        return next(f"{a}->{b}" for (a, b), i in self._link_ids.items() if i == link)
+
     def _build(self, src: int, dst: int) -> Path:
         r = self._resolved
+        share = 1.0 if r.host_cores is None else max(1.0, self.num_nodes / r.host_cores)
+        hosts, n = self.hosts, self.num_nodes
+        if hosts is not None and hosts.host(src) == hosts.host(dst):
+            links = (self._fabric + src, self._fabric + n + dst)
+            return Path(links, hosts.latency + r.message_overhead * share, math.inf, hosts.bandwidth)
+        nic_src, nic_dst = src, dst
+        if hosts is not None and hosts.nic == "per-host":
+            nic_src, nic_dst = src - src % hosts.devices, dst - dst % hosts.devices
         a, b = r.region[src], r.region[dst]
-        links: tuple[int, ...] = (src, self.num_nodes + dst)
+        links: tuple[int, ...] = (nic_src, n + nic_dst)
         if a != b:
             link = self._link_ids.get((a, b))
             if link is None:
                 raise ScenarioError(
                     f"scenario: ranks {src} ({a!r}) and {dst} ({b!r}) exchange data but no link joins regions {a!r} and {b!r}"
                 )
-            links = (src, link, self.num_nodes + dst)
+            links = (nic_src, link, n + nic_dst)
         latency = r.path_latency(src, dst)
         window = r.tcp_window
         cap = window / (2.0 * latency) if window is not None and latency > 0 else math.inf
         rate = min(cap, *(self.capacity[i] for i in links))
-        share = 1.0 if r.host_cores is None else max(1.0, self.num_nodes / r.host_cores)
         return Path(links, latency + r.message_overhead * share, cap, rate)
 
     def wire_size(self, size: float) -> float:

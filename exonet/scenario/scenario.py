@@ -10,7 +10,9 @@ Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 
 * Defaults are ideal: ``latency`` "0 s", efficiency 1, no TCP window, no packet framing
   (``mss``/``header_bytes``), no per-message overhead, no jitter,
-  sharing "max-min", collective "ring", compute mode "measured", speed 1, mfu 1.
+  sharing "max-min", collective "ring" ("hierarchical" when ``[hosts]`` is given), compute
+  mode "measured", speed 1, mfu 1. ``[hosts]`` needs ``devices`` and ``bandwidth`` and whole
+  hosts (num_nodes a multiple of devices), each inside one region.
   ``network.bandwidth`` is required unless both ``uplink`` and ``downlink`` are given.
   A link's ``latency`` defaults to ``network.latency``. ``efficiency`` scales every
   bandwidth: NICs, per-node overrides and inter-region links.
@@ -26,7 +28,7 @@ Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
   without ``compute.mode``. With the option set explicitly (say ``jitter = "none"``)
   the parameter is kept, so a sweep can switch the option off and on.
 * ``replace(**changes)``: ``name``/``description`` and the network keys by name
-  (``bandwidth=``, ``latency=``, ``collective=`` ...); ``network``, ``compute`` and
+  (``bandwidth=``, ``latency=``, ``collective=`` ...); ``network``, ``compute``, ``hosts`` and
   ``stragglers`` take a dict merged into that table; ``regions``, ``links``,
   ``nodes`` and ``events`` take a list that replaces the array. ``None`` removes a key.
 """
@@ -61,7 +63,21 @@ from exonet.scenario.schema import (
 )
 
 # ALGORITHMS and FAMILIES belong to the schema; exonet.scenario (the package) re-exports them with these names.
-__all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "LinkSpec", "Resolved", "Scenario", "list_presets"]
+__all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "HostSpec", "LinkSpec", "Resolved", "Scenario", "list_presets"]
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """Hosts of ``devices`` consecutive ranks joined by an intra-host fabric (NVLink-class)."""
+
+    devices: int  # ranks per host; host h holds ranks [h*devices, (h+1)*devices)
+    bandwidth: float  # bytes/s of each device's port into the fabric, each direction (efficiency applied)
+    latency: float = 0.0  # seconds, one-way, between two devices of one host
+    nic: str = "per-device"  # "per-device": a NIC per rank; "per-host": the host's devices share its lowest rank's NIC
+
+    def host(self, rank: int) -> int:
+        """The host that holds ``rank``."""
+        return rank // self.devices
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,8 @@ class Resolved:
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
         events: transient slowdowns and outages.
+        hosts: None (every rank its own machine), or the hosts the ranks sit in: messages between two devices
+            of one host cross only the fabric, with the fabric's latency.
     """
 
     num_nodes: int
@@ -133,9 +151,12 @@ class Resolved:
     seed: int = 0
     events: tuple[EventSpec, ...] = ()
     name: str = ""
+    hosts: HostSpec | None = None
 
     def path_latency(self, src: int, dst: int) -> float:
-        """One-way latency between two ranks (the inter-region link's when they are in different regions)."""
+        """One-way latency between two ranks (the fabric's within a host, the inter-region link's across regions)."""
+        if self.hosts is not None and self.hosts.host(src) == self.hosts.host(dst):
+            return self.hosts.latency
         a, b = self.region[src], self.region[dst]
         if a == b:
             return self.latency
@@ -240,7 +261,7 @@ class Scenario:
     def replace(self, **changes: Any) -> Scenario:
         """A modified copy, for sweeps: ``s.replace(bandwidth="100 Mbit/s", compute={"mode": "wall"})``.
 
-        Network keys go by name; ``network``/``compute``/``stragglers`` take a dict merged
+        Network keys go by name; ``network``/``compute``/``stragglers``/``hosts`` take a dict merged
         into that table; ``regions``/``links``/``nodes``/``events`` take a list that replaces
         the array; ``name``/``description`` a string. A value of None removes the key.
         ``bandwidth`` means both directions, so it also clears the network's ``uplink`` and
@@ -301,7 +322,8 @@ class Scenario:
                 up[r] = node.get("uplink", node.get("bandwidth", up[r]))
                 down[r] = node.get("downlink", node.get("bandwidth", down[r]))
                 speed[r] = node.get("speed", speed[r])
-        algorithms = {**FAMILIES[net.get("collective", "ring")], **net.get("algorithms", {})}
+        algorithms = {**FAMILIES[self._collective()], **net.get("algorithms", {})}
+        hosts = self._hosts(n, region, efficiency)
         events = tuple(
             EventSpec(e["kind"], self._ranks(e, f"events[{i}]", n), e.get("from_step"), e.get("to_step"),
                       e.get("from_s"), e.get("to_s"), e.get("factor", 1.0))
@@ -332,7 +354,28 @@ class Scenario:
             seed=strag.get("seed", 0),
             events=events,
             name=self.name,
+            hosts=hosts,
         )
+
+    def _collective(self) -> str:
+        """``network.collective``; "hierarchical" by default when the scenario has ``[hosts]``, else "ring"."""
+        return self._parsed["network"].get("collective", "hierarchical" if "hosts" in self._parsed else "ring")
+
+    def _hosts(self, n: int, region: list[str], efficiency: float) -> HostSpec | None:
+        """``[hosts]`` for ``n`` ranks: whole hosts only, each host inside one region."""
+        h = self._parsed.get("hosts")
+        if h is None:
+            return None
+        g = h["devices"]
+        if n % g:
+            raise ScenarioError(f"{self._source}: hosts.devices = {g} does not divide num_nodes={n}; "
+                                f"a host holds {g} consecutive ranks, so the node count must be a multiple of {g}")
+        for first in range(0, n, g):
+            inside = sorted(set(region[first : first + g]))
+            if len(inside) > 1:
+                raise ScenarioError(f"{self._source}: host {first // g} (ranks {first}-{first + g - 1}) spans regions "
+                                    f"{', '.join(map(repr, inside))}; a host's devices sit in one region")
+        return HostSpec(g, h["bandwidth"] * efficiency, h.get("latency", 0.0), h.get("nic", "per-device"))
 
     def _ranks(self, entry: Mapping[str, Any], path: str, n: int) -> tuple[int, ...]:
         """An entry's explicit ranks (range-checked), or the last max(1, round(share·n)) ranks."""
@@ -386,9 +429,13 @@ class Scenario:
             shared = f" (x max(1, nodes / {net['host_cores']:g} shared cores))" if "host_cores" in net else ""
             extras.append(f"message overhead {secs(net['message_overhead'])}{shared}")
         lines.append(f"              {', '.join(extras)}")
-        algos = {**FAMILIES[net.get("collective", "ring")], **net.get("algorithms", {})}
+        algos = {**FAMILIES[self._collective()], **net.get("algorithms", {})}
         per_op = ", ".join(f"{op}={algo}" for op, algo in algos.items())
-        lines.append(f"  collective  {net.get('collective', 'ring')}: {per_op}")
+        lines.append(f"  collective  {self._collective()}: {per_op}")
+        if "hosts" in p:
+            h = p["hosts"]
+            fabric = f"fabric {rate(h['bandwidth'])} per device, latency {secs(h.get('latency', 0.0))}"
+            lines.append(f"  hosts       {h['devices']} devices per host, {fabric}, NIC {h.get('nic', 'per-device')}")
         mode = compute.get("mode", "measured")
         flops = f" ({compute['tflops']:g} TFLOP/s x mfu {compute.get('mfu', 1.0):g})" if mode == "flops" else ""
         lines.append(f"  compute     {mode}{flops}")

@@ -32,10 +32,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 # The algorithms the simulator implements, per op, and the family each `network.collective` picks.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "halving_doubling", "tree", "star", "direct"),
-    "all_gather": ("ring", "halving_doubling", "star", "direct"),
-    "reduce_scatter": ("ring", "halving_doubling", "star", "direct"),
-    "broadcast": ("chain", "binomial", "binomial_fanout", "star", "direct"),
+    "all_reduce": ("ring", "halving_doubling", "tree", "star", "direct", "hierarchical"),
+    "all_gather": ("ring", "halving_doubling", "star", "direct", "hierarchical"),
+    "reduce_scatter": ("ring", "halving_doubling", "star", "direct", "hierarchical"),
+    "broadcast": ("chain", "binomial", "binomial_fanout", "star", "direct", "hierarchical"),
     "all_to_all": ("direct", "star"),
 }
 FAMILIES: dict[str, dict[str, str]] = {
@@ -46,12 +46,14 @@ FAMILIES: dict[str, dict[str, str]] = {
         "tree": ("tree", "ring", "ring", "binomial", "direct"),
         "star": ("star",) * 5,
         "direct": ("direct",) * 5,
+        "hierarchical": ("hierarchical",) * 4 + ("direct",),
     }.items()
 }
 SHARING = ("max-min", "fifo")
 COMPUTE_MODES = ("measured", "wall", "flops")
 JITTERS = ("none", "lognormal", "normal", "exponential")
 EVENT_KINDS = ("slow", "down")
+NICS = ("per-device", "per-host")
 DEFAULT_REGION = "default"
 
 # ---------------------------------------------------------------- field checks
@@ -187,7 +189,8 @@ _EVENT = {
     "kind": _enum(EVENT_KINDS), "ranks": _ranks, "share": _number(0, 1), "from_step": _count, "to_step": _count,
     "from_s": _seconds, "to_s": _seconds, "factor": _number(0),
 }
-TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS}
+_HOSTS = {"devices": _positive_count, "bandwidth": _rate, "latency": _time, "nic": _enum(NICS)}
+TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS}
 ARRAYS = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
 _TOP = _table(
     {
@@ -226,6 +229,10 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
             "window / (2 · latency), so a zero round trip never binds; set network.latency (or a link's latency) "
             "or remove tcp_window"
         )
+    hosts = p.get("hosts")
+    if hosts is not None:
+        _need(hosts, "devices", f"{where} [hosts]", "devices = 8")
+        _need(hosts, "bandwidth", f"{where} [hosts]", 'bandwidth = "450 GB/s" (the intra-host fabric, each direction)')
     compute = p.get("compute", {})
     if compute.get("mode") == "flops" and "tflops" not in compute:
         raise ScenarioError(f'{where} compute.tflops is required when compute.mode = "flops" (e.g. tflops = 989.0)')
