@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 
 from exonet import FitResult, LocalTrainer, Scenario, SimResult
 from exonet.strategies import DiLoCoStrategy, OptimSpec
-from exonet.scenario.units import format_bytes, format_time
+from exonet.units import format_bytes, format_time
 
 MODULES = ("functools", "textwrap", "heapq", "dataclasses", "collections", "random", "fractions", "statistics")
 

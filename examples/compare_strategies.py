@@ -33,7 +33,7 @@ from exonet.comparison import Comparison
 from exonet.strategies import (DDPStrategy, DeMoStrategy, DiLoCoStrategy, FedAvgStrategy, OptimSpec,
                                SPARTADiLoCoStrategy, SPARTAStrategy, StreamingDiLoCoStrategy, Strategy)
 from exonet.toy import digits, digits_mlp
-from exonet.scenario.units import format_bytes, format_time
+from exonet.units import format_bytes, format_time
 
 H = 25  # inner steps per round of the DiLoCo family, and the evaluation interval
 

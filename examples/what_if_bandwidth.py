@@ -28,7 +28,7 @@ from exonet import FitResult, LocalTrainer, Scenario, simulate
 from exonet.comparison import time_to_loss
 from exonet.strategies import DDPStrategy, DiLoCoStrategy, OptimSpec, SPARTAStrategy, Strategy
 from exonet.toy import digits, digits_mlp
-from exonet.scenario.units import format_rate, format_time
+from exonet.units import format_rate, format_time
 
 H = 25
 LOW_BITS, HIGH_BITS = 1e7, 1e11  # 10 Mbit/s to 100 Gbit/s

@@ -85,7 +85,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     import json
 
     from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate
-    from exonet.scenario.units import format_bytes, format_rate, format_time
+    from exonet.units import format_bytes, format_rate, format_time
 
     targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
     est = estimate(args.strategy, params=args.model_params, nodes=args.nodes, steps=args.steps,

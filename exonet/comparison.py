@@ -106,7 +106,7 @@ class Comparison:
     )
 
     def to_markdown(self) -> str:
-        from exonet.scenario.units import format_bytes, format_time
+        from exonet.units import format_bytes, format_time
 
         def cell(key: str, fmt: str, value: Any) -> str:
             if value is None or (isinstance(value, float) and math.isnan(value)):

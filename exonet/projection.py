@@ -17,7 +17,7 @@ from typing import Any
 
 from exonet.estimate import estimate, simulate_estimate
 from exonet.scenario import Scenario
-from exonet.scenario.units import format_bytes, format_time
+from exonet.units import format_bytes, format_time
 from exonet.strategies.base import Strategy
 
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exonet.errors import ScenarioError
-from exonet.scenario.units import (
+from exonet.units import (
     RATE_UNITS,
     SIZE_UNITS,
     TIME_UNITS,

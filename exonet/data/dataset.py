@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 
 from exonet.data.shards import INDEX, OpenShard, parse_index
 from exonet.data.store import LocalStore, open_store
-from exonet.scenario.units import format_bytes, parse_size
+from exonet.units import format_bytes, parse_size
 
 
 class S3Dataset(Dataset):

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from exonet.scenario.units import format_bytes
+from exonet.units import format_bytes
 
 BIG = 1 << 20  # storages from this size up are shared in place, smaller ones go to the arena
 ALIGN = 64  # arena offsets, so every dtype's elements stay aligned

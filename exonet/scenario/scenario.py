@@ -48,7 +48,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from exonet.scenario import units
+from exonet import units
 from exonet.errors import ScenarioError
 from exonet.scenario.schema import (
     ALGORITHMS,

@@ -20,7 +20,7 @@ from fractions import Fraction
 from functools import partial
 from typing import Any
 
-from exonet.scenario import units
+from exonet import units
 from exonet.errors import ScenarioError
 from exonet.trace import OPS
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from exonet.scenario import units
+from exonet import units
 from exonet.scenario import Scenario
 from exonet.trace import OPS, Trace
 from exonet.validate.cases import Case, Measurement
