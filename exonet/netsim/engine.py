@@ -51,13 +51,15 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from exonet.errors import ScenarioError, TraceError
 from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
-from exonet.netsim.result import COMM, COMPUTE, IDLE, NodeTimes, SimResult, Timeline
+from exonet.netsim.result import COMM, COMPUTE, IDLE, CollectiveSpan, LinkStats, NodeTimes, SimResult, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
@@ -122,6 +124,9 @@ class Simulation:
         self._taken_at = -1  # the tick of the latest take-over
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
+        self._load = np.zeros(len(self._topo.capacity))  # bytes put on each link
+        self._busy = np.zeros(len(self._topo.capacity) + 1)  # busy seconds on the fast path (the fluid network keeps its own)
+        self._ended: list[Instance] = []  # every collective and message, in the order they ended
         self._last_end = 0
         self._events = 0
         self._horizon: float = math.inf  # the earliest cursor of a rank waiting for input
@@ -290,7 +295,25 @@ class Simulation:
             events=self._events,
             history=None if history is None else [float(x) for x in history],
             timelines=[Timeline(rk.times, bytes(rk.kinds), seconds(rk.t)) for rk in ranks],
+            links=self._links(seconds(wall)),
+            collectives=[self._span(c) for c in self._ended],
+            link_loads=[c.plan.load for c in self._ended],
         )
+
+    def _links(self, wall: float) -> list[LinkStats]:
+        """Each link's bytes, busy time and utilisation over a run of ``wall`` seconds."""
+        busy = self._busy + self._net.busy_s
+        topo = self._topo
+        return [LinkStats(topo.link_name(i), cap, float(self._load[i]), float(busy[i]),
+                          float(self._load[i]) / (cap * wall) if wall > 0 else 0.0,
+                          float(busy[i]) / wall if wall > 0 else 0.0)
+                for i, cap in enumerate(topo.capacity)]
+
+    def _span(self, c: Instance) -> CollectiveSpan:
+        """``c`` as a record in seconds, with the algorithm that ran it."""
+        op = "send" if c.op == "p2p" else c.op
+        algorithm = "direct" if c.op == "p2p" else self.resolved.algorithms.get(c.op, "")
+        return CollectiveSpan(seconds(c.start), seconds(c.end), op, c.nbytes, c.members, algorithm, c.async_op)
 
     # ----------------------------------------------------------------- ranks
     def _advance(self, rk: RankState) -> None:
@@ -436,6 +459,7 @@ class Simulation:
             c.last = max(c.last, rk.t)
         if e.async_op:
             rk.async_ops[e.cid] = c
+            c.async_op = True
         else:
             self._block(rk, c)
         if op == "p2p":
@@ -514,6 +538,7 @@ class Simulation:
         wire = self._wire
         for r, sent in plan.sent:
             wire[r] += sent
+        self._load += plan.load
         if not plan.phases:
             self._end(t, c)
         elif self._fast and self._lone is None and not self._active:
@@ -530,6 +555,7 @@ class Simulation:
             return
         if self._lone is c:
             self._lone = None
+        self._busy += self._planner.busy(c.plan)
         self._end(t, c)
 
     def _take_over(self, t: int, c: Instance, settle: bool = True) -> None:
@@ -547,6 +573,7 @@ class Simulation:
             return  # it ends now: its end event is due at this very time and it has no flows left
         c.token += 1
         tau = max(seconds(t - origin), plan.offsets[first])
+        self._busy += self._planner.busy(plan, tau) - self._planner.busy(plan, plan.offsets[first])
         p, p_start, done, rest = self._planner.state_at(plan, tau, c)
         c.phase = p
         c.pending = len(plan.phases[p])
@@ -600,6 +627,8 @@ class Simulation:
 
     def _rest_end(self, t: int, c: Instance, token: int) -> None:
         if c.token == token:
+            plan, first = c.plan, self._resting[c][1]
+            self._busy += self._planner.busy(plan) - self._planner.busy(plan, plan.offsets[first])
             del self._resting[c], self._active[c]
             self._end(t, c)
 
@@ -650,6 +679,7 @@ class Simulation:
     def _end(self, t: int, c: Instance) -> None:
         c.end = t
         c.done = True
+        self._ended.append(c)
         self._last_end = max(self._last_end, t)
         queued = self._queued.get(c.key[0])
         if queued:

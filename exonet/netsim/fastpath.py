@@ -19,6 +19,7 @@ instant, so the engine can take the collective over message by message.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -36,12 +37,16 @@ class Plan:
     """One collective as phases, with the bytes each rank puts on the wire.
 
     ``offsets`` (set by ``Planner.duration``) are the phase start times relative to
-    the collective's start, followed by its total duration.
+    the collective's start, followed by its total duration. ``load`` is the bytes it puts
+    on each link (by link id); ``busy`` (set by ``Planner.busy``) each link's busy seconds
+    when it runs alone, whole.
     """
 
     phases: list[Phase]
     sent: tuple[tuple[int, float], ...]
+    load: np.ndarray
     offsets: list[float] | None = None
+    busy: np.ndarray | None = None
 
 
 class Planner:
@@ -75,7 +80,8 @@ class Planner:
                     sent[src] = sent.get(src, 0.0) + size
             if len(self._plans) >= _CACHE_LIMIT:
                 self._plans.clear()
-            plan = self._plans[key] = Plan(steps, tuple(sent.items()))
+            load = sum((self._topo.load(phase) for phase in steps), np.zeros(len(self._topo.capacity)))
+            plan = self._plans[key] = Plan(steps, tuple(sent.items()), load)
         return plan
 
     def duration(self, plan: Plan) -> float:
@@ -86,6 +92,26 @@ class Planner:
                 offsets.append(offsets[-1] + self._phase_time(phase))
             plan.offsets = offsets
         return plan.offsets[-1]
+
+    def busy(self, plan: Plan, tau: float = math.inf) -> np.ndarray:
+        """Each link's busy seconds (a flow moving on it) in the first ``tau`` seconds of ``plan`` run alone.
+
+        Phases are not pipelined, so a link's busy time is the sum of its phases'; the
+        vector has one entry per link id, then the padding (always 0).
+        """
+        if tau == math.inf and plan.busy is not None:
+            return plan.busy
+        self.duration(plan)
+        offsets = plan.offsets
+        assert offsets is not None
+        total = np.zeros(len(self._topo.capacity) + 1)
+        for phase, start in zip(plan.phases, offsets):
+            if start >= tau:
+                break
+            total += self._solo(phase)[0].busy(tau - start)
+        if tau == math.inf:
+            plan.busy = total
+        return total
 
     def _phase_time(self, phase: Phase) -> float:
         return self._solo(phase)[1]

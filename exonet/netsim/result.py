@@ -8,6 +8,13 @@ Per node, ``compute_s + comm_s + idle_s == wall_clock_s`` (to rounding):
 * ``idle_s``: time blocked before a collective could start (waiting for the other
   members to arrive, or for a member to come back), time down, and the time from
   the node's last event to the end of the run (waiting for the slowest node).
+
+Per link (``links``: each NIC's uplink and downlink, each direction of each inter-region
+link): ``bytes`` it carried (wire bytes, headers included), ``busy_s`` (time at least one
+flow moved bytes on it), ``utilization = bytes / (capacity × wall_clock_s)`` (the share
+of its capacity the run used) and ``busy_fraction = busy_s / wall_clock_s`` (the share of
+the run it was in use). A link used at full rate whenever busy has the two equal; a
+shared or capped link has utilization below its busy fraction.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import math
 import os
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +51,37 @@ class Timeline:
     end: float  # the node's last event; the run goes on to wall_clock_s
 
 
+@dataclass(frozen=True, slots=True)
+class LinkStats:
+    """One link's traffic over the run: capacity in bytes/s, bytes carried, seconds busy."""
+
+    name: str  # "rank 3 uplink", "rank 0 downlink", "us->eu", ...
+    capacity: float
+    bytes: float
+    busy_s: float
+    utilization: float  # bytes / (capacity × wall_clock_s)
+    busy_fraction: float  # busy_s / wall_clock_s
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveSpan:
+    """One collective (or point-to-point message) as the network ran it, in simulated seconds.
+
+    ``op`` is the trace's op, or "send" for a message, whose ``group`` is (sender, receiver);
+    ``nbytes`` is the payload a member passed in (the largest, if they differed);
+    ``algorithm`` is how the scenario ran the op; ``async_op`` is whether a member issued it
+    asynchronously (so it may overlap that member's compute).
+    """
+
+    start_s: float
+    end_s: float
+    op: str
+    nbytes: int
+    group: tuple[int, ...]
+    algorithm: str
+    async_op: bool
+
+
 @dataclass
 class SimResult:
     """The outcome of replaying a trace in a scenario.
@@ -56,6 +95,8 @@ class SimResult:
         scenario_name: the scenario's name ("" when it had none).
         num_steps: how many steps the run had (the most any node took).
         events: how many trace events were replayed.
+        links: per link, its bytes, busy time and utilisation (see the module's docstring).
+        collectives: every collective and message, in the order they ended.
     """
 
     wall_clock_s: float
@@ -68,6 +109,15 @@ class SimResult:
     events: int = 0
     history: list[float] | None = None
     timelines: list[Timeline] = field(default_factory=list, repr=False)
+    links: list[LinkStats] = field(default_factory=list, repr=False)
+    collectives: list[CollectiveSpan] = field(default_factory=list, repr=False)
+    # per collective (as ``collectives``): the bytes it put on each link, by index into ``links``
+    link_loads: list[Sequence[float]] = field(default_factory=list, repr=False)
+
+    def busiest_links(self, k: int | None = None) -> list[LinkStats]:
+        """The links by utilisation, most loaded first (ties: by busy time); the first ``k`` of them."""
+        ranked = sorted(self.links, key=lambda link: (-link.utilization, -link.busy_s, link.name))
+        return ranked if k is None else ranked[:k]
 
     def loss_vs_time(self) -> list[tuple[float, float]]:
         """Each step's loss paired with the simulated time the step ended (needs ``history``)."""
@@ -114,6 +164,11 @@ class SimResult:
         rows = [f"{'node':>5} {'compute s':>12} {'comm s':>12} {'idle s':>12} {'wire MB':>12}"]
         for node, sent in zip(self.per_node, self.wire_bytes):
             rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} {sent / 1e6:>12.3f}")
+        top = self.busiest_links(1)
+        if top and top[0].bytes > 0:
+            link = top[0]
+            rows.append(f"most loaded link: {link.name}, {link.bytes / 1e6:.3f} MB, busy {link.busy_s:.3f} s "
+                        f"({link.busy_fraction:.1%} of the run), utilization {link.utilization:.1%}")
         return "\n".join([head, *rows])
 
 
