@@ -55,6 +55,7 @@ import numpy as np
 
 from exonet.errors import ScenarioError, TraceError
 from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
+from exonet.netsim.collectives import algorithm_names
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Planner
@@ -105,6 +106,7 @@ class Simulation:
         self._topo = Topology(resolved)
         self._cm = ComputeModel(resolved)
         self._planner = Planner(self._topo, resolved.algorithms, resolved.sharing)
+        self._algorithms = algorithm_names(resolved.algorithms)  # op -> the algorithm that runs it, for the spans
         self._net = FluidNetwork(self._topo.capacity, resolved.sharing, resolution=TICK)
         self._net_epoch = 0  # the tick at which the fluid network's clock reads 0
         self._net_token = 0
@@ -312,7 +314,7 @@ class Simulation:
     def _span(self, c: Instance) -> CollectiveSpan:
         """``c`` as a record in seconds, with the algorithm that ran it."""
         op = "send" if c.op == "p2p" else c.op
-        algorithm = "direct" if c.op == "p2p" else self.resolved.algorithms.get(c.op, "")
+        algorithm = "direct" if c.op == "p2p" else self._algorithms[c.op]
         return CollectiveSpan(seconds(c.start), seconds(c.end), op, c.nbytes, c.members, algorithm, c.async_op)
 
     # ----------------------------------------------------------------- ranks

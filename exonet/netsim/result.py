@@ -19,13 +19,13 @@ shared or capped link has utilization below its busy fraction.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 KINDS = ("compute", "comm", "idle")
 COMPUTE, COMM, IDLE = range(3)
@@ -126,34 +126,42 @@ class SimResult:
         return list(zip(self.step_end_times, self.history))
 
     def to_chrome_trace(self, path: str | os.PathLike) -> Path:
-        """Write the timeline as Chrome trace JSON (chrome://tracing, ui.perfetto.dev): one track per node.
+        """Write the run as Chrome trace JSON (ui.perfetto.dev, chrome://tracing); see exonet.netsim.chrome.
 
-        The file is strict JSON: a time that is not finite raises ValueError instead of writing
-        ``nan`` or ``inf``, which JSON lacks and viewers reject.
+        A track per node (compute / comm / idle), its collectives and messages as slices with
+        their op, bytes, group and algorithm, arrows for messages, and a utilisation counter per link.
         """
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
-                name = self.scenario_name or "exonet simulation"
-                f.write(json.dumps({"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": name}}))
-                for rank, line in enumerate(self.timelines):
-                    f.write(",\n" + json.dumps({"ph": "M", "name": "thread_name", "pid": 0, "tid": rank, "args": {"name": f"node {rank}"}}))
-                    spans = [(line.times[2 * i], line.times[2 * i + 1], line.kinds[i]) for i in range(len(line.kinds))]
-                    if self.wall_clock_s > line.end:
-                        spans.append((line.end, self.wall_clock_s, IDLE))
-                    f.writelines(
-                        f',\n{{"ph": "X", "pid": 0, "tid": {rank}, "name": "{KINDS[kind]}", "cat": "{KINDS[kind]}", '
-                        f'"ts": {_microseconds(start, rank)}, "dur": {_microseconds(end - start, rank)}}}'
-                        for start, end, kind in spans
-                    )
-                f.write("\n]}\n")
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        return path
+        from exonet.netsim import chrome
+
+        return chrome.write(self, path)
+
+    def link_series(self, windows: int = 200, links: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Each link's utilisation over time: ``windows`` equal windows of the run.
+
+        Returns the windows' edges (seconds, ``windows + 1`` of them) and, per link of ``links``
+        (indices into ``links``; default all), bytes in each window ÷ (capacity × window). A
+        collective's bytes on a link are spread evenly over its span, start to end, so the
+        windows' mean is the link's ``utilization`` exactly; within a span the profile is flat.
+        """
+        chosen = np.arange(len(self.links)) if links is None else np.asarray(links, dtype=np.intp)
+        edges = np.linspace(0.0, self.wall_clock_s, windows + 1)
+        out = np.zeros((len(chosen), windows))
+        if self.wall_clock_s <= 0 or not len(chosen):
+            return edges, out
+        cumulative = np.zeros((windows + 1, len(chosen)))
+        for lo in range(0, len(self.collectives), 4096):  # chunks bound the (collectives × edges) matrix
+            spans = self.collectives[lo:lo + 4096]
+            start = np.array([c.start_s for c in spans])[:, None]
+            length = np.array([c.end_s - c.start_s for c in spans])[:, None]
+            loads = np.array([np.asarray(load)[chosen] for load in self.link_loads[lo:lo + 4096]])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                spread = np.clip((edges[None, :] - start) / length, 0.0, 1.0)
+            share = np.where(length > 0, spread, edges[None, :] > start)  # a span of no length: all at its start
+            share[:, 0], share[:, -1] = 0.0, 1.0
+            cumulative += share.T @ loads
+        capacity = np.array([self.links[i].capacity for i in chosen])
+        out[:] = (np.diff(cumulative, axis=0) / (capacity[None, :] * np.diff(edges)[:, None])).T
+        return edges, out
 
     def summary(self) -> str:
         """A readable table: the run, then one row per node."""
@@ -170,14 +178,6 @@ class SimResult:
             rows.append(f"most loaded link: {link.name}, {link.bytes / 1e6:.3f} MB, busy {link.busy_s:.3f} s "
                         f"({link.busy_fraction:.1%} of the run), utilization {link.utilization:.1%}")
         return "\n".join([head, *rows])
-
-
-def _microseconds(seconds: float, rank: int) -> str:
-    """``seconds`` in microseconds as a JSON number (Python's repr, which round-trips)."""
-    us = seconds * 1e6
-    if not math.isfinite(us):
-        raise ValueError(f"SimResult.to_chrome_trace: node {rank} has a span of {seconds!r} s; a Chrome trace needs finite times")
-    return repr(us)
 
 
 def _duration(seconds: float) -> str:
