@@ -60,3 +60,21 @@ def test_cli_timeline_on_a_run_directory_writes_the_image_and_prints_the_text(tm
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     assert "timeline: scenario cross-region, 4 nodes, 3 steps" in printed
     assert printed.count("\nnode ") == 4 and ("us-east->eu-west " in printed or "eu-west->us-east " in printed)
+
+
+@pytest.mark.slow
+def test_cli_timeline_on_the_folder_given_to_fit(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from exonet import LocalTrainer
+    from exonet.strategies import DDPStrategy, OptimSpec
+    from exonet.toy import synthetic_classification, tiny_mlp
+
+    runs = tmp_path / "runs"
+    LocalTrainer(tiny_mlp(), synthetic_classification(64, dim=8, classes=4)).fit(
+        DDPStrategy(OptimSpec("sgd", lr=0.1)), num_nodes=2, max_steps=3, batch_size=8, val_size=0, progress=False,
+        device="cpu", run_dir=runs)
+    out = tmp_path / "timeline.png"
+    assert cli(["timeline", str(runs), "--scenario", "datacenter", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert "timeline: scenario datacenter, 2 nodes, 3 steps" in printed and printed.count("\nnode ") == 2
