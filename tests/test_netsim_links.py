@@ -48,13 +48,13 @@ def test_ring_all_reduce_puts_2_n_minus_1_over_n_S_on_every_nic_busy_for_its_tra
     assert wall == pytest.approx(0.5 + 2 * (n - 1) * A + 2 * (n - 1) / n * S / B, **exact)
     for r in range(n):
         for side in ("uplink", "downlink"):
-            link = links[f"rank {r} {side}"]
+            link = links[f"{side} {r}"]
             assert link.capacity == B
             assert link.bytes == pytest.approx(2 * (n - 1) / n * S, **exact)
             assert link.busy_s == pytest.approx(2 * (n - 1) / n * S / B, **exact)  # each phase's S/n at B, no α
             assert link.utilization == pytest.approx(link.bytes / (B * wall), **exact)
             assert link.busy_fraction == pytest.approx(link.busy_s / wall, **exact)
-        assert links[f"rank {r} uplink"].bytes == pytest.approx(result.wire_bytes[r], abs=1)
+        assert links[f"uplink {r}"].bytes == pytest.approx(result.wire_bytes[r], abs=1)
 
 
 @paths
@@ -64,14 +64,14 @@ def test_the_inter_region_link_carries_the_ring_traffic_that_crosses_it_and_is_n
     result = simulate(everyone(4, "all_reduce", S), resolved(4, regions=("us", "us", "eu", "eu"), link_bw=link_bw),
                       fast_path=fast_path)
     links = by_name(result)
-    assert set(links) == {f"rank {r} {side}" for r in range(4) for side in ("uplink", "downlink")} | {"us->eu", "eu->us"}
+    assert set(links) == {f"{side} {r}" for r in range(4) for side in ("uplink", "downlink")} | {"us->eu", "eu->us"}
     for name in ("us->eu", "eu->us"):
         assert links[name].capacity == link_bw
         assert links[name].bytes == pytest.approx(6 / 4 * S, **exact)
         assert links[name].busy_s == pytest.approx(6 * (S / 4) / link_bw, **exact)
     # the uplink feeding the slow link moves at its rate; the others at B
-    assert links["rank 1 uplink"].busy_s == pytest.approx(6 * (S / 4) / link_bw, **exact)
-    assert links["rank 0 uplink"].busy_s == pytest.approx(6 * (S / 4) / B, **exact)
+    assert links["uplink 1"].busy_s == pytest.approx(6 * (S / 4) / link_bw, **exact)
+    assert links["uplink 0"].busy_s == pytest.approx(6 * (S / 4) / B, **exact)
     top = result.busiest_links(1)[0]
     assert top.name in ("us->eu", "eu->us")
     assert f"most loaded link: {top.name}" in result.summary()
@@ -91,8 +91,8 @@ def test_two_messages_sharing_a_region_link_keep_it_busy_for_both_transfers(fast
     assert links["us->eu"].bytes == pytest.approx(2 * S, **exact)
     assert links["us->eu"].busy_s == pytest.approx(2 * S / link_bw, **exact)
     assert links["eu->us"].bytes == 0 and links["eu->us"].busy_s == 0
-    assert links["rank 0 uplink"].busy_s == pytest.approx(2 * S / link_bw, **exact)
-    assert links["rank 0 uplink"].utilization == pytest.approx(S / (B * result.wall_clock_s), **exact)
+    assert links["uplink 0"].busy_s == pytest.approx(2 * S / link_bw, **exact)
+    assert links["uplink 0"].utilization == pytest.approx(S / (B * result.wall_clock_s), **exact)
     assert result.wall_clock_s == pytest.approx(A + 2 * S / link_bw, **exact)
 
 
@@ -122,9 +122,9 @@ def test_fifo_counts_only_the_message_that_moves():
     t.add_collective(1, "recv", S, group=(0, 1))
     t.add_collective(2, "recv", S, group=(0, 2))
     links = by_name(simulate(t, resolved(3, sharing="fifo")))
-    assert links["rank 0 uplink"].busy_s == pytest.approx(2 * S / B, **exact)
-    assert links["rank 1 downlink"].busy_s == pytest.approx(S / B, **exact)
-    assert links["rank 2 downlink"].busy_s == pytest.approx(S / B, **exact)
+    assert links["uplink 0"].busy_s == pytest.approx(2 * S / B, **exact)
+    assert links["downlink 1"].busy_s == pytest.approx(S / B, **exact)
+    assert links["downlink 2"].busy_s == pytest.approx(S / B, **exact)
 
 
 def test_packet_headers_are_carried_bytes():
@@ -132,6 +132,6 @@ def test_packet_headers_are_carried_bytes():
     result = simulate(everyone(2, "broadcast", S), resolved(2, mss=mss, header_bytes=header))
     links = by_name(result)
     wire = S + -(-S // mss) * header
-    assert links["rank 0 uplink"].bytes == pytest.approx(wire, **exact)
-    assert links["rank 1 downlink"].bytes == pytest.approx(wire, **exact)
-    assert links["rank 1 uplink"].bytes == 0
+    assert links["uplink 0"].bytes == pytest.approx(wire, **exact)
+    assert links["downlink 1"].bytes == pytest.approx(wire, **exact)
+    assert links["uplink 1"].bytes == 0

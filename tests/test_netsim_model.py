@@ -382,7 +382,7 @@ def test_loss_vs_time_and_summary(net):
     assert result.loss_vs_time() == list(zip(result.step_end_times, [3.0, 2.0, 1.5]))
     text = result.summary()
     assert "2 nodes, 3 steps" in text and len(text.splitlines()) == 5
-    assert text.splitlines()[-1].startswith("most loaded link: rank ")
+    assert text.splitlines()[-1].startswith("most loaded link: ")
     with pytest.raises(ValueError, match="history has 2 losses but the trace has 3 steps"):
         simulate(steps(2, 3), net(2), history=[1.0, 2.0])
 

@@ -60,7 +60,7 @@ from exonet.netsim.compute import ComputeModel
 from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
-from exonet.netsim.result import COMM, COMPUTE, IDLE, CollectiveSpan, LinkStats, NodeTimes, SimResult, Timeline
+from exonet.netsim.result import COMM, COMPUTE, IDLE, CollectiveSpan, LinkLoad, NodeTimes, SimResult, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
@@ -302,13 +302,13 @@ class Simulation:
             link_loads=[c.plan.load for c in self._ended],
         )
 
-    def _links(self, wall: float) -> list[LinkStats]:
+    def _links(self, wall: float) -> list[LinkLoad]:
         """Each link's bytes, busy time and utilisation over a run of ``wall`` seconds."""
         busy = self._busy + self._net.busy_s
         topo = self._topo
-        return [LinkStats(topo.link_name(i), cap, float(self._load[i]), float(busy[i]),
-                          float(self._load[i]) / (cap * wall) if wall > 0 else 0.0,
-                          float(busy[i]) / wall if wall > 0 else 0.0)
+        return [LinkLoad(topo.link_name(i), cap, float(self._load[i]), (float(self._load[i]),),
+                         float(self._load[i]) / (cap * wall) if wall > 0 else 0.0, float(busy[i]),
+                         float(busy[i]) / wall if wall > 0 else 0.0)
                 for i, cap in enumerate(topo.capacity)]
 
     def _span(self, c: Instance) -> CollectiveSpan:

@@ -52,14 +52,15 @@ class Timeline:
 
 
 @dataclass(frozen=True, slots=True)
-class LinkStats:
-    """One link's traffic over the run: capacity in bytes/s, bytes carried, seconds busy."""
+class LinkLoad:
+    """What one link (one direction) carried over the run, and how long it was busy."""
 
-    name: str  # "rank 3 uplink", "rank 0 downlink", "us->eu", ...
-    capacity: float
-    bytes: float
-    busy_s: float
+    name: str  # "uplink 3", "downlink 3", "us->eu"
+    capacity: float  # bytes/s
+    bytes: float  # on the wire (headers included)
+    by_job: tuple[float, ...]  # the same, per job: (bytes,) for one trace
     utilization: float  # bytes / (capacity × wall_clock_s)
+    busy_s: float  # seconds at least one flow moved bytes on it
     busy_fraction: float  # busy_s / wall_clock_s
 
 
@@ -109,12 +110,12 @@ class SimResult:
     events: int = 0
     history: list[float] | None = None
     timelines: list[Timeline] = field(default_factory=list, repr=False)
-    links: list[LinkStats] = field(default_factory=list, repr=False)
+    links: list[LinkLoad] = field(default_factory=list, repr=False)
     collectives: list[CollectiveSpan] = field(default_factory=list, repr=False)
     # per collective (as ``collectives``): the bytes it put on each link, by index into ``links``
     link_loads: list[Sequence[float]] = field(default_factory=list, repr=False)
 
-    def busiest_links(self, k: int | None = None) -> list[LinkStats]:
+    def busiest_links(self, k: int | None = None) -> list[LinkLoad]:
         """The links by utilisation, most loaded first (ties: by busy time); the first ``k`` of them."""
         ranked = sorted(self.links, key=lambda link: (-link.utilization, -link.busy_s, link.name))
         return ranked if k is None else ranked[:k]

@@ -15,8 +15,8 @@ every latency is 0, since it would then do nothing at all).
 
 Links are numbered so a flow is a tuple of small integers: uplinks ``0..n-1``,
 downlinks ``n..2n-1``, then two ids per inter-region link (one per direction).
-Each link has a readable name in ``names`` ("rank 3 uplink", "us->eu"), for per-link
-statistics: a new kind of link names itself where it is added (``add_link``).
+Each link has a readable name (``link_name``: "uplink 3", "downlink 3", "us->eu"), for
+per-link statistics.
 """
 
 from __future__ import annotations
@@ -70,27 +70,24 @@ class Topology:
         self.num_nodes = n
         self._resolved = resolved
         self.capacity: list[float] = [*resolved.uplink, *resolved.downlink]
-        self.names: list[str] = [f"rank {r} uplink" for r in range(n)] + [f"rank {r} downlink" for r in range(n)]
         self._link_ids: dict[tuple[str, str], int] = {}
         for (a, b), spec in sorted(resolved.links.items()):
             if not spec.bandwidth > 0:
                 raise ScenarioError(f"scenario: link between {a!r} and {b!r} needs a positive bandwidth, got {spec.bandwidth!r}")
             for direction in ((a, b), (b, a)):
-                self._link_ids[direction] = self.add_link(f"{direction[0]}->{direction[1]}", spec.bandwidth)
+                self._link_ids[direction] = len(self.capacity)
+                self.capacity.append(spec.bandwidth)
         self._paths: dict[tuple[int, int], Path] = {}
         self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # by the phase's (src, dst) pairs
         self._phases: dict[int, tuple[Phase, Shape, np.ndarray]] = {}  # id(phase) -> (phase, shape, wire sizes)
         self._reach: dict[int, tuple[Sequence[Phase], frozenset[int]]] = {}  # id(plan's phases) -> (phases, links)
 
-    def add_link(self, name: str, capacity: float) -> int:
-        """Add a link of ``capacity`` bytes/s called ``name`` (for statistics); returns its id."""
-        self.capacity.append(capacity)
-        self.names.append(name)
-        return len(self.capacity) - 1
-
     def link_name(self, link: int) -> str:
-        """``link``'s readable name (a link added without ``add_link`` is "link <id>")."""
-        return self.names[link] if link < len(self.names) else f"link {link}"
+        """A readable name for link id ``link``: "uplink 3", "downlink 3", "us->eu"."""
+        n = self.num_nodes
+        if link < 2 * n:
+            return f"{'uplink' if link < n else 'downlink'} {link % n}"
+        return next(f"{a}->{b}" for (a, b), i in self._link_ids.items() if i == link)
 
     def load(self, phase: Phase) -> np.ndarray:
         """Bytes the messages of ``phase`` put on each link, by link id (wire sizes, headers included)."""
