@@ -30,6 +30,7 @@ from exonet.netsim.flows import Batch, Solo
 from exonet.netsim.topology import Phase, Topology
 
 _CACHE_LIMIT = 4096
+_PREFIX_LIMIT = 64  # plans whose per-phase running busy totals are kept (each phases × links floats)
 
 
 @dataclass(slots=True, eq=False)
@@ -64,6 +65,7 @@ class Planner:
         self._sharing = sharing
         self._plans: dict[tuple[str, tuple[int, ...], int], Plan] = {}
         self._solos: dict[Phase, tuple[Solo, float]] = {}  # each phase run alone, and its duration
+        self._prefix: dict[int, tuple[Plan, np.ndarray]] = {}  # id(plan) -> (plan, busy before each phase)
 
     def plan(self, op: str, members: tuple[int, ...], nbytes: int) -> Plan:
         """The phases of ``op`` among ``members`` on ``nbytes`` (cached)."""
@@ -97,21 +99,26 @@ class Planner:
         """Each link's busy seconds (a flow moving on it) in the first ``tau`` seconds of ``plan`` run alone.
 
         Phases are not pipelined, so a link's busy time is the sum of its phases'; the
-        vector has one entry per link id, then the padding (always 0).
+        vector has one entry per link id, then the padding (always 0). The whole plan's is
+        kept on the plan; partial sums come from per-phase running totals, kept for the few
+        plans asked (a collective taken over or handed back mid-run).
         """
-        if tau == math.inf and plan.busy is not None:
-            return plan.busy
-        self.duration(plan)
+        if plan.busy is None:
+            self.duration(plan)
+            plan.busy = sum((self._solo(phase)[0].busy() for phase in plan.phases), np.zeros(len(self._topo.capacity) + 1))
         offsets = plan.offsets
         assert offsets is not None
-        total = np.zeros(len(self._topo.capacity) + 1)
-        for phase, start in zip(plan.phases, offsets):
-            if start >= tau:
-                break
-            total += self._solo(phase)[0].busy(tau - start)
-        if tau == math.inf:
-            plan.busy = total
-        return total
+        if tau >= offsets[-1]:
+            return plan.busy
+        hit = self._prefix.get(id(plan))
+        if hit is None or hit[0] is not plan:
+            if len(self._prefix) >= _PREFIX_LIMIT:
+                self._prefix.clear()
+            rows = [np.zeros(len(self._topo.capacity) + 1), *(self._solo(phase)[0].busy() for phase in plan.phases)]
+            hit = self._prefix[id(plan)] = (plan, np.cumsum(rows, axis=0))
+        p = bisect_right(offsets, tau) - 1
+        before = hit[1][p]
+        return before if tau == offsets[p] else before + self._solo(plan.phases[p])[0].busy(tau - offsets[p])
 
     def _phase_time(self, phase: Phase) -> float:
         return self._solo(phase)[1]
