@@ -58,7 +58,7 @@ from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seco
 from exonet.netsim.collectives import algorithm_names
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.diagnose import deadlock
-from exonet.netsim.fastpath import Planner
+from exonet.netsim.fastpath import Plan, Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
 from exonet.netsim.result import COMM, COMPUTE, IDLE, CollectiveSpan, LinkLoad, NodeTimes, SimResult, Timeline
 from exonet.netsim.state import Instance, RankState
@@ -126,8 +126,9 @@ class Simulation:
         self._taken_at = -1  # the tick of the latest take-over
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
-        self._load = np.zeros(len(self._topo.capacity))  # bytes put on each link
-        self._busy = np.zeros(len(self._topo.capacity) + 1)  # busy seconds on the fast path (the fluid network keeps its own)
+        self._carried: dict[Plan, int] = {}  # plan -> how many collectives ran it (for the links' loads)
+        self._alone: dict[Plan, int] = {}  # plan -> how many ran it whole on the fast path (for the links' busy time)
+        self._busy = np.zeros(len(self._topo.capacity) + 1)  # busy seconds of fast-path parts of collectives
         self._ended: list[Instance] = []  # every collective and message, in the order they ended
         self._last_end = 0
         self._events = 0
@@ -304,10 +305,11 @@ class Simulation:
 
     def _links(self, wall: float) -> list[LinkLoad]:
         """Each link's bytes, busy time and utilisation over a run of ``wall`` seconds."""
-        busy = self._busy + self._net.busy_s
         topo = self._topo
-        return [LinkLoad(topo.link_name(i), cap, float(self._load[i]), (float(self._load[i]),),
-                         float(self._load[i]) / (cap * wall) if wall > 0 else 0.0, float(busy[i]),
+        load = sum((count * plan.load for plan, count in self._carried.items()), np.zeros(len(topo.capacity)))
+        busy = sum((count * self._planner.busy(plan) for plan, count in self._alone.items()), self._busy + self._net.busy_s)
+        return [LinkLoad(topo.link_name(i), cap, float(load[i]), (float(load[i]),),
+                         float(load[i]) / (cap * wall) if wall > 0 else 0.0, float(busy[i]),
                          float(busy[i]) / wall if wall > 0 else 0.0)
                 for i, cap in enumerate(topo.capacity)]
 
@@ -540,7 +542,7 @@ class Simulation:
         wire = self._wire
         for r, sent in plan.sent:
             wire[r] += sent
-        self._load += plan.load
+        self._carried[plan] = self._carried.get(plan, 0) + 1
         if not plan.phases:
             self._end(t, c)
         elif self._fast and self._lone is None and not self._active:
@@ -557,7 +559,7 @@ class Simulation:
             return
         if self._lone is c:
             self._lone = None
-        self._busy += self._planner.busy(c.plan)
+        self._alone[c.plan] = self._alone.get(c.plan, 0) + 1
         self._end(t, c)
 
     def _take_over(self, t: int, c: Instance, settle: bool = True) -> None:
