@@ -1,4 +1,4 @@
-"""The ``exonet`` command line: quickstart, simulate, compare, scenarios, estimate."""
+"""The ``exonet`` command line: quickstart, simulate, timeline, compare, scenarios, estimate."""
 
 from __future__ import annotations
 
@@ -40,6 +40,24 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                     path = path.with_name(f"{path.stem}-{tag}{path.suffix}")
                 sim.to_chrome_trace(path)
                 print(f"chrome trace: {path}")
+    return 0
+
+
+def _cmd_timeline(args: argparse.Namespace) -> int:
+    from exonet import timeline
+    from exonet.comparison import Run, expand_runs
+    from exonet.netsim import simulate
+
+    runs, notes = expand_runs(Path(args.run).name, args.run)
+    for note in notes:
+        print(f"exonet timeline: note: {note}", file=sys.stderr)
+    out = Path(args.out)
+    for run_name, run_path in runs.items():
+        sim = simulate(Run.coerce(run_name, run_path).trace, args.scenario)
+        path = out if len(runs) == 1 else out.with_name(f"{out.stem}-{Path(run_name).name}{out.suffix}")
+        print(f"run {run_name}:")
+        print(timeline.text(sim, links=args.links))
+        print(f"timeline: {timeline.draw(sim, path, links=args.links, title=f'{run_name} in {sim.scenario_name}')}")
     return 0
 
 
@@ -142,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
     p.add_argument("--chrome-trace", help="also write a Perfetto/chrome://tracing JSON here")
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("timeline", help="draw a run's replay as a Gantt chart (compute, comm, idle, async "
+                                        "collectives, busiest links) and print it as text")
+    p.add_argument("run", help="run directory, trace.jsonl, or the folder given to fit(run_dir=...) (its complete runs)")
+    p.add_argument("--scenario", required=True, help="preset name or TOML path")
+    p.add_argument("--out", default="timeline.png", help="image to write (default timeline.png; one per run when "
+                                                         "the folder holds several)")
+    p.add_argument("--links", type=int, default=3, help="busiest links to show (default 3)")
+    p.set_defaults(func=_cmd_timeline)
 
     p = sub.add_parser("compare", help="compare runs across scenarios")
     p.add_argument("runs", nargs="+", help="run directories, traces or folders of runs (fit's run_dir), "

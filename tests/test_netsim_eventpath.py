@@ -79,6 +79,7 @@ class Reference:
         self._flows: dict[Flow, tuple[Batch, int]] = {}
         self._paused: dict[int, int] = {}
         self.now = 0.0
+        self.busy_s = np.zeros(len(capacity) + 1)  # per link: seconds some flow moved on it
 
     def __len__(self) -> int:
         return len(self._flows)
@@ -110,6 +111,8 @@ class Reference:
             for f in self._flows:
                 if f.rate:
                     f.remaining -= f.rate * dt
+            for link in {link for f in self._flows if f.rate for link in f.links}:
+                self.busy_s[link] += dt
             self.now = t
             self._sync()
 
@@ -259,6 +262,9 @@ def assert_same(a, b) -> None:
     assert a.wire_bytes == b.wire_bytes
     for x, y in zip(a.per_node, b.per_node):
         assert (x.compute_s, x.comm_s, x.idle_s) == pytest.approx((y.compute_s, y.comm_s, y.idle_s), **exact)
+    assert [link.name for link in a.links] == [link.name for link in b.links]
+    assert [link.bytes for link in a.links] == pytest.approx([link.bytes for link in b.links], **exact)
+    assert [link.busy_s for link in a.links] == pytest.approx([link.busy_s for link in b.links], **exact)
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -7,11 +7,11 @@ replay fed event by event. Modules: ``topology`` (NICs, regions, hosts, paths),
 their closed forms), ``compute`` (speed, jitter, slowdowns, outages), ``fastpath``
 (lone collectives timed without events), ``agenda`` (integer ticks, same-instant
 order), ``state`` (the replay's records), ``engine`` (the SimPy replay), ``replay``
-(``simulate``, a whole trace or several jobs), ``diagnose`` (why a replay cannot finish), ``result``.
+(``simulate``, a whole trace or several jobs), ``diagnose`` (why a replay cannot finish), ``result``, ``chrome`` (the Chrome/Perfetto trace).
 """
 
 from exonet.netsim.engine import Simulation
 from exonet.netsim.replay import simulate
-from exonet.netsim.result import LinkLoad, NodeTimes, SimResult
+from exonet.netsim.result import CollectiveSpan, LinkLoad, NodeTimes, SimResult
 
-__all__ = ["LinkLoad", "NodeTimes", "SimResult", "Simulation", "simulate"]
+__all__ = ["CollectiveSpan", "LinkLoad", "NodeTimes", "SimResult", "Simulation", "simulate"]

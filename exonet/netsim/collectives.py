@@ -385,11 +385,16 @@ BUILDERS: dict[str, dict[str, Builder]] = {
 }
 
 
+def algorithm_names(algorithms: dict[str, str]) -> dict[str, str]:
+    """Each op's algorithm name for a scenario's ``algorithms``; ops it leaves out take the ring family."""
+    return {op: algorithms.get(op, FAMILIES["ring"][op]) for op in BUILDERS}
+
+
 def choose(algorithms: dict[str, str]) -> dict[str, Builder]:
     """Each op's builder for a scenario's ``algorithms``; ops it leaves out take the ring family."""
     out = {}
-    for op, table in BUILDERS.items():
-        name = algorithms.get(op, FAMILIES["ring"][op])
+    for op, name in algorithm_names(algorithms).items():
+        table = BUILDERS[op]
         if name not in table:
             raise ScenarioError(f"scenario: algorithm {name!r} is not offered for {op}; choose one of {', '.join(table)}")
         out[op] = table[name]

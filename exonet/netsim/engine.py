@@ -49,15 +49,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from exonet.errors import ScenarioError, TraceError
 from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
+from exonet.netsim.collectives import algorithm_names
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Plan, Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
-from exonet.netsim.result import COMM, COMPUTE, IDLE, LinkLoad, NodeTimes, SimResult, Timeline
+from exonet.netsim.result import COMM, COMPUTE, IDLE, CollectiveSpan, LinkLoad, NodeTimes, SimResult, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
@@ -103,6 +106,7 @@ class Simulation:
         self._topo = Topology(resolved)
         self._cm = ComputeModel(resolved)
         self._planner = Planner(self._topo, resolved.algorithms, resolved.sharing)
+        self._algorithms = algorithm_names(resolved.algorithms)  # op -> the algorithm that runs it, for the spans
         self._net = FluidNetwork(self._topo.capacity, resolved.sharing, resolution=TICK)
         self._net_epoch = 0  # the tick at which the fluid network's clock reads 0
         self._net_token = 0
@@ -122,6 +126,10 @@ class Simulation:
         self._taken_at = -1  # the tick of the latest take-over
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
+        self._carried: dict[Plan, int] = {}  # plan -> how many collectives ran it (for the links' loads)
+        self._alone: dict[Plan, int] = {}  # plan -> how many ran it whole on the fast path (for the links' busy time)
+        self._busy = np.zeros(len(self._topo.capacity) + 1)  # busy seconds of fast-path parts of collectives
+        self._ended: list[Instance] = []  # every collective and message, in the order they ended
         self._last_end = 0
         self._events = 0
         self._horizon: float = math.inf  # the earliest cursor of a rank waiting for input
@@ -130,7 +138,6 @@ class Simulation:
         self._inbox: dict[int, list[Instance]] = {}  # receiver -> messages delivered that it has not received
         self._any: dict[int, RankState] = {}  # receivers waiting in an any-source receive
         self._received: dict[int, list[tuple[int, float]]] = {}  # receiver -> (sender, seconds) its AnyRecvs took
-        self._carried: dict[Plan, int] = {}  # plan -> how many collectives ran it (for the links' loads)
         self._group_end: dict[tuple[int, ...], int] = {}  # members -> tick their latest collective ended
         for r, outages in enumerate(self._cm.down):
             for t0, t1 in outages:
@@ -292,7 +299,7 @@ class Simulation:
         return self._outcome(states, max(last, *(rk.t for rk in states)), ends, wire, events, history)
 
     def link_loads(self, jobs: Sequence[Sequence[int]]) -> list[LinkLoad]:
-        """What every link carried, in all and per job (each job a list of global ranks), once ``result`` has run."""
+        """Every link that carried bytes, in all and per job (each job a list of global ranks), once ``result`` has run."""
         owner = {r: j for j, ranks in enumerate(jobs) for r in ranks}
         carried: dict[int, list[float]] = {}
         for plan, count in self._carried.items():
@@ -302,10 +309,9 @@ class Simulation:
                     for link in self._topo.path(src, dst).links:
                         carried.setdefault(link, [0.0] * len(jobs))[job] += count * self._topo.wire_size(size)
         span = seconds(max(self._last_end, *(rk.t for rk in self._ranks)))
-        capacity = self._topo.capacity
-        return [LinkLoad(self._topo.link_name(link), capacity[link], sum(by_job), tuple(by_job),
-                         sum(by_job) / (capacity[link] * span) if span > 0 else 0.0)
-                for link, by_job in sorted(carried.items())]
+        return [replace(load, bytes=sum(carried[i]), by_job=tuple(carried[i]),
+                        utilization=sum(carried[i]) / (load.capacity * span) if span > 0 else 0.0)
+                for i, load in enumerate(self._links(span)) if i in carried]
 
     def _outcome(self, ranks: Sequence[RankState], wall: int, ends: Sequence[int], wire: Sequence[float], events: int,
                  history: Sequence[float] | None) -> SimResult:
@@ -326,7 +332,26 @@ class Simulation:
             events=events,
             history=None if history is None else [float(x) for x in history],
             timelines=[Timeline(rk.times, bytes(rk.kinds), seconds(rk.t)) for rk in ranks],
+            links=self._links(seconds(wall)),
+            collectives=[self._span(c) for c in self._ended],
+            link_loads=[c.plan.load for c in self._ended],
         )
+
+    def _links(self, wall: float) -> list[LinkLoad]:
+        """Each link's bytes, busy time and utilisation over a run of ``wall`` seconds."""
+        topo = self._topo
+        load = sum((count * plan.load for plan, count in self._carried.items()), np.zeros(len(topo.capacity)))
+        busy = sum((count * self._planner.busy(plan) for plan, count in self._alone.items()), self._busy + self._net.busy_s)
+        return [LinkLoad(topo.link_name(i), cap, float(load[i]), (float(load[i]),),
+                         float(load[i]) / (cap * wall) if wall > 0 else 0.0, float(busy[i]),
+                         float(busy[i]) / wall if wall > 0 else 0.0)
+                for i, cap in enumerate(topo.capacity)]
+
+    def _span(self, c: Instance) -> CollectiveSpan:
+        """``c`` as a record in seconds, with the algorithm that ran it."""
+        op = "send" if c.op == "p2p" else c.op
+        algorithm = "direct" if c.op == "p2p" else self._algorithms[c.op]
+        return CollectiveSpan(seconds(c.start), seconds(c.end), op, c.nbytes, c.members, algorithm, c.async_op)
 
     # ----------------------------------------------------------------- ranks
     def _advance(self, rk: RankState) -> None:
@@ -472,6 +497,7 @@ class Simulation:
             c.last = max(c.last, rk.t)
         if e.async_op:
             rk.async_ops[e.cid] = c
+            c.async_op = True
         else:
             self._block(rk, c)
         if op == "p2p":
@@ -547,10 +573,10 @@ class Simulation:
             return
         c.start = t
         plan = c.plan = self._planner.plan(c.op, c.members, c.nbytes)
-        self._carried[plan] = self._carried.get(plan, 0) + 1
         wire = self._wire
         for r, sent in plan.sent:
             wire[r] += sent
+        self._carried[plan] = self._carried.get(plan, 0) + 1
         if not plan.phases:
             self._end(t, c)
         elif self._fast and self._lone is None and not self._active:
@@ -567,6 +593,7 @@ class Simulation:
             return
         if self._lone is c:
             self._lone = None
+        self._alone[c.plan] = self._alone.get(c.plan, 0) + 1
         self._end(t, c)
 
     def _take_over(self, t: int, c: Instance, settle: bool = True) -> None:
@@ -584,6 +611,7 @@ class Simulation:
             return  # it ends now: its end event is due at this very time and it has no flows left
         c.token += 1
         tau = max(seconds(t - origin), plan.offsets[first])
+        self._busy += self._planner.busy(plan, tau) - self._planner.busy(plan, plan.offsets[first])
         p, p_start, done, rest = self._planner.state_at(plan, tau, c)
         c.phase = p
         c.pending = len(plan.phases[p])
@@ -637,6 +665,8 @@ class Simulation:
 
     def _rest_end(self, t: int, c: Instance, token: int) -> None:
         if c.token == token:
+            plan, first = c.plan, self._resting[c][1]
+            self._busy += self._planner.busy(plan) - self._planner.busy(plan, plan.offsets[first])
             del self._resting[c], self._active[c]
             self._end(t, c)
 
@@ -687,6 +717,7 @@ class Simulation:
     def _end(self, t: int, c: Instance) -> None:
         c.end = t
         c.done = True
+        self._ended.append(c)
         self._last_end = max(self._last_end, t)
         self._group_end[c.members] = t
         queued = self._queued.get(c.key[0])

@@ -19,6 +19,7 @@ instant, so the engine can take the collective over message by message.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from exonet.netsim.flows import Batch, Solo
 from exonet.netsim.topology import Phase, Topology
 
 _CACHE_LIMIT = 4096
+_PREFIX_LIMIT = 64  # plans whose per-phase running busy totals are kept (each phases × links floats)
 
 
 @dataclass(slots=True, eq=False)
@@ -36,12 +38,16 @@ class Plan:
     """One collective as phases, with the bytes each rank puts on the wire.
 
     ``offsets`` (set by ``Planner.duration``) are the phase start times relative to
-    the collective's start, followed by its total duration.
+    the collective's start, followed by its total duration. ``load`` is the bytes it puts
+    on each link (by link id); ``busy`` (set by ``Planner.busy``) each link's busy seconds
+    when it runs alone, whole.
     """
 
     phases: list[Phase]
     sent: tuple[tuple[int, float], ...]
+    load: np.ndarray
     offsets: list[float] | None = None
+    busy: np.ndarray | None = None
 
 
 class Planner:
@@ -59,6 +65,7 @@ class Planner:
         self._sharing = sharing
         self._plans: dict[tuple[str, tuple[int, ...], int], Plan] = {}
         self._solos: dict[Phase, tuple[Solo, float]] = {}  # each phase run alone, and its duration
+        self._prefix: dict[int, tuple[Plan, np.ndarray]] = {}  # id(plan) -> (plan, busy before each phase)
 
     def plan(self, op: str, members: tuple[int, ...], nbytes: int) -> Plan:
         """The phases of ``op`` among ``members`` on ``nbytes`` (cached)."""
@@ -75,7 +82,8 @@ class Planner:
                     sent[src] = sent.get(src, 0.0) + size
             if len(self._plans) >= _CACHE_LIMIT:
                 self._plans.clear()
-            plan = self._plans[key] = Plan(steps, tuple(sent.items()))
+            load = sum((self._topo.load(phase) for phase in steps), np.zeros(len(self._topo.capacity)))
+            plan = self._plans[key] = Plan(steps, tuple(sent.items()), load)
         return plan
 
     def duration(self, plan: Plan) -> float:
@@ -86,6 +94,31 @@ class Planner:
                 offsets.append(offsets[-1] + self._phase_time(phase))
             plan.offsets = offsets
         return plan.offsets[-1]
+
+    def busy(self, plan: Plan, tau: float = math.inf) -> np.ndarray:
+        """Each link's busy seconds (a flow moving on it) in the first ``tau`` seconds of ``plan`` run alone.
+
+        Phases are not pipelined, so a link's busy time is the sum of its phases'; the
+        vector has one entry per link id, then the padding (always 0). The whole plan's is
+        kept on the plan; partial sums come from per-phase running totals, kept for the few
+        plans asked (a collective taken over or handed back mid-run).
+        """
+        if plan.busy is None:
+            self.duration(plan)
+            plan.busy = sum((self._solo(phase)[0].busy() for phase in plan.phases), np.zeros(len(self._topo.capacity) + 1))
+        offsets = plan.offsets
+        assert offsets is not None
+        if tau >= offsets[-1]:
+            return plan.busy
+        hit = self._prefix.get(id(plan))
+        if hit is None or hit[0] is not plan:
+            if len(self._prefix) >= _PREFIX_LIMIT:
+                self._prefix.clear()
+            rows = [np.zeros(len(self._topo.capacity) + 1), *(self._solo(phase)[0].busy() for phase in plan.phases)]
+            hit = self._prefix[id(plan)] = (plan, np.cumsum(rows, axis=0))
+        p = bisect_right(offsets, tau) - 1
+        before = hit[1][p]
+        return before if tau == offsets[p] else before + self._solo(plan.phases[p])[0].busy(tau - offsets[p])
 
     def _phase_time(self, phase: Phase) -> float:
         return self._solo(phase)[1]

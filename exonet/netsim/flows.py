@@ -199,6 +199,8 @@ class FluidNetwork:
         self._changed = False
         self._rates = _allocations(self._capacity, sharing)
         self.now = 0.0
+        self.busy_s = np.zeros(len(capacity) + 1)  # per link id (then the padding): seconds a flow moved on it
+        self._moving: np.ndarray | None = None  # the links a flow moves on at current rates (None: not yet known)
 
     def __len__(self) -> int:
         return sum(b.left for b in self.batches)
@@ -213,7 +215,19 @@ class FluidNetwork:
         if dt > 0:
             for b in self.batches:
                 b.remaining -= b.rate * dt
+            if self.batches:
+                if self._moving is None:
+                    self._moving = self._moving_links()
+                self.busy_s[self._moving] += dt
             self.now = t
+
+    def _moving_links(self) -> np.ndarray:
+        """Which links carry a flow with a positive rate now (a flow that waits or is paused keeps none busy)."""
+        moving = np.zeros(self.pad + 1, dtype=bool)
+        for b in self.batches:
+            moving[b.shape.links[b.rate > 0]] = True
+        moving[self.pad] = False
+        return moving
 
     def add(self, batch: Batch) -> None:
         """Put ``batch`` in transit from ``now`` (with the bytes it has left: it may come from another network)."""
@@ -221,6 +235,7 @@ class FluidNetwork:
         if batch.left:
             self.batches[batch] = None
             self._changed = True
+            self._moving = None
 
     def pause(self, rank: int, down: bool) -> None:
         """Mark ``rank`` down (its flows stop) or up again; outages may overlap."""
@@ -230,6 +245,7 @@ class FluidNetwork:
         else:
             self._paused.pop(rank, None)
         self._changed = True
+        self._moving = None
 
     def update(self) -> list[tuple[Batch, np.ndarray]]:
         """Remove the flows that have finished by ``now`` and recompute rates.
@@ -259,6 +275,7 @@ class FluidNetwork:
 
     def _reallocate(self) -> None:
         self._changed = False
+        self._moving = None
         batches = list(self.batches)
         paused = self._paused
         if paused:
@@ -369,10 +386,12 @@ class Solo:
         net, batch = FluidNetwork(capacity, sharing), Batch(shape, size, None)
         net.add(batch)
         self.times: list[float] = []
+        self._busy: list[np.ndarray] = []  # per point: each link's busy seconds so far (as FluidNetwork.busy_s)
         self._points: list[tuple[list[np.ndarray], np.ndarray, np.ndarray, int, tuple, np.ndarray]] = []
         while True:
             finished = [rows for _, rows in net.update()]
             self.times.append(net.now)
+            self._busy.append(net.busy_s.copy())
             self._points.append((finished, batch.remaining.copy(), batch.live.copy(), batch.left, batch.key, batch.rate))
             t = net.next_finish()
             if t == math.inf:
@@ -382,6 +401,14 @@ class Solo:
     def finishes(self) -> list[tuple[np.ndarray, float]]:
         """(rows, time) of every finish, until the last row's."""
         return [(rows, t) for t, point in zip(self.times, self._points) for rows in point[0]]
+
+    def busy(self, until: float = math.inf) -> np.ndarray:
+        """Each link's busy seconds (as ``FluidNetwork.busy_s``) in the batch's first ``until`` seconds."""
+        k = bisect.bisect_right(self.times, until) - 1
+        busy = self._busy[k]
+        if k + 1 < len(self.times) and until > self.times[k]:  # the links that move until the next point
+            busy = busy + (until - self.times[k]) * (self._busy[k + 1] > busy)
+        return busy
 
     def state(self, until: float, tag: object) -> tuple[list[tuple[Batch, np.ndarray, float]], list[Batch]]:
         """(batch, rows, time) of the rows finished by ``until``, and the batch in transit then (none if all are done)."""

@@ -8,16 +8,24 @@ Per node, ``compute_s + comm_s + idle_s == wall_clock_s`` (to rounding):
 * ``idle_s``: time blocked before a collective could start (waiting for the other
   members to arrive, or for a member to come back), time down, and the time from
   the node's last event to the end of the run (waiting for the slowest node).
+
+Per link (``links``: each NIC's uplink and downlink, each direction of each inter-region
+link): ``bytes`` it carried (wire bytes, headers included), ``busy_s`` (time at least one
+flow moved bytes on it), ``utilization = bytes / (capacity × wall_clock_s)`` (the share
+of its capacity the run used) and ``busy_fraction = busy_s / wall_clock_s`` (the share of
+the run it was in use). A link used at full rate whenever busy has the two equal; a
+shared or capped link has utilization below its busy fraction.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 KINDS = ("compute", "comm", "idle")
 COMPUTE, COMM, IDLE = range(3)
@@ -45,13 +53,34 @@ class Timeline:
 
 @dataclass(frozen=True, slots=True)
 class LinkLoad:
-    """What one link (one direction) carried over a replay of several jobs."""
+    """What one link (one direction) carried over the run, and how long it was busy."""
 
     name: str  # "uplink 3", "downlink 3", "us->eu", "fabric up 3", "fabric down 3"
     capacity: float  # bytes/s
-    bytes: float  # on the wire, every job together
-    by_job: tuple[float, ...]  # the same, per job
-    utilization: float  # bytes / (capacity × the replay's wall-clock)
+    bytes: float  # on the wire (headers included)
+    by_job: tuple[float, ...]  # the same, per job: (bytes,) for one trace
+    utilization: float  # bytes / (capacity × wall_clock_s)
+    busy_s: float  # seconds at least one flow moved bytes on it
+    busy_fraction: float  # busy_s / wall_clock_s
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveSpan:
+    """One collective (or point-to-point message) as the network ran it, in simulated seconds.
+
+    ``op`` is the trace's op, or "send" for a message, whose ``group`` is (sender, receiver);
+    ``nbytes`` is the payload a member passed in (the largest, if they differed);
+    ``algorithm`` is how the scenario ran the op; ``async_op`` is whether a member issued it
+    asynchronously (so it may overlap that member's compute).
+    """
+
+    start_s: float
+    end_s: float
+    op: str
+    nbytes: int
+    group: tuple[int, ...]
+    algorithm: str
+    async_op: bool
 
 
 @dataclass
@@ -69,7 +98,8 @@ class SimResult:
         events: how many trace events were replayed.
         jobs: with several traces (``simulate([a, b], ...)``), each job's own result, its ranks numbered as
             in its trace; empty otherwise.
-        links: with several traces, every link that carried bytes, and how much of it each job used.
+        links: per link (with several traces: every link that carried bytes, and each job's share), its bytes, busy time and utilisation (see the module's docstring).
+        collectives: every collective and message, in the order they ended.
     """
 
     wall_clock_s: float
@@ -84,6 +114,14 @@ class SimResult:
     timelines: list[Timeline] = field(default_factory=list, repr=False)
     jobs: list[SimResult] = field(default_factory=list, repr=False)
     links: list[LinkLoad] = field(default_factory=list, repr=False)
+    collectives: list[CollectiveSpan] = field(default_factory=list, repr=False)
+    # per collective (as ``collectives``): the bytes it put on each link, by index into ``links``
+    link_loads: list[Sequence[float]] = field(default_factory=list, repr=False)
+
+    def busiest_links(self, k: int | None = None) -> list[LinkLoad]:
+        """The links by utilisation, most loaded first (ties: by busy time); the first ``k`` of them."""
+        ranked = sorted(self.links, key=lambda link: (-link.utilization, -link.busy_s, link.name))
+        return ranked if k is None else ranked[:k]
 
     def loss_vs_time(self) -> list[tuple[float, float]]:
         """Each step's loss paired with the simulated time the step ended (needs ``history``)."""
@@ -92,34 +130,42 @@ class SimResult:
         return list(zip(self.step_end_times, self.history))
 
     def to_chrome_trace(self, path: str | os.PathLike) -> Path:
-        """Write the timeline as Chrome trace JSON (chrome://tracing, ui.perfetto.dev): one track per node.
+        """Write the run as Chrome trace JSON (ui.perfetto.dev, chrome://tracing); see exonet.netsim.chrome.
 
-        The file is strict JSON: a time that is not finite raises ValueError instead of writing
-        ``nan`` or ``inf``, which JSON lacks and viewers reject.
+        A track per node (compute / comm / idle), its collectives and messages as slices with
+        their op, bytes, group and algorithm, arrows for messages, and a utilisation counter per link.
         """
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
-                name = self.scenario_name or "exonet simulation"
-                f.write(json.dumps({"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": name}}))
-                for rank, line in enumerate(self.timelines):
-                    f.write(",\n" + json.dumps({"ph": "M", "name": "thread_name", "pid": 0, "tid": rank, "args": {"name": f"node {rank}"}}))
-                    spans = [(line.times[2 * i], line.times[2 * i + 1], line.kinds[i]) for i in range(len(line.kinds))]
-                    if self.wall_clock_s > line.end:
-                        spans.append((line.end, self.wall_clock_s, IDLE))
-                    f.writelines(
-                        f',\n{{"ph": "X", "pid": 0, "tid": {rank}, "name": "{KINDS[kind]}", "cat": "{KINDS[kind]}", '
-                        f'"ts": {_microseconds(start, rank)}, "dur": {_microseconds(end - start, rank)}}}'
-                        for start, end, kind in spans
-                    )
-                f.write("\n]}\n")
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        return path
+        from exonet.netsim import chrome
+
+        return chrome.write(self, path)
+
+    def link_series(self, windows: int = 200, links: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Each link's utilisation over time: ``windows`` equal windows of the run.
+
+        Returns the windows' edges (seconds, ``windows + 1`` of them) and, per link of ``links``
+        (indices into ``links``; default all), bytes in each window ÷ (capacity × window). A
+        collective's bytes on a link are spread evenly over its span, start to end, so the
+        windows' mean is the link's ``utilization`` exactly; within a span the profile is flat.
+        """
+        chosen = np.arange(len(self.links)) if links is None else np.asarray(links, dtype=np.intp)
+        edges = np.linspace(0.0, self.wall_clock_s, windows + 1)
+        out = np.zeros((len(chosen), windows))
+        if self.wall_clock_s <= 0 or not len(chosen):
+            return edges, out
+        cumulative = np.zeros((windows + 1, len(chosen)))
+        for lo in range(0, len(self.collectives), 4096):  # chunks bound the (collectives × edges) matrix
+            spans = self.collectives[lo:lo + 4096]
+            start = np.array([c.start_s for c in spans])[:, None]
+            length = np.array([c.end_s - c.start_s for c in spans])[:, None]
+            loads = np.array([np.asarray(load)[chosen] for load in self.link_loads[lo:lo + 4096]])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                spread = np.clip((edges[None, :] - start) / length, 0.0, 1.0)
+            share = np.where(length > 0, spread, edges[None, :] > start)  # a span of no length: all at its start
+            share[:, 0], share[:, -1] = 0.0, 1.0
+            cumulative += share.T @ loads
+        capacity = np.array([self.links[i].capacity for i in chosen])
+        out[:] = (np.diff(cumulative, axis=0) / (capacity[None, :] * np.diff(edges)[:, None])).T
+        return edges, out
 
     def summary(self) -> str:
         """A readable table: the run, then one row per node."""
@@ -130,15 +176,12 @@ class SimResult:
         rows = [f"{'node':>5} {'compute s':>12} {'comm s':>12} {'idle s':>12} {'wire MB':>12}"]
         for node, sent in zip(self.per_node, self.wire_bytes):
             rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} {sent / 1e6:>12.3f}")
+        top = self.busiest_links(1)
+        if top and top[0].bytes > 0:
+            link = top[0]
+            rows.append(f"most loaded link: {link.name}, {link.bytes / 1e6:.3f} MB, busy {link.busy_s:.3f} s "
+                        f"({link.busy_fraction:.1%} of the run), utilization {link.utilization:.1%}")
         return "\n".join([head, *rows])
-
-
-def _microseconds(seconds: float, rank: int) -> str:
-    """``seconds`` in microseconds as a JSON number (Python's repr, which round-trips)."""
-    us = seconds * 1e6
-    if not math.isfinite(us):
-        raise ValueError(f"SimResult.to_chrome_trace: node {rank} has a span of {seconds!r} s; a Chrome trace needs finite times")
-    return repr(us)
 
 
 def _duration(seconds: float) -> str:

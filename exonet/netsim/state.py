@@ -60,6 +60,7 @@ class Instance:
     """One collective instance: its members' arrivals, then its progress on the network."""
 
     __slots__ = (
+        "async_op",
         "done",
         "end",
         "key",
@@ -90,3 +91,4 @@ class Instance:
         self.phase = 0
         self.pending = 0  # messages of the current phase not yet delivered
         self.token = 0  # invalidates a fast-path end event when the engine takes over
+        self.async_op = False  # some member issued it asynchronously

@@ -22,6 +22,8 @@ and no TCP window (NVLink is not TCP). Between hosts it crosses NICs as above; u
 Links are numbered so a flow is a tuple of small integers: uplinks ``0..n-1``,
 downlinks ``n..2n-1``, then two ids per inter-region link (one per direction), then,
 with hosts, the fabric up-ports and down-ports of the n devices.
+Each link has a readable name (``link_name``: "uplink 3", "downlink 3", "us->eu",
+"fabric up 3"), for per-link statistics.
 """
 
 from __future__ import annotations
@@ -92,6 +94,13 @@ class Topology:
         self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # by the phase's (src, dst) pairs
         self._phases: dict[int, tuple[Phase, Shape, np.ndarray]] = {}  # id(phase) -> (phase, shape, wire sizes)
         self._reach: dict[int, tuple[Sequence[Phase], frozenset[int]]] = {}  # id(plan's phases) -> (phases, links)
+
+    def load(self, phase: Phase) -> np.ndarray:
+        """Bytes the messages of ``phase`` put on each link, by link id (wire sizes, headers included)."""
+        _, shape, sizes = self._phase(phase)
+        out = np.zeros(len(self.capacity) + 1)  # the last entry takes the padding of short paths
+        np.add.at(out, shape.links, np.broadcast_to(sizes[:, None], shape.links.shape))
+        return out[:-1]
 
     def path(self, src: int, dst: int) -> Path:
         """The path of a message from ``src`` to ``dst`` (cached)."""
