@@ -37,6 +37,7 @@ from exonet.trace import Collective, Compute, Step, Trace
 
 DEFAULT_LAYERS = 24
 FORWARD_SHARE = 1 / 3  # forward 2·P FLOPs per token, backward 4·P (Kaplan et al. 2020)
+HOST_FABRIC = {"bandwidth": "450 GB/s", "latency": "1 us"}  # --hosts: NVLink-class, per device, each direction
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 
@@ -273,11 +274,35 @@ def scenario_for_estimate(scenario: Any) -> Any:
     return Scenario.coerce(scenario).replace(compute={"mode": "wall"})
 
 
-def simulate_estimate(trace: Trace, scenario: Any, bandwidth: float | None = None) -> Any:
-    """Replay an estimate's trace in ``scenario`` (optionally with every NIC at ``bandwidth`` bit/s)."""
+def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
+    """``scenario`` with its ranks in hosts of ``devices`` (``--hosts G``), unless it has ``[hosts]`` already.
+
+    The hosts get an NVLink-class fabric (``HOST_FABRIC``: 450 GB/s per device each way, H100 SXM's
+    NVLink 4 being 900 GB/s both ways together; 1 us) and per-device NICs at the scenario's
+    ``network.bandwidth``, and the collectives become hierarchical, as NCCL runs them across hosts
+    (a preset's ``collective = "ring"`` was chosen for flat nodes). A scenario with ``[hosts]``
+    keeps its own table and collective; asking for other ``devices`` than it has is an error.
+    """
+    from exonet.scenario import Scenario
+
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"--hosts: expected an integer >= 1 (devices per host), got {devices!r}")
+    if nodes is not None and nodes % devices:
+        raise ValueError(f"--hosts {devices} does not divide --nodes {nodes}: every host holds {devices} devices")
+    chosen = Scenario.coerce(scenario)
+    own = chosen.to_dict().get("hosts")
+    if own is None:
+        return chosen.replace(hosts={"devices": devices, **HOST_FABRIC}, collective="hierarchical")
+    if own.get("devices") != devices:
+        raise ValueError(f"--hosts {devices}: scenario {chosen.name!r} already has [hosts] devices = {own.get('devices')}")
+    return chosen
+
+
+def simulate_estimate(trace: Trace, scenario: Any, bandwidth: float | None = None, *, hosts: int | None = None) -> Any:
+    """Replay an estimate's trace in ``scenario`` (optionally with every NIC at ``bandwidth`` bit/s, in hosts of ``hosts``)."""
     from exonet.netsim import simulate
 
-    chosen = scenario_for_estimate(scenario)
+    chosen = scenario_for_estimate(scenario if hosts is None else with_hosts(scenario, hosts, trace.num_nodes))
     if bandwidth is not None:
         chosen = chosen.replace(bandwidth=f"{bandwidth!r} bit/s")
     return simulate(trace, chosen)
