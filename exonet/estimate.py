@@ -294,12 +294,13 @@ def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
     if own is None:
         return chosen.replace(hosts={"devices": devices, **HOST_FABRIC}, collective="hierarchical")
     if own.get("devices") != devices:
-        raise ValueError(f"--hosts {devices}: scenario {chosen.name!r} already has [hosts] devices = {own.get('devices')}")
+        raise ValueError(f"--hosts {devices}: scenario {chosen.name!r} already has [hosts] "
+                         f"devices = {own.get('devices')}")
     return chosen
 
 
 def simulate_estimate(trace: Trace, scenario: Any, bandwidth: float | None = None, *, hosts: int | None = None) -> Any:
-    """Replay an estimate's trace in ``scenario`` (optionally with every NIC at ``bandwidth`` bit/s, in hosts of ``hosts``)."""
+    """Replay an estimate's trace in ``scenario`` (optionally: every NIC at ``bandwidth`` bit/s; hosts of ``hosts``)."""
     from exonet.netsim import simulate
 
     chosen = scenario_for_estimate(scenario if hosts is None else with_hosts(scenario, hosts, trace.num_nodes))

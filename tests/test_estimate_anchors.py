@@ -112,7 +112,10 @@ def intellect_bandwidth(S: float, utilization: float, link_ms: int | None) -> fl
     latencies 2(n−1)α in one region, or 2(n/2−1)α + 2α_l across two regions of n/2 nodes.
     """
     fabric = 2 * (GPUS - 1) * (1e-6 + S / GPUS / 450e9)
-    latency = 2 * (HOSTS - 1) * WAN_LATENCY if link_ms is None else 2 * (HOSTS // 2 - 1) * WAN_LATENCY + 2 * link_ms / 1e3
+    if link_ms is None:
+        latency = 2 * (HOSTS - 1) * WAN_LATENCY
+    else:
+        latency = 2 * (HOSTS // 2 - 1) * WAN_LATENCY + 2 * link_ms / 1e3
     return 2 * (HOSTS - 1) / HOSTS * S / (ROUND_S * (1 / utilization - 1) - fabric - latency)
 
 

@@ -177,9 +177,11 @@ def estimate_case(hosts: int = 128, devices: int = 8, strategy: str = "ddp", ste
 
 def estimate_report(args: argparse.Namespace) -> dict:
     figures = estimate_case(args.hosts, args.devices, args.strategy, args.steps)
-    print(f"estimate: {figures['strategy']}, 1B bf16, {args.hosts} hosts x {args.devices} = {figures['nodes']} devices, "
+    print(f"estimate: {figures['strategy']}, 1B bf16, {args.hosts} hosts x {args.devices} = {figures['nodes']} "
+          "devices, "
           f"cross-region, {figures['steps']} steps")
-    print(f"took {figures['seconds']:.2f} s, {figures['cpu_seconds']:.2f} s CPU (trace {figures['build_seconds']:.2f} s, "
+    print(f"took {figures['seconds']:.2f} s, {figures['cpu_seconds']:.2f} s CPU "
+          f"(trace {figures['build_seconds']:.2f} s, "
           f"replay {figures['replay_seconds']:.2f} s), "
           f"peak memory {figures['peak_bytes'] / 2**30:.2f} GiB (process RSS)")
     print(f"simulated wall-clock {figures['wall_clock_s']:.1f} s, utilization {figures['utilization']:.1%}")
