@@ -84,7 +84,7 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
 def _cmd_estimate(args: argparse.Namespace) -> int:
     import json
 
-    from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate, with_hosts
+    from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate
     from exonet.scenario.units import format_bytes, format_rate, format_time
 
     targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
@@ -94,6 +94,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
                     "assumptions": est.assumptions, "payload_bytes_per_node": est.trace.payload_bytes(0), "scenarios": []}
     if args.hosts is not None:
+        from exonet.estimate import with_hosts
+
         report["hosts"] = args.hosts
     for name in args.scenario:
         if args.hosts is not None:
