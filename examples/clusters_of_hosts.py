@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from exonet.estimate import estimate, simulate_estimate
+from exonet.estimate import estimate, simulate_estimate, with_hosts
 from exonet.scenario.units import format_bytes, format_time
 
 STRATEGIES = ["ddp", "diloco:H=50", "streaming_diloco:H=50", "async_diloco:H=50", "demo"]
@@ -26,7 +26,7 @@ def row(strategy: str, steps: int, params: float) -> list[str]:
     try:
         est = estimate(strategy, params=params, nodes=NODES, steps=steps, step_time=1.0, dtype="bf16")
         flat = simulate_estimate(est.trace, SCENARIO)
-        hosted = simulate_estimate(est.trace, SCENARIO, hosts=DEVICES)
+        hosted = simulate_estimate(est.trace, with_hosts(SCENARIO, DEVICES, NODES))
     except Exception as exc:  # noqa: BLE001 - the table reports what estimate cannot do yet
         reason = str(exc).splitlines()[0][:90] or type(exc).__name__
         return [strategy, f"not yet: {reason}", "", "", "", ""]

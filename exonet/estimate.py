@@ -37,7 +37,6 @@ from exonet.trace import Collective, Compute, Step, Trace
 
 DEFAULT_LAYERS = 24
 FORWARD_SHARE = 1 / 3  # forward 2·P FLOPs per token, backward 4·P (Kaplan et al. 2020)
-HOST_FABRIC = {"bandwidth": "450 GB/s", "latency": "1 us"}  # --hosts: NVLink-class, per device, each direction
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 
@@ -274,6 +273,24 @@ def scenario_for_estimate(scenario: Any) -> Any:
     return Scenario.coerce(scenario).replace(compute={"mode": "wall"})
 
 
+def simulate_estimate(trace: Trace, scenario: Any, bandwidth: float | None = None) -> Any:
+    """Replay an estimate's trace in ``scenario`` (optionally with every NIC at ``bandwidth`` bit/s)."""
+    from exonet.netsim import simulate
+
+    chosen = scenario_for_estimate(scenario)
+    if bandwidth is not None:
+        chosen = chosen.replace(bandwidth=f"{bandwidth!r} bit/s")
+    return simulate(trace, chosen)
+
+
+def utilization_at(trace: Trace, scenario: Any, bandwidth: float) -> float:
+    """Compute utilisation of an estimate's ``trace`` in ``scenario`` with every NIC at ``bandwidth`` bit/s."""
+    return simulate_estimate(trace, scenario, bandwidth).utilization
+
+
+HOST_FABRIC = {"bandwidth": "450 GB/s", "latency": "1 us"}  # --hosts: NVLink-class, per device, each direction
+
+
 def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
     """``scenario`` with its ranks in hosts of ``devices`` (``--hosts G``), unless it has ``[hosts]`` already.
 
@@ -297,21 +314,6 @@ def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
         raise ValueError(f"--hosts {devices}: scenario {chosen.name!r} already has [hosts] "
                          f"devices = {own.get('devices')}")
     return chosen
-
-
-def simulate_estimate(trace: Trace, scenario: Any, bandwidth: float | None = None, *, hosts: int | None = None) -> Any:
-    """Replay an estimate's trace in ``scenario`` (optionally: every NIC at ``bandwidth`` bit/s; hosts of ``hosts``)."""
-    from exonet.netsim import simulate
-
-    chosen = scenario_for_estimate(scenario if hosts is None else with_hosts(scenario, hosts, trace.num_nodes))
-    if bandwidth is not None:
-        chosen = chosen.replace(bandwidth=f"{bandwidth!r} bit/s")
-    return simulate(trace, chosen)
-
-
-def utilization_at(trace: Trace, scenario: Any, bandwidth: float) -> float:
-    """Compute utilisation of an estimate's ``trace`` in ``scenario`` with every NIC at ``bandwidth`` bit/s."""
-    return simulate_estimate(trace, scenario, bandwidth).utilization
 
 
 def lowest_bandwidth(utilization: Callable[[float], float], target: float, *, low: float, high: float,

@@ -45,7 +45,7 @@ def test_a_hosted_ddp_estimate_is_the_hierarchical_closed_form():
                    dtype="bf16", layers=2)
     S = est.trace.payload_bytes(0) / steps
     per_step = 2 * ((G - 1) * AF + (G - 1) / G * S / BF) + 2 * (H - 1) * A + 2 * (H - 1) / H * (S / G) / B
-    sim = simulate_estimate(est.trace, FLAT, hosts=G)
+    sim = simulate_estimate(est.trace, with_hosts(FLAT, G))
     assert sim.wall_clock_s == pytest.approx(steps * (step_time + per_step), rel=1e-9)
     flat = simulate_estimate(est.trace, FLAT)
     assert flat.wall_clock_s == pytest.approx(steps * (step_time + 2 * (G * H - 1) * (A + S / (G * H) / B)), rel=1e-9)
@@ -58,7 +58,8 @@ def test_the_cli_answers_hosts_across_two_regions_in_one_command(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["hosts"] == 8
     est = estimate("ddp", params=1e7, nodes=16, steps=2, step_time=1, dtype="bf16", layers=2)
-    hosted, flat = simulate_estimate(est.trace, "cross-region", hosts=8), simulate_estimate(est.trace, "cross-region")
+    hosted = simulate_estimate(est.trace, with_hosts("cross-region", 8))
+    flat = simulate_estimate(est.trace, "cross-region")
     assert report["wall_clock_s"] == pytest.approx(hosted.wall_clock_s, rel=1e-12)
     assert hosted.wall_clock_s < flat.wall_clock_s  # the link carries S, not 1.75·S, and intra-host hops ride NVLink
     assert main(argv) == 0

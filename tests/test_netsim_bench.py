@@ -35,14 +35,14 @@ def test_the_parity_overlap_puts_the_second_all_reduce_on_even_or_odd_ranks(caps
 
 
 def test_the_hierarchical_estimate_case_returns_its_figures(capsys):
-    from exonet.estimate import estimate, simulate_estimate
+    from exonet.estimate import estimate, simulate_estimate, with_hosts
 
     figures = netsim.estimate_case(hosts=2, devices=4, steps=3, params=1e7)
     assert (figures["nodes"], figures["strategy"], figures["steps"]) == (8, "ddp", 3)
     assert 0 < figures["build_seconds"] <= figures["seconds"] and figures["cpu_seconds"] > 0
     assert 0 < figures["peak_bytes"] < 2 * 2**30
     est = estimate("ddp", params=1e7, nodes=8, steps=3, step_time=1.0, dtype="bf16")
-    assert figures["wall_clock_s"] == simulate_estimate(est.trace, "cross-region", hosts=4).wall_clock_s
+    assert figures["wall_clock_s"] == simulate_estimate(est.trace, with_hosts("cross-region", 4)).wall_clock_s
     assert netsim.main(["--estimate", "--hosts", "2", "--devices", "4", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "2 hosts x 4 = 8 devices, cross-region, 2 steps" in out and "GiB" in out and "s CPU" in out

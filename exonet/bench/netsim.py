@@ -161,13 +161,13 @@ def estimate_case(hosts: int = 128, devices: int = 8, strategy: str = "ddp", ste
     """The hierarchical estimate at ``hosts`` × ``devices``: its figures (seconds, peak memory) and its answer."""
     import resource
 
-    from exonet.estimate import estimate, simulate_estimate
+    from exonet.estimate import estimate, simulate_estimate, with_hosts
 
     nodes = hosts * devices
     t0, c0 = time.perf_counter(), time.process_time()
     est = estimate(strategy, params=params, nodes=nodes, steps=steps, step_time=1.0, dtype="bf16")
     built = time.perf_counter() - t0
-    sim = simulate_estimate(est.trace, "cross-region", hosts=devices)
+    sim = simulate_estimate(est.trace, with_hosts("cross-region", devices, nodes))
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {"nodes": nodes, "strategy": strategy, "steps": steps, "seconds": seconds, "cpu_seconds": cpu,
