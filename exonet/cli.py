@@ -111,7 +111,13 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                    dtype=args.dtype, layers=args.layers, model=args.model)
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
                     "assumptions": est.assumptions, "payload_bytes_per_node": est.trace.payload_bytes(0), "scenarios": []}
+    if args.hosts is not None:
+        from exonet.estimate import with_hosts
+
+        report["hosts"] = args.hosts
     for name in args.scenario:
+        if args.hosts is not None:
+            name = with_hosts(name, args.hosts, args.nodes)
         sim = simulate_estimate(est.trace, name)
         row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s, "utilization": sim.utilization,
                "wire_bytes_per_node": sum(sim.wire_bytes) / args.nodes}
@@ -124,7 +130,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"estimate: {args.strategy} with K={args.nodes}, {args.steps} steps, {est.params:,} parameters")
+    hosts = f" ({args.nodes // args.hosts} hosts of {args.hosts})" if args.hosts else ""
+    print(f"estimate: {args.strategy} with K={args.nodes}{hosts}, {args.steps} steps, {est.params:,} parameters")
     print("assumptions:")
     for a in est.assumptions:
         print(f"  - {a}")
@@ -196,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tflops", type=float, help="device peak TFLOP/s")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (default 0.4)")
     p.add_argument("--dtype", default="fp32", help="parameter/transfer dtype: fp32, bf16, fp16")
+    p.add_argument("--hosts", type=int, metavar="G",
+                   help="G consecutive nodes per host (NVLink-class fabric, 450 GB/s and 1 us per device, hierarchical "
+                        "collectives), unless the scenario has [hosts]")
     p.add_argument("--solve-utilization", metavar="U,U,...",
                    help="find the NIC bandwidth (within 1%%) at which compute utilisation reaches each U, e.g. 0.5,0.9")
     p.add_argument("--json", action="store_true", help="print a machine-readable result")

@@ -288,6 +288,34 @@ def utilization_at(trace: Trace, scenario: Any, bandwidth: float) -> float:
     return simulate_estimate(trace, scenario, bandwidth).utilization
 
 
+HOST_FABRIC = {"bandwidth": "450 GB/s", "latency": "1 us"}  # --hosts: NVLink-class, per device, each direction
+
+
+def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
+    """``scenario`` with its ranks in hosts of ``devices`` (``--hosts G``), unless it has ``[hosts]`` already.
+
+    The hosts get an NVLink-class fabric (``HOST_FABRIC``: 450 GB/s per device each way, H100 SXM's
+    NVLink 4 being 900 GB/s both ways together; 1 us) and per-device NICs at the scenario's
+    ``network.bandwidth``, and the collectives become hierarchical, as NCCL runs them across hosts
+    (a preset's ``collective = "ring"`` was chosen for flat nodes). A scenario with ``[hosts]``
+    keeps its own table and collective; asking for other ``devices`` than it has is an error.
+    """
+    from exonet.scenario import Scenario
+
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"--hosts: expected an integer >= 1 (devices per host), got {devices!r}")
+    if nodes is not None and nodes % devices:
+        raise ValueError(f"--hosts {devices} does not divide --nodes {nodes}: every host holds {devices} devices")
+    chosen = Scenario.coerce(scenario)
+    own = chosen.to_dict().get("hosts")
+    if own is None:
+        return chosen.replace(hosts={"devices": devices, **HOST_FABRIC}, collective="hierarchical")
+    if own.get("devices") != devices:
+        raise ValueError(f"--hosts {devices}: scenario {chosen.name!r} already has [hosts] "
+                         f"devices = {own.get('devices')}")
+    return chosen
+
+
 def lowest_bandwidth(utilization: Callable[[float], float], target: float, *, low: float, high: float,
                      rtol: float = 0.01) -> float | None:
     """The lowest bandwidth in [low, high] (within ``rtol``) at which ``utilization(bandwidth)`` reaches ``target``.

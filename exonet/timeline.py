@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exonet.netsim.result import COMM, COMPUTE, IDLE, SimResult
+from exonet.netsim.result import SimResult
+from exonet.netsim.spans import COMM, COMPUTE, IDLE
 
 COLORS = {COMPUTE: "#4c72b0", COMM: "#dd8452", IDLE: "#d9d9d9"}
 ASYNC_COLOR = "#55a868"

@@ -69,3 +69,12 @@ def test_async_study_example_compares_five_ways_to_share_work(tmp_path):
     steps = {name: [int(s) for s in counts] for name, *counts in rows}
     assert len(set(steps["sync DiLoCo"])) == 1  # the slowest worker gates every round
     assert steps["async DiLoCo (naive)"][0] > 4 * steps["async DiLoCo (naive)"][3]  # fast workers do more
+
+
+@pytest.mark.slow
+def test_clusters_of_hosts_prints_one_row_per_strategy():
+    out = run_example("clusters_of_hosts.py", "--steps", "2", "--params", "1e7")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| strategy")]
+    assert [r.split(" | ")[0][2:] for r in rows] == ["ddp", "diloco:H=50", "streaming_diloco:H=50",
+                                                     "async_diloco:H=50", "demo"]
+    assert "%" in rows[0]  # DDP is estimated, flat and in hosts

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from exonet import Scenario, Trace, TraceError, simulate
-from exonet.netsim.result import SimResult, Timeline
+from exonet.netsim.result import SimResult
+from exonet.netsim.spans import Timeline
 
 SCENARIO = Scenario.from_dict({"name": "t", "network": {"bandwidth": "8 Mbit/s", "latency": "1 ms"}})  # 1 MB/s
 HEADER = {"format": "exonet-trace", "version": 1, "num_nodes": 3, "meta": {}}

@@ -32,3 +32,17 @@ def test_the_parity_overlap_puts_the_second_all_reduce_on_even_or_odd_ranks(caps
     assert trace.events[4][2].group == (0, 2, 4) and trace.events[3][2].group == (1, 3, 5)
     assert netsim.main(["--overlap", "--parity", "--steps", "4", "--nodes", "8", "--mbytes", "1", "--reference-steps", "2"]) == 0
     assert "the rank's parity of 4" in capsys.readouterr().out
+
+
+def test_the_hierarchical_estimate_case_returns_its_figures(capsys):
+    from exonet.estimate import estimate, simulate_estimate, with_hosts
+
+    figures = netsim.estimate_case(hosts=2, devices=4, steps=3, params=1e7)
+    assert (figures["nodes"], figures["strategy"], figures["steps"]) == (8, "ddp", 3)
+    assert 0 < figures["build_seconds"] <= figures["seconds"] and figures["cpu_seconds"] > 0
+    assert 0 < figures["peak_bytes"] < 2 * 2**30
+    est = estimate("ddp", params=1e7, nodes=8, steps=3, step_time=1.0, dtype="bf16")
+    assert figures["wall_clock_s"] == simulate_estimate(est.trace, with_hosts("cross-region", 4)).wall_clock_s
+    assert netsim.main(["--estimate", "--hosts", "2", "--devices", "4", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 hosts x 4 = 8 devices, cross-region, 2 steps" in out and "GiB" in out and "s CPU" in out

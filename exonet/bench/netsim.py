@@ -20,6 +20,13 @@ twice, as the engine runs it and, on the first R steps, on the event path alone
 (``fast_path=False``: every collective flow by flow, no analytic phases), side by side.
 ``--fit`` replays it at several node counts and step counts and fits the growth exponents
 of the replay time (time ∝ n^a at fixed steps, ∝ steps^b at fixed n).
+
+``--estimate`` is the 1,024-device hierarchical estimate (issue 21): ``exonet estimate`` of a
+1B-parameter bf16 model on ``--hosts`` hosts of ``--devices`` GPUs (default 128 × 8) in the
+cross-region preset, ``--strategy`` (default DDP; DiLoCo runs every rank while ``estimate``
+counts its world-group declaration as subgroups) for ``--steps`` steps (default 100), built and
+replayed, with its time (wall and CPU) and the process's peak resident memory (target: ≤ 30 s,
+≤ 2 GiB).
 """
 
 from __future__ import annotations
@@ -149,6 +156,38 @@ def overlap(args: argparse.Namespace) -> int:
     return 0
 
 
+def estimate_case(hosts: int = 128, devices: int = 8, strategy: str = "ddp", steps: int = 100,
+                  params: float = 1e9) -> dict:
+    """The hierarchical estimate at ``hosts`` × ``devices``: its figures (seconds, peak memory) and its answer."""
+    import resource
+
+    from exonet.estimate import estimate, simulate_estimate, with_hosts
+
+    nodes = hosts * devices
+    t0, c0 = time.perf_counter(), time.process_time()
+    est = estimate(strategy, params=params, nodes=nodes, steps=steps, step_time=1.0, dtype="bf16")
+    built = time.perf_counter() - t0
+    sim = simulate_estimate(est.trace, with_hosts("cross-region", devices, nodes))
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return {"nodes": nodes, "strategy": strategy, "steps": steps, "seconds": seconds, "cpu_seconds": cpu,
+            "build_seconds": built, "replay_seconds": seconds - built, "peak_bytes": peak,
+            "wall_clock_s": sim.wall_clock_s, "utilization": sim.utilization}
+
+
+def estimate_report(args: argparse.Namespace) -> dict:
+    figures = estimate_case(args.hosts, args.devices, args.strategy, args.steps)
+    print(f"estimate: {figures['strategy']}, 1B bf16, {args.hosts} hosts x {args.devices} = {figures['nodes']} "
+          "devices, "
+          f"cross-region, {figures['steps']} steps")
+    print(f"took {figures['seconds']:.2f} s, {figures['cpu_seconds']:.2f} s CPU "
+          f"(trace {figures['build_seconds']:.2f} s, "
+          f"replay {figures['replay_seconds']:.2f} s), "
+          f"peak memory {figures['peak_bytes'] / 2**30:.2f} GiB (process RSS)")
+    print(f"simulated wall-clock {figures['wall_clock_s']:.1f} s, utilization {figures['utilization']:.1%}")
+    return figures
+
+
 def two_regions(nodes: int, jitter: bool = True) -> Resolved:
     nic = 10e9 / 8
     half = nodes // 2
@@ -182,9 +221,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reference-steps", type=int, default=100,
                         help="with --overlap: steps replayed side by side on the event path alone (default 100; 0 skips)")
     parser.add_argument("--fit", action="store_true", help="with --overlap: fit the growth exponents in nodes and in steps")
+    parser.add_argument("--estimate", action="store_true",
+                        help="the hierarchical estimate: 1B bf16 on --hosts x --devices, cross-region, --steps steps")
+    parser.add_argument("--hosts", type=int, default=128, help="with --estimate: hosts (default 128)")
+    parser.add_argument("--devices", type=int, default=8, help="with --estimate: devices per host (default 8)")
+    parser.add_argument("--strategy", default="ddp", help="with --estimate: the strategy (default ddp)")
+    argv = list(argv)
+    if "--estimate" in argv and "--steps" not in argv:
+        argv += ["--steps", "100"]
     args = parser.parse_args(argv)
     if args.overlap:
         return overlap(args)
+    if args.estimate:
+        estimate_report(args)
+        return 0
     t0 = time.perf_counter()
     trace = ddp_trace(args.steps, args.nodes, int(args.mbytes * 1e6), buckets=args.buckets, identical=args.identical)
     built = time.perf_counter() - t0

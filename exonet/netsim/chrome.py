@@ -24,17 +24,16 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from exonet.netsim.result import SimResult
+from exonet.netsim.spans import IDLE, KINDS
 
 WINDOWS = 200  # counter samples per link over the run
 
 
-def write(result: SimResult, path: str | os.PathLike) -> Path:
-    """Write ``result`` as Chrome trace JSON at ``path`` (atomically) and return the path."""
-    from exonet.netsim.result import IDLE, KINDS
+def write(result: Any, path: str | os.PathLike) -> Path:
+    """Write ``result`` (a SimResult, which calls this; not imported, so the two form no circle) as Chrome
+    trace JSON at ``path`` (atomically) and return the path."""
 
     path = Path(path)
     events: list[str] = []
@@ -65,7 +64,7 @@ def write(result: SimResult, path: str | os.PathLike) -> Path:
     return path
 
 
-def _collectives(result: SimResult, n: int) -> Iterator[str]:
+def _collectives(result: Any, n: int) -> Iterator[str]:
     """Each collective as an async slice on every member, each message's arrow from sender to receiver."""
     for i, c in enumerate(result.collectives):
         args = {"op": c.op, "bytes": c.nbytes, "group": list(c.group), "algorithm": c.algorithm, "async": c.async_op}
@@ -86,7 +85,7 @@ def _collectives(result: SimResult, n: int) -> Iterator[str]:
                    f'"ts": {end}}}')
 
 
-def _links(result: SimResult, n: int) -> Iterator[str]:
+def _links(result: Any, n: int) -> Iterator[str]:
     """A counter track per link that carried bytes: its utilisation in each window of the run."""
     used = [i for i, link in enumerate(result.links) if link.bytes > 0]
     if not used:

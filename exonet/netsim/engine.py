@@ -60,7 +60,8 @@ from exonet.netsim.compute import ComputeModel
 from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Plan, Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
-from exonet.netsim.result import COMM, COMPUTE, IDLE, CollectiveSpan, LinkLoad, NodeTimes, SimResult, Timeline
+from exonet.netsim.result import CollectiveSpan, LinkLoad, NodeTimes, SimResult
+from exonet.netsim.spans import COMM, COMPUTE, IDLE, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved

@@ -20,15 +20,13 @@ shared or capped link has utilization below its busy fraction.
 from __future__ import annotations
 
 import os
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-KINDS = ("compute", "comm", "idle")
-COMPUTE, COMM, IDLE = range(3)
+from exonet.netsim.spans import Timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +38,6 @@ class NodeTimes:
     comm_s: float
     idle_s: float
     steps: int
-
-
-@dataclass(frozen=True, slots=True)
-class Timeline:
-    """One node's spans: ``times`` holds (start, end) pairs, ``kinds`` an index into KINDS per span."""
-
-    times: array
-    kinds: bytes
-    end: float  # the node's last event; the run goes on to wall_clock_s
 
 
 @dataclass(frozen=True, slots=True)
