@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
+from exonet.strategies.compat import accept_gym_spellings
+
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
 
@@ -175,6 +177,10 @@ class Strategy(abc.ABC):
 
     name = "strategy"
     servers = 0  # ranks after the K trainers that serve instead of training (see exonet.strategies.server)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        accept_gym_spellings(cls)  # the older gym's shared arguments and aliases (exonet.strategies.compat)
 
     def __init__(
         self,

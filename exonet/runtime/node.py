@@ -258,15 +258,24 @@ class TrainNode:
         self.heartbeat.started()
         self.comm.begin()
 
+        last = [0, 0.0, 0]  # the updates applied, the simulated time of the last, the updates last evaluated
+
+        def evaluate(updates: int, sim_time_s: float) -> None:
+            with self.comm.bookkeeping(), torch.no_grad():
+                loss = self._eval_loss(val_loader)
+            last[2] = updates
+            self.send(("eval", self.rank, updates, {"step": updates, "updates": updates, "loss": loss,
+                                                    "sim_time_s": sim_time_s}))
+
         def updated(updates: int, sim_time_s: float) -> None:
             self.heartbeat.beat()
+            last[:2] = updates, sim_time_s
             if val_loader is not None and cfg.val_interval and updates % cfg.val_interval == 0:
-                with self.comm.bookkeeping(), torch.no_grad():
-                    loss = self._eval_loss(val_loader)
-                self.send(("eval", self.rank, updates, {"step": updates, "updates": updates, "loss": loss,
-                                                        "sim_time_s": sim_time_s}))
+                evaluate(updates, sim_time_s)
 
         self.strategy.serve(updated)
+        if val_loader is not None and cfg.val_interval and last[0] != last[2]:  # the final model, at its final time
+            evaluate(last[0], last[1])
         tail = self.comm.take_events()
         self.send(("done", self.rank, tail, self._own_state()))
 

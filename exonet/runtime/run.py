@@ -289,7 +289,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         run_path = _open_run(config, label, run_dir, None)[0] if is_zero else None
         logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
         record, real_time = train_under_torchrun(trainer, strategy, cfg, meta, progress and is_zero, logger)
-        return _finish(trainer, config, record, run_path, real_time, scenario, upload_to)
+        return _finish(trainer, config, record, run_path, real_time, scenario, upload_to, run_name=run_name)
     model_bytes = pickle_model(trainer.model)
     store = dist.TCPStore("127.0.0.1", 0, cfg.world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
@@ -326,7 +326,7 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         if sup.record.logger is not None and not finished:
             sup.record.logger.finish(exit_code=1)
 
-    return _finish(trainer, config, sup.record, run_path, real_time, scenario, upload_to, clock)
+    return _finish(trainer, config, sup.record, run_path, real_time, scenario, upload_to, clock, run_name)
 
 
 def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_path: Path | None) -> Any:
@@ -339,7 +339,8 @@ def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_pa
 
 
 def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, run_path: Path | None,
-            real_time: float, scenario: Any, upload_to: str | None, clock: SimClock | None = None) -> FitResult:
+            real_time: float, scenario: Any, upload_to: str | None, clock: SimClock | None = None,
+            run_name: str | None = None) -> FitResult:
     """The FitResult of a finished run; its run directory, upload, simulation and wandb summary.
 
     With a scenario, the history gains ``sim_time_s`` (each step's simulated end) and every
@@ -349,6 +350,7 @@ def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, 
     if record.state is not None:
         model.load_state_dict(torch.load(io.BytesIO(record.state), weights_only=True))
     result = FitResult(model=model, history=record.history, trace=record.trace(), config=config, real_time_s=real_time)
+    _gym_logs(result, config, run_path, run_name)
     if run_path is not None:
         result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
         if upload_to is not None:
@@ -365,6 +367,7 @@ def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, 
             if "sim_time_s" not in entry:
                 entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
         result.sim_wall_clock_s = result.sim.wall_clock_s
+        _final_eval_at_end(result.history["eval"], result.sim.wall_clock_s)
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
             print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
@@ -374,6 +377,31 @@ def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, 
             record.logger.log_simulation(result.sim)
         record.logger.finish()
     return result
+
+
+def _final_eval_at_end(evals: list[dict[str, Any]], wall_clock_s: float) -> None:
+    """A server's last evaluation is of the final model: it holds until the run ends, so give the curve that point.
+
+    The server's model changes only with an update, and the run ends after its last one (the
+    trainers receive the parameters, or stop at the budget); the entry added, ``final``, carries
+    the last evaluation's loss at the run's final simulated time.
+    """
+    served = [e for e in evals if "updates" in e]
+    if not served:
+        return
+    last = max(served, key=lambda e: e["updates"])
+    if last.get("sim_time_s", 0.0) < wall_clock_s:
+        evals.append({**last, "sim_time_s": wall_clock_s, "final": True})
+
+
+def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, run_name: str | None) -> None:
+    """The older gym's train.csv and validation.csv: in the run directory, or, with only a run_name, where the gym
+    wrote them (``logs/<run_name>/``)."""
+    from exonet.gymlog import GYM_LOG_DIR, write_gym_csv
+
+    folder = run_path if run_path is not None else Path(GYM_LOG_DIR) / run_name if run_name is not None else None
+    if folder is not None and (not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0"):
+        write_gym_csv(folder, result.history, config["batch_size"] * config["num_nodes"])
 
 
 def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module) -> dict[str, Any]:

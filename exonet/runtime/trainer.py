@@ -10,6 +10,8 @@ NodeFailure naming the node; nothing is left running (exonet.runtime.run, exonet
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
 import warnings
 from typing import Any
@@ -117,7 +119,7 @@ class LocalTrainer:
             num_epochs: passes over each node's shard (default 1 when max_steps is None).
             batch_size: per node, per step.
             minibatch_size: split each batch into micro-batches of this size (gradient accumulation).
-            device: "cpu", "cuda" or "mps"; auto-detected when None.
+            device: "cpu", "cuda" or "mps"; auto-detected when None (or "", the older gym's default).
             devices: CUDA device indices to spread nodes over (default: all visible).
             autocast: False, True (bf16), "bf16" or "fp16".
             val_interval: evaluate every this many steps (and at the end); 0 = never.
@@ -161,7 +163,10 @@ class LocalTrainer:
                 raise ValueError("fit: upload_to copies the run directory, so it needs run_dir")
         unknown = set(legacy) - {"save_dir", *IGNORED}
         if unknown:
-            raise TypeError(f"fit: unexpected argument(s) {', '.join(sorted(unknown))}")
+            known = [n for n in inspect.signature(LocalTrainer.fit).parameters if n not in ("self", "legacy")]
+            hints = [f"{n} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(n, known, n=1))
+                     else n for n in sorted(unknown)]
+            raise TypeError(f"fit: unexpected argument(s) {', '.join(hints)}")
         for name in sorted(set(legacy) & set(IGNORED)):
             warnings.warn(f"fit: {name} is ignored: {IGNORED[name]}", stacklevel=2)
         if not isinstance(strategy, Strategy):
@@ -232,7 +237,7 @@ class LocalTrainer:
     # ------------------------------------------------------------ resolution
     @staticmethod
     def _resolve_device(device: str | None, devices: list[int] | None, k: int) -> tuple[str, str, tuple[int, ...] | None]:
-        if device is None:
+        if device is None or device == "":  # "" is the older gym's default: auto-detect, as it did
             device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
         if device not in DEVICES:
             raise ValueError(f"fit: device must be one of {', '.join(DEVICES)} (or None to auto-detect), got {device!r}")
