@@ -51,7 +51,7 @@ class SimClock:
 
     def __init__(self, scenario: Scenario, world: int, limit_s: float, max_steps: int, *, trainers: int | None = None,
                  synchronous: bool = True, what: str = "max_sim_time_s") -> None:
-        resolved = scenario.resolve(world)
+        resolved = scenario.resolve(world, servers=world - (world if trainers is None else trainers))
         if resolved.compute_mode != "flops":
             raise ValueError(f"fit: {what} needs deterministic compute: scenario {scenario.name!r} has "
                              f"compute.mode {resolved.compute_mode!r}; set [compute] mode = \"flops\" with tflops and mfu")

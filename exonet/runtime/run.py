@@ -275,10 +275,12 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
         from exonet.scenario import Scenario
 
         scenario = Scenario.coerce(scenario)
-        scenario.resolve(cfg.world)  # fail before training, not after
+        scenario.resolve(cfg.world, servers=cfg.servers)  # fail before training, not after
     config = run_config(strategy, cfg, trainer.model)
     label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
+    if cfg.servers:  # the last ranks serve: a scenario places the trainers without them (Scenario.resolve)
+        meta["servers"] = cfg.servers
     if dist.is_torchelastic_launched():
         from exonet.runtime.torchrun import train_under_torchrun
 
