@@ -151,7 +151,7 @@ def test_delayed_nesterov_applies_momentum_every_n_arrivals():
 
 
 def test_naive_async_diloco_takes_an_outer_step_per_arrival():
-    s = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5)))
+    s = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5), delayed_nesterov=None))
     s.apply(torch.tensor([1.0, 2.0, 0.0]), 0)
     s.apply(torch.tensor([1.0, 0.0, 0.0]), 1)
     assert s.global_params.tolist() == [-1.0, -1.0, 0.0]

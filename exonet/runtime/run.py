@@ -29,6 +29,7 @@ import os
 import pickle
 import signal
 import time
+import warnings
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
@@ -269,8 +270,8 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
            run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
            resume_from: str | os.PathLike | None, wandb_project: str | None = None,
            wandb_run_name: str | None = None, run_name: str | None = None,
-           upload_to: str | None = None) -> FitResult:
-    """Run a validated fit: run directory, rendezvous, nodes, supervision, results."""
+           upload_to: str | None = None, watch: Any = None) -> FitResult:
+    """Run a validated fit: run directory, rendezvous, nodes, supervision, results (``watch``: a DivergenceWatch)."""
     if scenario is not None:
         from exonet.scenario import Scenario
 
@@ -306,12 +307,15 @@ def launch(trainer: "LocalTrainer", strategy: Strategy, cfg: NodeConfig, *, prog
     clock = None
     if strategy.asynchronous and scenario is not None:  # the clock chooses the order in this scenario (see simulate)
         meta["decided_in"] = {"scenario": scenario.name, "fingerprint": scenario.fingerprint}
-    if cfg.max_sim_time_s is not None or strategy.asynchronous:
+    if scenario is not None:  # a strategy may ask the clock whenever there is a scenario; these runs obey it
+        decides = cfg.max_sim_time_s is not None or strategy.asynchronous
         clock = SimClock(scenario, cfg.world, math.inf if cfg.max_sim_time_s is None else cfg.max_sim_time_s,
                          cfg.max_steps, trainers=cfg.num_nodes, synchronous=not strategy.asynchronous,
-                         what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__)
+                         what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__,
+                         decides=decides)
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
     sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
+    sup.record.watch = watch
     t0 = time.perf_counter()
     finished = False
     try:
@@ -360,16 +364,19 @@ def _finish(trainer: "LocalTrainer", config: dict[str, Any], record: RunRecord, 
 
             upload_run(result.run_dir, upload_to)
     if scenario is not None:
-        result.sim = clock.result(record.history["train_loss"]) if clock is not None else result.simulate(scenario)
+        decided = clock is not None and clock.decides
+        result.sim = clock.result(record.history["train_loss"]) if decided else result.simulate(scenario)
         ends = result.sim.step_end_times
         result.history["sim_time_s"] = list(ends)
-        if clock is not None and not clock.synchronous:  # rank 0 evaluated its own model, at its own steps
+        if decided and not clock.synchronous:  # rank 0 evaluated its own model, at its own steps
             ends = clock.sim.rank_step_ends(0)
         for entry in result.history["eval"]:  # a server's evaluations carry their own (exonet.runtime.node)
             if "sim_time_s" not in entry:
                 entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
         result.sim_wall_clock_s = result.sim.wall_clock_s
         _final_eval_at_end(result.history["eval"], result.sim.wall_clock_s)
+        if decided and clock.gated:
+            _say_who_stopped_early(clock, result.trace, config["num_nodes"], config["max_steps"])
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
             print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
@@ -394,6 +401,17 @@ def _final_eval_at_end(evals: list[dict[str, Any]], wall_clock_s: float) -> None
     last = max(served, key=lambda e: e["updates"])
     if last.get("sim_time_s", 0.0) < wall_clock_s:
         evals.append({**last, "sim_time_s": wall_clock_s, "final": True})
+
+
+def _say_who_stopped_early(clock: SimClock, trace: Any, trainers: int, max_steps: int) -> None:
+    """Warn, naming the rank, its step and simulated time, for a trainer that stopped before the time budget."""
+    for rank in range(trainers):
+        ends = clock.sim.rank_step_ends(rank)
+        if ends and ends[-1] < clock.limit_s and trace.num_steps(rank) >= max_steps:
+            warnings.warn(f"fit: rank {rank} stopped at step {len(ends)}, at {ends[-1]:.3f} s simulated, before the "
+                          f"max_sim_time_s budget of {clock.limit_s:g} s: it reached max_steps={max_steps} "
+                          "(from max_steps or num_epochs; give only max_sim_time_s to train until the budget)",
+                          stacklevel=4)
 
 
 def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, run_name: str | None) -> None:

@@ -270,6 +270,8 @@ class Scenario:
                 valid = ["name", "description", *TABLES, *ARRAYS, *NETWORK]
                 hint = did_you_mean(key, valid)
                 raise ScenarioError(f"replace(): unknown key {key!r}{hint}; valid: {', '.join(valid)}")
+        if "name" not in changes:  # a variant says what changed: "two-region-1g (bandwidth=100 Mbit/s)"
+            data["name"] = f"{self.name} ({', '.join(_change_label(k, v) for k, v in changes.items())})"
         return Scenario(data, f"{self._source} + replace({', '.join(changes)})")
 
     def resolve(self, num_nodes: int, servers: int = 0) -> Resolved:
@@ -446,6 +448,15 @@ class Scenario:
     def fingerprint(self) -> str:
         """16 hex digits that equal scenarios share, stable across processes (a trace records it)."""
         return hashlib.sha256(json.dumps(self._data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _change_label(key: str, value: Any) -> str:
+    """How a ``replace`` change reads in the variant's name: ``bandwidth=100 Mbit/s``, ``compute.mode=wall``."""
+    if isinstance(value, Mapping):
+        return ", ".join(_change_label(f"{key}.{sub}", item) for sub, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return f"{key}=[{len(value)} entr{'y' if len(value) == 1 else 'ies'}]"
+    return f"{key}={'removed' if value is None else value}"
 
 
 def _assign(table: dict[str, Any], key: str, value: Any) -> None:
