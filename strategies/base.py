@@ -67,6 +67,12 @@ class OptimSpec:
             if unknown:
                 valid = [p for p in params if p not in ("self", "params")]
                 raise TypeError(f"OptimSpec: {cls.__name__} has no argument {', '.join(unknown)}; valid: {', '.join(valid)}")
+        if cls.__module__.startswith("torch.optim"):  # torch checks its arguments when built: do it here, not in a node
+            try:
+                cls([torch.zeros(1, requires_grad=True)], **kwargs)
+            except (ValueError, TypeError) as exc:
+                args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+                raise type(exc)(f"OptimSpec: {cls.__name__}({args}) is rejected by torch: {exc}") from None
         self.cls = cls
         self.kwargs = dict(kwargs)
 

@@ -286,7 +286,11 @@ class TrainNode:
         micros = split_batch(batch, self.cfg.minibatch_size) if self.cfg.minibatch_size < rows else [(batch, rows)]
         for j, (micro, n) in enumerate(micros):
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                loss = self.model(micro)
+                try:
+                    loss = self.model(micro)
+                except (AttributeError, TypeError) as exc:
+                    _explain_forward_error(self.model, micro, exc)
+                    raise
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
                 raise ValueError(f"model(batch) must return a scalar loss tensor, got {shape}")
@@ -438,6 +442,29 @@ class TrainNode:
         with self.comm.bookkeeping(), torch.no_grad():
             loss = self._eval_loss(val_loader)
         self.send(("eval", 0, step, {"step": step, "loss": loss, "local_loss": loss}))
+
+
+def _explain_forward_error(model: torch.nn.Module, batch: Any, exc: Exception) -> None:
+    """Raise a TypeError saying what exonet passes, when ``model(batch)`` failed on a forward that takes the batch apart.
+
+    A forward such as nanoGPT's ``forward(idx, targets=None)`` receives the whole batch as ``idx`` and
+    fails deep inside (``'list' object has no attribute 'device'``); nothing is added to other errors.
+    """
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return
+    if len(params) < 2 or not isinstance(batch, (list, tuple)):
+        return
+    names = ", ".join(p.name for p in params)
+    raise TypeError(
+        f"model(batch) failed ({type(exc).__name__}: {exc}). exonet calls model(batch) with the whole batch (here a "
+        f"{type(batch).__name__} of {len(batch)}) and needs a scalar loss back, but {type(model).__name__}.forward "
+        f"takes ({names}). Wrap it: class WithLoss(nn.Module): def forward(self, batch): "
+        f"return self.model(*batch)  (returning the loss; for nanoGPT's GPT, self.model(*batch)[1])") from exc
 
 
 def _rows(batch: Any) -> int:

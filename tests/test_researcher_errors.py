@@ -1,0 +1,67 @@
+"""Errors with the right words (issue 20, item 11) and small frictions (item 12), each from its reproduction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exonet import LocalTrainer, NodeFailure, Scenario, ScenarioError
+from exonet.runtime.node import _explain_forward_error
+from exonet.scenario.units import parse_rate
+from exonet.strategies import DDPStrategy, OptimSpec
+
+
+class TakesIdxTargets(nn.Module):  # nanoGPT's GPT.forward(idx, targets=None) signature, returning (logits, loss)
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(8, 8)
+
+    def forward(self, idx, targets=None):
+        logits = self.emb(idx)
+        return logits, F.cross_entropy(logits.view(-1, 8), targets.view(-1)) if targets is not None else None
+
+
+def test_a_forward_taking_idx_and_targets_is_told_that_model_gets_the_whole_batch():
+    model, batch = TakesIdxTargets(), [torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.long)]
+    with pytest.raises(TypeError) as info:
+        try:
+            model(batch)
+        except (AttributeError, TypeError) as exc:
+            _explain_forward_error(model, batch, exc)
+            raise
+    message = str(info.value)
+    assert "exonet calls model(batch) with the whole batch (here a list of 2)" in message
+    assert "TakesIdxTargets.forward takes (idx, targets)" in message and "self.model(*batch)[1]" in message
+
+
+@pytest.mark.slow
+def test_a_fit_with_a_gpt_style_forward_names_the_fix():
+    data = torch.utils.data.TensorDataset(torch.zeros(32, 3, dtype=torch.long), torch.zeros(32, 3, dtype=torch.long))
+    with pytest.raises(NodeFailure, match=r"exonet calls model\(batch\) with the whole batch"):
+        LocalTrainer(TakesIdxTargets(), data).fit(DDPStrategy(),
+                                  num_nodes=1, max_steps=1, batch_size=8, val_size=0, progress=False)
+
+
+def test_an_optimizer_torch_would_reject_fails_in_the_parent():
+    with pytest.raises(ValueError, match=r"OptimSpec: SGD\(nesterov=True\) is rejected by torch: Nesterov momentum "
+                                         r"requires a momentum"):
+        OptimSpec("sgd", nesterov=True)
+    with pytest.raises(ValueError, match=r"OptimSpec: AdamW\(lr=-1\) is rejected by torch"):
+        OptimSpec("adamw", lr=-1)
+    assert OptimSpec("sgd", lr=0.7, momentum=0.9, nesterov=True).kwargs["nesterov"] is True
+
+
+def test_a_rate_without_per_second_suggests_the_rate_meant():
+    with pytest.raises(ScenarioError, match=r"unknown rate unit 'mbit' in '100mbit' \(did you mean 'Mbit/s'\?\)"):
+        parse_rate("100mbit")
+    with pytest.raises(ScenarioError, match=r"\(did you mean 'Gbit/s'\?\)"):
+        parse_rate("1 gbit")
+
+
+def test_replace_names_the_variant_by_what_changed():
+    base = Scenario.load("datacenter")
+    assert base.replace(bandwidth="100 Mbit/s").name == "datacenter (bandwidth=100 Mbit/s)"
+    assert base.replace(compute={"mode": "wall"}, latency="5 ms").name == "datacenter (compute.mode=wall, latency=5 ms)"
+    assert base.replace(bandwidth="1 Gbit/s", name="mine").name == "mine"
