@@ -115,7 +115,7 @@ class Comparison:
                 return "—" if key != "time_to_target_s" else "not reached"
             if key in ("wall_clock_s", "time_to_target_s"):
                 return format_time(value)
-            if key.endswith("bytes_per_node"):
+            if "_bytes_per_" in key:
                 return format_bytes(value)
             return fmt.format(value)
 

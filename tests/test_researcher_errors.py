@@ -65,3 +65,26 @@ def test_replace_names_the_variant_by_what_changed():
     assert base.replace(bandwidth="100 Mbit/s").name == "datacenter (bandwidth=100 Mbit/s)"
     assert base.replace(compute={"mode": "wall"}, latency="5 ms").name == "datacenter (compute.mode=wall, latency=5 ms)"
     assert base.replace(bandwidth="1 Gbit/s", name="mine").name == "mine"
+
+
+@pytest.mark.slow
+def test_a_dataset_class_the_nodes_cannot_import_is_named_with_its_import_error(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    (tmp_path / "only_in_parent.py").write_text(
+        "import torch\n"
+        "class Rows(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n        return 32\n"
+        "    def __getitem__(self, i):\n        return torch.zeros(8), 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("only_in_parent")
+    monkeypatch.setitem(sys.modules, "only_in_parent", module)  # gone again after the test
+    rows = module.Rows()  # importable here, so it is pickled by reference
+    sys.path.remove(str(tmp_path))  # the nodes start with the parent's sys.path: now without that folder
+    from exonet.toy import tiny_mlp
+
+    with pytest.raises(NodeFailure, match=r"train_dataset: the node process cannot import module 'only_in_parent' "
+                                          r"\(ModuleNotFoundError"):
+        LocalTrainer(tiny_mlp(), rows).fit(DDPStrategy(), num_nodes=2, max_steps=1, batch_size=8, val_size=0,
+                                           progress=False)

@@ -518,6 +518,12 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
             os.environ["GLOO_SOCKET_IFNAME"] = iface
     code = 0
     try:
+        from exonet.runtime.transport import Unloadable
+
+        for name, arg in (("model", model_bytes), ("train_dataset", train_data), ("val_dataset", val_data),
+                          ("strategy", strategy)):
+            if isinstance(arg, Unloadable):
+                raise ImportError(f"{name}: {arg.error}")
         from datetime import timedelta
 
         with heartbeat.blocked():

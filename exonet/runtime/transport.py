@@ -101,16 +101,34 @@ def shared_bytes(data: bytes) -> Any:
     return sent
 
 
+class Unloadable:
+    """Stands in for an argument a node could not unpickle (its class's module does not import there).
+
+    Unpickling happens as the process starts, before the node can report anything; raising there
+    would leave only "exited with code 1" and a traceback on stderr. ``node_main`` raises ``error``
+    inside its report instead (exonet.runtime.node).
+    """
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
 def _load(data: bytes, arenas: tuple[Segment, ...] | None, environ: dict[str, str] | None) -> Any:
     if environ is not None:
         for key in set(os.environ) - set(environ):
             del os.environ[key]
         os.environ.update(environ)
-    if arenas is None:
-        return pickle.loads(data)
-    unpickler = pickle.Unpickler(io.BytesIO(data))
-    unpickler.persistent_load = Resolver(arenas)
-    return unpickler.load()
+    try:
+        if arenas is None:
+            return pickle.loads(data)
+        unpickler = pickle.Unpickler(io.BytesIO(data))
+        unpickler.persistent_load = Resolver(arenas)
+        return unpickler.load()
+    except (ImportError, AttributeError) as exc:
+        module = f"module {exc.name!r}" if isinstance(exc, ImportError) and exc.name else "a class"
+        return Unloadable(f"the node process cannot import {module} ({type(exc).__name__}: {exc}); the parent "
+                          "pickled it by reference: make it importable in the node (an installed package, or a "
+                          "folder on sys.path / PYTHONPATH when fit starts), or define it in the script itself")
 
 
 _PREPARING = threading.Lock()
