@@ -152,7 +152,8 @@ class Comparison:
                     continue  # a bare Trace has no loss to draw
                 curve = _curve(self.runs[run_name], sim, self.loss)
                 if curve:
-                    ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=run_name)
+                    ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=run_name,
+                            marker="o" if self.loss == "validation" else None, markersize=3)  # sparse evaluations
             ax.set_xscale("log")
             ax.set_title(scen)
             ax.set_xlabel("simulated wall-clock (s)")
