@@ -69,3 +69,10 @@ def test_async_study_example_compares_five_ways_to_share_work(tmp_path):
     steps = {name: [int(s) for s in counts] for name, *counts in rows}
     assert len(set(steps["sync DiLoCo"])) == 1  # the slowest worker gates every round
     assert steps["async DiLoCo (naive)"][0] > 4 * steps["async DiLoCo (naive)"][3]  # fast workers do more
+
+
+@pytest.mark.slow
+def test_time_aware_study_places_the_server_and_tables_validation_loss(tmp_path):
+    out = run_example("time_aware_study.py", "--budget", "0.4", "--H", "5", "--out", str(tmp_path / "ta.png"))
+    assert "ranks 0-1      us" in out and "ranks 2-3      eu" in out and "ranks 4        us" in out
+    assert "(loss: validation)" in out and "payload/server" in out and (tmp_path / "ta.png").exists()
