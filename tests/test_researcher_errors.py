@@ -88,3 +88,23 @@ def test_a_dataset_class_the_nodes_cannot_import_is_named_with_its_import_error(
                                           r"\(ModuleNotFoundError"):
         LocalTrainer(tiny_mlp(), rows).fit(DDPStrategy(), num_nodes=2, max_steps=1, batch_size=8, val_size=0,
                                            progress=False)
+
+
+def test_a_users_code_sent_by_value_keeps_its_file_and_line(tmp_path):
+    import io
+    import pickle
+    import traceback
+
+    from exonet.runtime.transport import NodePickler
+
+    path = tmp_path / "study.py"
+    path.write_text("def f(x):\n    return 1 / x\n")
+    namespace = {"__name__": "study_not_importable"}  # like __main__: cloudpickle sends its code by value
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    buf = io.BytesIO()
+    NodePickler(buf).dump(namespace["f"])
+    f = pickle.loads(buf.getvalue())
+    assert f.__code__.co_filename == str(path)
+    with pytest.raises(ZeroDivisionError) as info:
+        f(0)
+    assert f'File "{path}", line 2, in f' in "".join(traceback.format_tb(info.tb))

@@ -21,6 +21,7 @@ import io
 import os
 import pickle
 import threading
+import types
 from multiprocessing import popen_forkserver, spawn
 from multiprocessing.context import ForkServerProcess
 from typing import Any
@@ -48,6 +49,9 @@ class NodePickler(cloudpickle.Pickler):
         return None if self.shipment is None else self.shipment.persistent_id(obj)
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:  # cloudpickle names by-value code "<dynamic-code>": keep the user's file
+            reduced = cloudpickle.cloudpickle._code_reduce(obj)
+            return reduced[0], tuple(obj.co_filename if a == "<dynamic-code>" else a for a in reduced[1])
         if self.shipment is not None and isinstance(obj, np.ndarray):
             reduced = self.shipment.reduce_array(obj)
             if reduced is not None:
