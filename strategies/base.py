@@ -67,7 +67,9 @@ class OptimSpec:
             if unknown:
                 valid = [p for p in params if p not in ("self", "params")]
                 raise TypeError(f"OptimSpec: {cls.__name__} has no argument {', '.join(unknown)}; valid: {', '.join(valid)}")
-        if cls.__module__.startswith("torch.optim"):  # torch checks its arguments when built: do it here, not in a node
+        # torch checks its arguments when built: do it here, not in a node (on a CPU tensor, so not for the
+        # arguments some torch versions accept only with device tensors)
+        if cls.__module__.startswith("torch.optim") and not {"fused", "capturable"} & set(kwargs):
             try:
                 cls([torch.zeros(1, requires_grad=True)], **kwargs)
             except (ValueError, TypeError) as exc:
