@@ -57,7 +57,7 @@ def strategies(H: int) -> dict[str, Any]:
     outer = OptimSpec("sgd", lr=0.7, momentum=0.5, nesterov=True)  # as examples/time_budget.py: 0.9 diverges here
     return {
         "sync DiLoCo": DiLoCoStrategy(inner, outer, H=H),
-        "async DiLoCo (naive)": AsyncDiLoCoStrategy(inner, outer, H=H),
+        "async DiLoCo (naive)": AsyncDiLoCoStrategy(inner, outer, H=H, delayed_nesterov=None),
         "async DiLoCo DN+DyLU": AsyncDiLoCoStrategy(inner, OptimSpec("sgd", lr=0.7, momentum=0.5), H=H,
                                                     delayed_nesterov=len(STEP_S), dynamic_local_updates=True),
         "FedBuff B=2": FedBuffStrategy(inner, H=H, buffer_size=2, server_lr=1.0),

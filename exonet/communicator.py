@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from exonet.runtime.clock import ClockLink
 
 GroupArg = Sequence[int] | None
+REDUCE_OPS = ("sum", "mean", "max", "min", "avg")  # as torch's ReduceOp; "avg" is exonet's older spelling of "mean"
 _DTYPE_NAMES: dict[torch.dtype, str] = {}  # "float32" for torch.float32: str() of a dtype costs a call per collective
 
 
@@ -296,23 +297,24 @@ class Communicator:
 
     # ----------------------------------------------------------- collectives
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: GroupArg = None, async_op: bool = False) -> Any:
-        """Reduce ``tensor`` in place across the group (``op`` "sum" or "avg").
+        """Reduce ``tensor`` in place across the group; ``op`` is "sum", "mean" (alias "avg"), "max" or "min".
 
         Returns the tensor, or a Handle whose ``wait()`` returns it.
         """
-        if op not in ("sum", "avg"):
-            raise ValueError(f"all_reduce: op must be 'sum' or 'avg', got {op!r}")
+        if op not in REDUCE_OPS:
+            raise ValueError(f"all_reduce: op must be one of {', '.join(map(repr, REDUCE_OPS))}, got {op!r}")
         buf, copy_back = self._staged(tensor)
         pg, n = self.group_of(group), self.group_size(group)
+        reduce_op = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(op, dist.ReduceOp.SUM)
 
         def finish() -> torch.Tensor:
-            if op == "avg":
+            if op in ("mean", "avg"):
                 buf.div_(n)
             copy_back(buf)
             return tensor
 
         return self._run("all_reduce", tensor, group, async_op,
-                         lambda a: dist.all_reduce(buf, dist.ReduceOp.SUM, group=pg, async_op=a), finish)
+                         lambda a: dist.all_reduce(buf, reduce_op, group=pg, async_op=a), finish)
 
     def all_gather(self, tensor: torch.Tensor, group: GroupArg = None, async_op: bool = False) -> Any:
         """Gather every member's ``tensor`` (same shape on all); returns a tensor of shape (n, *tensor.shape)."""
@@ -447,8 +449,8 @@ class Communicator:
         On gloo it runs as an all-to-all plus a local sum (the same bytes on the wire as a
         direct reduce-scatter, and portable across torch versions).
         """
-        if op not in ("sum", "avg"):
-            raise ValueError(f"reduce_scatter: op must be 'sum' or 'avg', got {op!r}")
+        if op not in ("sum", "mean", "avg"):
+            raise ValueError(f"reduce_scatter: op must be 'sum' or 'mean' (alias 'avg'), got {op!r}")
         buf, pg, n = self._chunked("reduce_scatter", tensor, group)
         chunk = buf.shape[0] // n
         if self.backend == "nccl":
@@ -470,7 +472,7 @@ class Communicator:
 
         def finish() -> torch.Tensor:
             out = reduced()
-            if op == "avg":
+            if op in ("mean", "avg"):
                 out = out / n
             return out.to(tensor.device)
 

@@ -92,6 +92,7 @@ class Comparison:
     results: dict[tuple[str, str], Any]
     runs: dict[str, Run]
     target_loss: float | None = None
+    loss: str = "train"  # the quantity of the curves, the target line and "to target": "train" or "validation"
 
     COLUMNS = (
         ("run", "run", "{}"),
@@ -100,6 +101,7 @@ class Comparison:
         ("time_to_target_s", "to target", "{}"),
         ("final_loss", "final loss", "{:.4f}"),
         ("payload_bytes_per_node", "payload/node", "{}"),
+        ("payload_bytes_per_server", "payload/server", "{}"),
         ("wire_bytes_per_node", "wire/node", "{}"),
         ("utilization", "compute util", "{:.1%}"),
         ("divergence", "divergence", "{:.3g}"),
@@ -113,11 +115,13 @@ class Comparison:
                 return "—" if key != "time_to_target_s" else "not reached"
             if key in ("wall_clock_s", "time_to_target_s"):
                 return format_time(value)
-            if key.endswith("bytes_per_node"):
+            if "_bytes_per_" in key:
                 return format_bytes(value)
             return fmt.format(value)
 
-        cols = [c for c in self.COLUMNS if c[0] != "time_to_target_s" or self.target_loss is not None]
+        served = any(row.get("servers") for row in self.rows)
+        cols = [c for c in self.COLUMNS if (c[0] != "time_to_target_s" or self.target_loss is not None)
+                and (c[0] != "payload_bytes_per_server" or served)]
         header = "| " + " | ".join(title for _, title, _ in cols) + " |"
         rule = "|" + "|".join("---" for _ in cols) + "|"
         body = ["| " + " | ".join(cell(k, f, row.get(k)) for k, _, f in cols) + " |" for row in self.rows]
@@ -127,7 +131,12 @@ class Comparison:
         return self.to_markdown()
 
     def plot(self, path: str | os.PathLike) -> Path:
-        """Loss vs simulated wall-clock: one panel per scenario, one line per run (needs matplotlib)."""
+        """Loss vs simulated wall-clock: one panel per scenario, one line per run (needs matplotlib).
+
+        The quantity is ``self.loss``: the node-averaged model's validation loss (a server's model for an
+        asynchronous run) when every run evaluated, else the training loss (mean over nodes, a trailing
+        mean over 10 steps); the y-axis names it, and the target line and "to target" use it too.
+        """
         try:
             import matplotlib
 
@@ -141,13 +150,14 @@ class Comparison:
             for (run_name, s), sim in self.results.items():
                 if s != scen or not self.runs[run_name].history.get("train_loss"):
                     continue  # a bare Trace has no loss to draw
-                curve = _smooth(sim.loss_vs_time())
+                curve = _curve(self.runs[run_name], sim, self.loss)
                 if curve:
-                    ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=run_name)
+                    ax.plot([t for t, _ in curve], [loss for _, loss in curve], label=run_name,
+                            marker="o" if self.loss == "validation" else None, markersize=3)  # sparse evaluations
             ax.set_xscale("log")
             ax.set_title(scen)
             ax.set_xlabel("simulated wall-clock (s)")
-            ax.set_ylabel("train loss")
+            ax.set_ylabel(LOSS_LABELS[self.loss])
             if self.target_loss is not None:
                 ax.axhline(self.target_loss, color="grey", linestyle=":", linewidth=1)
             ax.grid(True, which="both", alpha=0.3)
@@ -158,6 +168,21 @@ class Comparison:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+LOSS_LABELS = {"train": "train loss (mean over nodes, 10-step trailing mean)",
+               "validation": "validation loss (node-averaged or server model)"}
+
+
+def _curve(run: Run, sim: Any, loss: str) -> list[tuple[float, float]]:
+    """The (simulated seconds, loss) points drawn for ``run`` in ``sim``: validation or smoothed training loss."""
+    if loss == "validation":
+        return sim.loss_vs_time(evals=run.history.get("eval") or [])
+    return _smooth(sim.loss_vs_time()) if run.history.get("train_loss") else []
+
+
+def _first_below(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((t for t, value in curve if value <= target), None)
 
 
 def _unique_labels(names: list[str]) -> list[str]:
@@ -181,7 +206,8 @@ def _smooth(points: list[tuple[float, float]], window: int = 10) -> list[tuple[f
     return out
 
 
-def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: float | None = None) -> Comparison:
+def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: float | None = None,
+            loss: str = "auto") -> Comparison:
     """Replay every run in every scenario.
 
     Args:
@@ -189,6 +215,9 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
             incomplete ones are left out with a warning).
         scenarios: Scenario objects, preset names or paths.
         target_loss: report the simulated time at which each run first reached this loss.
+        loss: the quantity of "to target" and of ``plot``: "validation", "train", or "auto" (validation when
+            every run with a history evaluated, so asynchronous and time-aware runs read by their models, not
+            by per-trainer training losses in arrival order; else train).
 
     Returns:
         A Comparison with ``rows``, ``to_markdown()`` and ``plot(path)``.
@@ -210,6 +239,11 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
             raise ValueError(f"compare: the run name {clash[0]!r} is given twice; names must be unique")
         named.update(found)
     loaded = {name: Run.coerce(name, obj) for name, obj in named.items()}
+    if loss not in ("auto", "train", "validation"):
+        raise ValueError(f"compare: loss must be 'auto', 'train' or 'validation', got {loss!r}")
+    if loss == "auto":
+        drawn = [r for r in loaded.values() if r.history.get("train_loss")]
+        loss = "validation" if drawn and all(r.history.get("eval") for r in drawn) else "train"
     scens = [Scenario.coerce(s) for s in scenarios]
     labels = _unique_labels([s.name for s in scens])
     rows, results = [], {}
@@ -218,6 +252,8 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
             sim = simulate(run.trace, scen, history=run.history.get("train_loss"))
             results[(name, label)] = sim
             k = run.trace.num_nodes
+            servers = run.trace.meta.get("servers", 0)
+            trainers = k - servers
             evals = run.history.get("eval") or []
             losses = run.history.get("train_loss") or []
             final = evals[-1]["loss"] if evals else (sum(losses[-10:]) / len(losses[-10:]) if losses else None)
@@ -227,12 +263,17 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
                 "nodes": k,
                 "steps": run.trace.num_steps(0),
                 "wall_clock_s": sim.wall_clock_s,
-                "time_to_target_s": None if target_loss is None else time_to_loss(run.history, sim.step_end_times, target_loss),
+                "time_to_target_s": None if target_loss is None else _first_below(_curve(run, sim, loss), target_loss),
                 "final_loss": final,
-                "payload_bytes_per_node": sum(run.trace.payload_bytes(r) for r in range(k)) / k,
-                "wire_bytes_per_node": sum(sim.wire_bytes) / k,
+                "trainers": trainers,
+                "servers": servers,
+                # trainers and servers apart: a server answers every trainer, so it would skew a mean over all
+                "payload_bytes_per_node": sum(run.trace.payload_bytes(r) for r in range(trainers)) / trainers,
+                "payload_bytes_per_server": (sum(run.trace.payload_bytes(r) for r in range(trainers, k)) / servers
+                                             if servers else None),
+                "wire_bytes_per_node": sum(sim.wire_bytes[:trainers]) / trainers,
                 "utilization": sim.utilization,
                 "divergence": evals[-1].get("divergence") if evals else None,
                 "correlation": evals[-1].get("correlation") if evals else None,
             })
-    return Comparison(rows, results, loaded, target_loss)
+    return Comparison(rows, results, loaded, target_loss, loss)

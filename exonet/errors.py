@@ -17,3 +17,14 @@ class NodeFailure(RuntimeError):
     def __init__(self, rank: int, message: str) -> None:
         super().__init__(f"node {rank} failed: {message}")
         self.rank = rank
+
+
+class DivergenceError(RuntimeError):
+    """Training diverged: a node's loss became non-finite or ran away (``fit(on_divergence="raise")``).
+
+    ``rank``, ``step`` (0-based) and ``loss`` say where; the run is stopped and its run directory marked incomplete.
+    """
+
+    def __init__(self, rank: int, step: int, loss: float, why: str) -> None:
+        super().__init__(f"training diverged on rank {rank} at step {step}: {why}")
+        self.rank, self.step, self.loss = rank, step, loss

@@ -270,7 +270,8 @@ def scenario_for_estimate(scenario: Any) -> Any:
     """
     from exonet.scenario import Scenario
 
-    return Scenario.coerce(scenario).replace(compute={"mode": "wall"})
+    base = Scenario.coerce(scenario)
+    return base.replace(compute={"mode": "wall"}, name=base.name)  # the estimate states this itself: keep the name
 
 
 def simulate_estimate(trace: Trace, scenario: Any, bandwidth: float | None = None) -> Any:

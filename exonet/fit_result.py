@@ -13,6 +13,11 @@ from exonet.trace import Trace
 if TYPE_CHECKING:
     from exonet.netsim import SimResult
 
+# The older gym's fit returned the averaged model; a FitResult stands in for it through these (see FitResult).
+MODEL_METHODS = frozenset({"state_dict", "load_state_dict", "parameters", "named_parameters", "buffers",
+                           "named_buffers", "modules", "named_modules", "children", "eval", "train", "to", "cpu",
+                           "cuda", "forward", "requires_grad_", "zero_grad"})
+
 
 @dataclass
 class FitResult:
@@ -28,6 +33,10 @@ class FitResult:
         real_time_s: wall-clock seconds the run took on this machine.
         sim: the SimResult when ``fit`` was given a scenario.
         sim_wall_clock_s: that simulation's wall-clock (with ``max_sim_time_s``, the online clock at the end).
+
+    The older gym's fit returned the model itself, so a FitResult stands in for it: ``result(batch)``,
+    ``result.state_dict()``, ``result.parameters()``, ``result.eval()``, ``result.to(...)`` and the other
+    ``MODEL_METHODS`` act on ``model`` (``eval``/``train``/``to`` return the model, as ``nn.Module``'s do).
     """
 
     model: torch.nn.Module
@@ -38,6 +47,15 @@ class FitResult:
     real_time_s: float = 0.0
     sim: "SimResult | None" = None
     sim_wall_clock_s: float | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in MODEL_METHODS:
+            return getattr(self.model, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the averaged model (the older gym's fit returned it)."""
+        return self.model(*args, **kwargs)
 
     def payload_bytes(self, rank: int) -> int:
         """Total tensor payload bytes ``rank`` passed to the strategy's collectives."""

@@ -99,8 +99,9 @@ def _parse(text: object, where: str, kind: str, units: dict[str, Decimal], allow
 
 
 def _suggest(unit: str, units: dict[str, Decimal]) -> str:
-    """' (did you mean ...?)' for a misspelt unit: a case-insensitive match first, then the closest spelling."""
-    folded = [u for u in units if u.lower() == unit.lower()]
+    """' (did you mean ...?)' for a misspelt unit: a case-insensitive match first (also with "/s" added, so
+    "mbit" suggests "Mbit/s"), then the closest spelling."""
+    folded = [u for u in units if u.lower() == unit.lower()] or [u for u in units if u.lower() == f"{unit}/s".lower()]
     close = folded or difflib.get_close_matches(unit, list(units), n=3, cutoff=0.6)
     return f" (did you mean {' or '.join(repr(u) for u in close)}?)" if close else ""
 

@@ -5,7 +5,7 @@
 
 from exonet.strategies.async_diloco import AsyncDiLoCoStrategy
 from exonet.strategies.base import NodeContext, OptimSpec, Strategy
-from exonet.strategies.ddp import AllReduceStrategy, DDPStrategy
+from exonet.strategies.ddp import AllReduceStrategy, DDPStrategy, SimpleReduceStrategy
 from exonet.strategies.demo import DeMoStrategy
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.fedavg import FedAvgStrategy
@@ -30,5 +30,5 @@ STRATEGIES: dict[str, type[Strategy]] = {
 __all__ = [
     "AllReduceStrategy", "AsyncDiLoCoStrategy", "DDPStrategy", "DeMoStrategy", "DiLoCoStrategy", "FedAvgStrategy",
     "FedBuffStrategy", "NodeContext",
-    "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "StreamingDiLoCoStrategy", "Strategy",
+    "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "SimpleReduceStrategy", "StreamingDiLoCoStrategy", "Strategy",
 ]

@@ -23,7 +23,12 @@ class AsyncDiLoCoStrategy(ServerStrategy):
 
     Naive (``delayed_nesterov=None``): every arrival is one step of the outer optimizer (default
     the DiLoCo paper's SGD lr 0.7, momentum 0.9, Nesterov). Momentum then acts on stale
-    pseudo-gradients, which the paper finds worse per update than synchronous DiLoCo.
+    pseudo-gradients, which the paper finds worse per update than synchronous DiLoCo; with
+    momentum 0.9 a fast trainer's repeated arrivals compound it, and a small GPT diverged so.
+
+    The default is therefore Delayed Nesterov with N = the number of trainers (``"trainers"``):
+    momentum moves once per K arrivals, about once per round of every trainer, which is the
+    setting Liu et al. recommend for asynchronous Local-SGD on language models.
 
     Delayed Nesterov (``delayed_nesterov=N``, the paper's DN): arrivals are buffered and the
     momentum is applied only every N-th arrival, to the buffer's mean d:
@@ -40,7 +45,8 @@ class AsyncDiLoCoStrategy(ServerStrategy):
         outer_optim: the server's outer optimizer. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
         H: local steps per round (the fastest trainer's, with DyLU).
         max_norm: clip the local gradient norm.
-        delayed_nesterov: N, the arrivals per momentum step (None: naive, momentum at every arrival).
+        delayed_nesterov: N, the arrivals per momentum step; "trainers" (the default): N = K; None: naive,
+            momentum at every arrival.
         grad_scale: c, the scale of the arrivals applied between momentum steps (Delayed Nesterov only).
         dynamic_local_updates: DyLU (see ``ServerStrategy``).
         optim_spec, outer_optim_spec: seed-gym aliases of ``inner_optim`` and ``outer_optim``.
@@ -56,7 +62,7 @@ class AsyncDiLoCoStrategy(ServerStrategy):
         H: int = 100,
         max_norm: float | None = None,
         *,
-        delayed_nesterov: int | None = None,
+        delayed_nesterov: int | str | None = "trainers",
         grad_scale: float = 0.0,
         dynamic_local_updates: bool = False,
         optim_spec: OptimSpec | str | type | None = None,
@@ -68,10 +74,11 @@ class AsyncDiLoCoStrategy(ServerStrategy):
                          **base_options(locals()))
         self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
         if delayed_nesterov is not None:
-            check_range("delayed_nesterov", delayed_nesterov, low=1, integer=True)
+            if delayed_nesterov != "trainers":
+                check_range("delayed_nesterov", delayed_nesterov, low=1, integer=True)
             if self.outer_optim.cls is not torch.optim.SGD or self.outer_optim.lr is None:
                 raise ValueError("delayed_nesterov: the outer optimizer must be SGD with an lr (and momentum), "
-                                 f"got {self.outer_optim!r}")
+                                 f"got {self.outer_optim!r}; pass delayed_nesterov=None for a naive outer step")
         check_range("grad_scale", grad_scale, low=0)
         self.delayed_nesterov = delayed_nesterov
         self.grad_scale = grad_scale
@@ -80,6 +87,8 @@ class AsyncDiLoCoStrategy(ServerStrategy):
         super().setup(model, comm, ctx)
         if self.rank != self.server:
             return
+        if self.delayed_nesterov == "trainers":
+            self.delayed_nesterov = ctx.num_nodes
         if self.delayed_nesterov is None:
             self.outer_optimizer = self.outer_optim.build([self.global_params])
         else:

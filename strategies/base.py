@@ -18,6 +18,7 @@ import torch
 
 from exonet.arguments import check_range, one_of
 from exonet.seeding import shared_generator
+from exonet.strategies.compat import accept_gym_spellings
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -70,6 +71,14 @@ class OptimSpec:
             if unknown:
                 valid = [p for p in params if p not in ("self", "params")]
                 raise TypeError(f"OptimSpec: {cls.__name__} has no argument {', '.join(unknown)}; valid: {', '.join(valid)}")
+        # torch checks its arguments when built: do it here, not in a node (on a CPU tensor, so not for the
+        # arguments some torch versions accept only with device tensors)
+        if cls.__module__.startswith("torch.optim") and not {"fused", "capturable"} & set(kwargs):
+            try:
+                cls([torch.zeros(1, requires_grad=True)], **kwargs)
+            except (ValueError, TypeError) as exc:
+                args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+                raise type(exc)(f"OptimSpec: {cls.__name__}({args}) is rejected by torch: {exc}") from None
         self.cls = cls
         self.kwargs = dict(kwargs)
 
@@ -167,6 +176,10 @@ class Strategy(abc.ABC):
 
     name = "strategy"
     servers = 0  # ranks after the K trainers that serve instead of training (see exonet.strategies.server)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        accept_gym_spellings(cls, OptimSpec.coerce)  # the older gym's shared arguments and aliases (exonet.strategies.compat)
 
     def __init__(
         self,

@@ -132,3 +132,5 @@ class DDPStrategy(Strategy):
 
 
 AllReduceStrategy = DDPStrategy
+# The older gym's name: it averaged the gradients every step too (one all-reduce per tensor, same mean).
+SimpleReduceStrategy = DDPStrategy

@@ -151,7 +151,7 @@ def test_wandb_offline_run_holds_the_loss_metric(tmp_path, monkeypatch):
 def test_compare_keeps_sweep_variants_apart_and_plots_bare_traces(tmp_path):
     base = Scenario.load("datacenter")
     table = compare({"run": small_trace(2)}, [base.replace(bandwidth="1 Gbit/s"), base.replace(bandwidth="10 Mbit/s")])
-    assert [r["scenario"] for r in table.rows] == ["datacenter", "datacenter #2"]
+    assert [r["scenario"] for r in table.rows] == ["datacenter (bandwidth=1 Gbit/s)", "datacenter (bandwidth=10 Mbit/s)"]
     assert len(table.results) == 2 and table.rows[0]["wall_clock_s"] < table.rows[1]["wall_clock_s"]
     assert table.plot(tmp_path / "p.png").stat().st_size > 1000
 

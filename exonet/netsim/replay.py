@@ -50,7 +50,7 @@ def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Seque
             resolved, name = scenario, scenario.name
         else:
             chosen = Scenario.coerce(scenario)
-            resolved, name = chosen.resolve(trace.num_nodes), chosen.name
+            resolved, name = chosen.resolve(trace.num_nodes, servers=trace.meta.get("servers", 0)), chosen.name
             _warn_if_decided_elsewhere(trace, chosen)
         sim = Simulation(resolved, fast_path=fast_path, name=name)
         sim.feed_trace(trace)

@@ -23,6 +23,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -112,8 +113,18 @@ class SimResult:
         ranked = sorted(self.links, key=lambda link: (-link.utilization, -link.busy_s, link.name))
         return ranked if k is None else ranked[:k]
 
-    def loss_vs_time(self) -> list[tuple[float, float]]:
-        """Each step's loss paired with the simulated time the step ended (needs ``history``)."""
+    def loss_vs_time(self, evals: Sequence[Mapping[str, Any]] | None = None) -> list[tuple[float, float]]:
+        """Each step's training loss paired with the simulated time the step ended (needs ``history``).
+
+        With ``evals`` (a FitResult's ``history["eval"]``), the validation loss instead: an evaluation after
+        step s at the time step s ended here; a server's (counted in ``updates``) at the ``sim_time_s`` it
+        carries, which is the time in the scenario its run was clocked in.
+        """
+        if evals is not None:
+            ends = self.step_end_times
+            points = [(e["sim_time_s"] if "updates" in e else ends[e["step"] - 1], e["loss"]) for e in evals
+                      if ("updates" in e and "sim_time_s" in e) or 1 <= e["step"] <= len(ends)]
+            return sorted(points, key=lambda p: p[0])
         if self.history is None:
             raise ValueError("SimResult.loss_vs_time: no loss history was given to simulate(..., history=...)")
         return list(zip(self.step_end_times, self.history))

@@ -1,6 +1,8 @@
 """The online simulated clock: the parent's replay of a run while it trains, and each node's link to it.
 
-``fit(scenario=S, max_sim_time_s=T)`` replays the run in S while it trains: every step's
+Whenever ``fit`` has a scenario the clock runs, so that a strategy can ask it the time or what a
+transfer would take (``decides=False``: it stops nothing, and the run's SimResult is the replay of
+its trace as without it). ``fit(scenario=S, max_sim_time_s=T)`` also decides with it: every step's
 events are fed to an incremental ``Simulation`` as the nodes report them, and a node
 starts step k only once the clock says step k−1 ended before T.
 
@@ -50,9 +52,10 @@ class SimClock:
     """
 
     def __init__(self, scenario: Scenario, world: int, limit_s: float, max_steps: int, *, trainers: int | None = None,
-                 synchronous: bool = True, what: str = "max_sim_time_s") -> None:
-        resolved = scenario.resolve(world)
-        if resolved.compute_mode != "flops":
+                 synchronous: bool = True, what: str = "max_sim_time_s", decides: bool = True) -> None:
+        resolved = scenario.resolve(world, servers=world - (world if trainers is None else trainers))
+        self.decides = decides  # False: it only answers a strategy's questions ("now", "transfer"), in any compute mode
+        if decides and resolved.compute_mode != "flops":
             raise ValueError(f"fit: {what} needs deterministic compute: scenario {scenario.name!r} has "
                              f"compute.mode {resolved.compute_mode!r}; set [compute] mode = \"flops\" with tflops and mfu")
         self.limit_s, self.max_steps, self.synchronous = limit_s, max_steps, synchronous

@@ -257,15 +257,24 @@ class TrainNode:
         self.heartbeat.started()
         self.comm.begin()
 
+        last = [0, 0.0, 0]  # the updates applied, the simulated time of the last, the updates last evaluated
+
+        def evaluate(updates: int, sim_time_s: float) -> None:
+            with self.comm.bookkeeping(), torch.no_grad():
+                loss = self._eval_loss(val_loader)
+            last[2] = updates
+            self.send(("eval", self.rank, updates, {"step": updates, "updates": updates, "loss": loss,
+                                                    "sim_time_s": sim_time_s}))
+
         def updated(updates: int, sim_time_s: float) -> None:
             self.heartbeat.beat()
+            last[:2] = updates, sim_time_s
             if val_loader is not None and cfg.val_interval and updates % cfg.val_interval == 0:
-                with self.comm.bookkeeping(), torch.no_grad():
-                    loss = self._eval_loss(val_loader)
-                self.send(("eval", self.rank, updates, {"step": updates, "updates": updates, "loss": loss,
-                                                        "sim_time_s": sim_time_s}))
+                evaluate(updates, sim_time_s)
 
         self.strategy.serve(updated)
+        if val_loader is not None and cfg.val_interval and last[0] != last[2]:  # the final model, at its final time
+            evaluate(last[0], last[1])
         tail = self.comm.take_events()
         self.send(("done", self.rank, tail, self._own_state()))
 
@@ -276,7 +285,11 @@ class TrainNode:
         micros = split_batch(batch, self.cfg.minibatch_size) if self.cfg.minibatch_size < rows else [(batch, rows)]
         for j, (micro, n) in enumerate(micros):
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                loss = self.model(micro)
+                try:
+                    loss = self.model(micro)
+                except (AttributeError, TypeError) as exc:
+                    _explain_forward_error(self.model, micro, exc)
+                    raise
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
                 raise ValueError(f"model(batch) must return a scalar loss tensor, got {shape}")
@@ -430,6 +443,29 @@ class TrainNode:
         self.send(("eval", 0, step, {"step": step, "loss": loss, "local_loss": loss}))
 
 
+def _explain_forward_error(model: torch.nn.Module, batch: Any, exc: Exception) -> None:
+    """Raise a TypeError saying what exonet passes, when ``model(batch)`` failed on a forward that takes the batch apart.
+
+    A forward such as nanoGPT's ``forward(idx, targets=None)`` receives the whole batch as ``idx`` and
+    fails deep inside (``'list' object has no attribute 'device'``); nothing is added to other errors.
+    """
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(model.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return
+    if len(params) < 2 or not isinstance(batch, (list, tuple)):
+        return
+    names = ", ".join(p.name for p in params)
+    raise TypeError(
+        f"model(batch) failed ({type(exc).__name__}: {exc}). exonet calls model(batch) with the whole batch (here a "
+        f"{type(batch).__name__} of {len(batch)}) and needs a scalar loss back, but {type(model).__name__}.forward "
+        f"takes ({names}). Wrap it: class WithLoss(nn.Module): def forward(self, batch): "
+        f"return self.model(*batch)  (returning the loss; for nanoGPT's GPT, self.model(*batch)[1])") from exc
+
+
 def _rows(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         return batch.shape[0]
@@ -481,6 +517,12 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
             os.environ["GLOO_SOCKET_IFNAME"] = iface
     code = 0
     try:
+        from exonet.runtime.transport import Unloadable
+
+        for name, arg in (("model", model_bytes), ("train_dataset", train_data), ("val_dataset", val_data),
+                          ("strategy", strategy)):
+            if isinstance(arg, Unloadable):
+                raise ImportError(f"{name}: {arg.error}")
         from datetime import timedelta
 
         with heartbeat.blocked():

@@ -69,6 +69,7 @@ class RunRecord:
                                 for r in range(num_nodes)]
         self.state: bytes | None = None
         self.logger: Any = None  # a WandbLogger when fit(wandb_project=...) asked for one
+        self.watch: Any = None  # a DivergenceWatch (exonet.runtime.divergence) checking every reported loss
         self.done: set[int] = set()
         self._losses: dict[int, dict[int, float]] = {}
         self._bar = None
@@ -85,6 +86,8 @@ class RunRecord:
             _, _, step, loss, events = msg
             self.events[rank].extend(_shift_cids(events, self._cid_offset[rank]))
             self._losses.setdefault(step, {})[rank] = loss
+            if self.watch is not None:
+                self.watch.check(rank, step, loss)
             self._flush_losses()
         elif kind == "eval":
             self.history["eval"].append(msg[3])

@@ -29,6 +29,7 @@ import os
 import pickle
 import signal
 import time
+import warnings
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
@@ -267,17 +268,19 @@ def launch(job: Job, *, progress: bool, scenario: Any,
            run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
            resume_from: str | os.PathLike | None, wandb_project: str | None = None,
            wandb_run_name: str | None = None, run_name: str | None = None,
-           upload_to: str | None = None) -> FitResult:
-    """Run a validated fit: run directory, rendezvous, nodes, supervision, results."""
+           upload_to: str | None = None, watch: Any = None) -> FitResult:
+    """Run a validated fit: run directory, rendezvous, nodes, supervision, results (``watch``: a DivergenceWatch)."""
     strategy, cfg = job.strategy, job.cfg
     if scenario is not None:
         from exonet.scenario import Scenario
 
         scenario = Scenario.coerce(scenario)
-        scenario.resolve(cfg.world)  # fail before training, not after
+        scenario.resolve(cfg.world, servers=cfg.servers)  # fail before training, not after
     config = run_config(strategy, cfg, job.model)
     label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
+    if cfg.servers:  # the last ranks serve: a scenario places the trainers without them (Scenario.resolve)
+        meta["servers"] = cfg.servers
     if dist.is_torchelastic_launched():
         from exonet.runtime.torchrun import train_under_torchrun
 
@@ -288,7 +291,7 @@ def launch(job: Job, *, progress: bool, scenario: Any,
         run_path = _open_run(config, label, run_dir, None)[0] if is_zero else None
         logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
         record, real_time = train_under_torchrun(job, meta, progress and is_zero, logger)
-        return _finish(job, config, record, run_path, real_time, scenario, upload_to)
+        return _finish(job, config, record, run_path, real_time, scenario, upload_to, run_name=run_name)
     model_bytes = pickle_model(job.model)
     store = dist.TCPStore("127.0.0.1", 0, cfg.world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
@@ -303,12 +306,15 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     clock = None
     if strategy.asynchronous and scenario is not None:  # the clock chooses the order in this scenario (see simulate)
         meta["decided_in"] = {"scenario": scenario.name, "fingerprint": scenario.fingerprint}
-    if cfg.max_sim_time_s is not None or strategy.asynchronous:
+    if scenario is not None:  # a strategy may ask the clock whenever there is a scenario; these runs obey it
+        decides = cfg.max_sim_time_s is not None or strategy.asynchronous
         clock = SimClock(scenario, cfg.world, math.inf if cfg.max_sim_time_s is None else cfg.max_sim_time_s,
                          cfg.max_steps, trainers=cfg.num_nodes, synchronous=not strategy.asynchronous,
-                         what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__)
+                         what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__,
+                         decides=decides)
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
     sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
+    sup.record.watch = watch
     t0 = time.perf_counter()
     finished = False
     try:
@@ -325,7 +331,7 @@ def launch(job: Job, *, progress: bool, scenario: Any,
         if sup.record.logger is not None and not finished:
             sup.record.logger.finish(exit_code=1)
 
-    return _finish(job, config, sup.record, run_path, real_time, scenario, upload_to, clock)
+    return _finish(job, config, sup.record, run_path, real_time, scenario, upload_to, clock, run_name)
 
 
 def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_path: Path | None) -> Any:
@@ -338,7 +344,8 @@ def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_pa
 
 
 def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path | None,
-            real_time: float, scenario: Any, upload_to: str | None, clock: SimClock | None = None) -> FitResult:
+            real_time: float, scenario: Any, upload_to: str | None, clock: SimClock | None = None,
+            run_name: str | None = None) -> FitResult:
     """The FitResult of a finished run; its run directory, upload, simulation and wandb summary.
 
     With a scenario, the history gains ``sim_time_s`` (each step's simulated end) and every
@@ -348,6 +355,7 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
     if record.state is not None:
         model.load_state_dict(torch.load(io.BytesIO(record.state), weights_only=True))
     result = FitResult(model=model, history=record.history, trace=record.trace(), config=config, real_time_s=real_time)
+    _gym_logs(result, config, run_path, run_name)
     if run_path is not None:
         result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
         if upload_to is not None:
@@ -355,15 +363,19 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
 
             upload_run(result.run_dir, upload_to)
     if scenario is not None:
-        result.sim = clock.result(record.history["train_loss"]) if clock is not None else result.simulate(scenario)
+        decided = clock is not None and clock.decides
+        result.sim = clock.result(record.history["train_loss"]) if decided else result.simulate(scenario)
         ends = result.sim.step_end_times
         result.history["sim_time_s"] = list(ends)
-        if clock is not None and not clock.synchronous:  # rank 0 evaluated its own model, at its own steps
+        if decided and not clock.synchronous:  # rank 0 evaluated its own model, at its own steps
             ends = clock.sim.rank_step_ends(0)
         for entry in result.history["eval"]:  # a server's evaluations carry their own (exonet.runtime.node)
             if "sim_time_s" not in entry:
                 entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
         result.sim_wall_clock_s = result.sim.wall_clock_s
+        _final_eval_at_end(result.history["eval"], result.sim.wall_clock_s)
+        if decided and clock.gated:
+            _say_who_stopped_early(clock, result.trace, config["num_nodes"], config["max_steps"])
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
             print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
@@ -373,6 +385,42 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
             record.logger.log_simulation(result.sim)
         record.logger.finish()
     return result
+
+
+def _final_eval_at_end(evals: list[dict[str, Any]], wall_clock_s: float) -> None:
+    """A server's last evaluation is of the final model: it holds until the run ends, so give the curve that point.
+
+    The server's model changes only with an update, and the run ends after its last one (the
+    trainers receive the parameters, or stop at the budget); the entry added, ``final``, carries
+    the last evaluation's loss at the run's final simulated time.
+    """
+    served = [e for e in evals if "updates" in e]
+    if not served:
+        return
+    last = max(served, key=lambda e: e["updates"])
+    if last.get("sim_time_s", 0.0) < wall_clock_s:
+        evals.append({**last, "sim_time_s": wall_clock_s, "final": True})
+
+
+def _say_who_stopped_early(clock: SimClock, trace: Any, trainers: int, max_steps: int) -> None:
+    """Warn, naming the rank, its step and simulated time, for a trainer that stopped before the time budget."""
+    for rank in range(trainers):
+        ends = clock.sim.rank_step_ends(rank)
+        if ends and ends[-1] < clock.limit_s and trace.num_steps(rank) >= max_steps:
+            warnings.warn(f"fit: rank {rank} stopped at step {len(ends)}, at {ends[-1]:.3f} s simulated, before the "
+                          f"max_sim_time_s budget of {clock.limit_s:g} s: it reached max_steps={max_steps} "
+                          "(from max_steps or num_epochs; give only max_sim_time_s to train until the budget)",
+                          stacklevel=4)
+
+
+def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, run_name: str | None) -> None:
+    """The older gym's train.csv and validation.csv: in the run directory, or, with only a run_name, where the gym
+    wrote them (``logs/<run_name>/``)."""
+    from exonet.gymlog import GYM_LOG_DIR, write_gym_csv
+
+    folder = run_path if run_path is not None else Path(GYM_LOG_DIR) / run_name if run_name is not None else None
+    if folder is not None and (not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0"):
+        write_gym_csv(folder, result.history, config["batch_size"] * config["num_nodes"])
 
 
 def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module) -> dict[str, Any]:

@@ -10,6 +10,8 @@ NodeFailure naming the node; nothing is left running (exonet.runtime.run, exonet
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
 import warnings
 from typing import Any
@@ -29,6 +31,8 @@ AUTOCAST = {True: "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16"
 # The seed gym's fit arguments that have no meaning here, and why.
 IGNORED = {"correlation_interval": "exonet measures the nodes' correlation at every evaluation",
            "log_x_axis": "exonet logs steps and, with a scenario, simulated time to wandb"}
+# A time budget without max_steps/num_epochs trains over as many epochs as the budget holds, up to this cap.
+TIME_BUDGET_STEPS = 10**9
 RESERVED_LOADER_ARGS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
 
 
@@ -108,6 +112,8 @@ class LocalTrainer:
         upload_to: str | None = None,
         wandb_project: str | None = None,
         wandb_run_name: str | None = None,
+        on_divergence: str = "raise",
+        divergence_factor: float = 10.0,
         **legacy: Any,
     ) -> FitResult:
         """Run the training and return a FitResult.
@@ -116,10 +122,11 @@ class LocalTrainer:
             strategy: how nodes communicate (a ``exonet.strategies.Strategy``).
             num_nodes: K, the number of node processes.
             max_steps: optimizer steps per node; with ``num_epochs`` the smaller wins.
-            num_epochs: passes over each node's shard (default 1 when max_steps is None).
+            num_epochs: passes over each node's shard (default 1 when max_steps is None; with only
+                ``max_sim_time_s``, as many as the budget holds).
             batch_size: per node, per step.
             minibatch_size: split each batch into micro-batches of this size (gradient accumulation).
-            device: "cpu", "cuda" or "mps"; auto-detected when None.
+            device: "cpu", "cuda" or "mps"; auto-detected when None (or "", the older gym's default).
             devices: CUDA device indices to spread nodes over (default: all visible).
             autocast: False, True (bf16), "bf16" or "fp16".
             val_interval: evaluate every this many steps (and at the end); 0 = never.
@@ -148,6 +155,10 @@ class LocalTrainer:
             wandb_project: log config, losses, evaluations and (with ``scenario``) simulated time to
                 this Weights & Biases project, from this process only (needs the ``wandb`` extra).
             wandb_run_name: the wandb run's name (default: ``run_name``).
+            on_divergence: what a non-finite or runaway training loss does (exonet.runtime.divergence):
+                "raise" stops the run with DivergenceError naming the rank and step, "warn" warns once per
+                rank with its step and goes on, "ignore" trains on silently.
+            divergence_factor: a loss above this many times a rank's first loss is runaway.
             **legacy: ``save_dir``, accepted for seed compatibility; the seed gym's ``correlation_interval``
                 (exonet measures correlation at every evaluation) and ``log_x_axis`` (a wandb plot choice) are
                 accepted and ignored with a warning.
@@ -163,7 +174,10 @@ class LocalTrainer:
                 raise ValueError("fit: upload_to copies the run directory, so it needs run_dir")
         unknown = set(legacy) - {"save_dir", *IGNORED}
         if unknown:
-            raise TypeError(f"fit: unexpected argument(s) {', '.join(sorted(unknown))}")
+            known = [n for n in inspect.signature(LocalTrainer.fit).parameters if n not in ("self", "legacy")]
+            hints = [f"{n} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(n, known, n=1))
+                     else n for n in sorted(unknown)]
+            raise TypeError(f"fit: unexpected argument(s) {', '.join(hints)}")
         for name in sorted(set(legacy) & set(IGNORED)):
             warnings.warn(f"fit: {name} is ignored: {IGNORED[name]}", stacklevel=2)
         if not isinstance(strategy, Strategy):
@@ -182,6 +196,8 @@ class LocalTrainer:
         if autocast not in (False, None) and autocast not in AUTOCAST:
             raise ValueError(f"fit: autocast must be False, True, 'bf16' or 'fp16', got {autocast!r}")
         steps = self._resolve_steps(max_steps, num_epochs, k, batch_size)
+        if max_sim_time_s is not None and max_steps is None and num_epochs is None:
+            steps = TIME_BUDGET_STEPS  # the budget ends the run; the data goes round for further epochs
         clash = sorted(set(dataloader_kwargs or {}) & set(RESERVED_LOADER_ARGS))
         if clash:
             raise ValueError(f"fit: dataloader_kwargs may not set {', '.join(clash)}: exonet sets "
@@ -215,6 +231,9 @@ class LocalTrainer:
             if resume_from is not None or checkpoint_interval or not count_flops:
                 raise ValueError(f"fit: {what} needs count_flops=True and cannot checkpoint or resume a run yet")
 
+        from exonet.runtime.divergence import DivergenceWatch
+
+        watch = DivergenceWatch(on_divergence, divergence_factor)
         cfg = NodeConfig(
             num_nodes=k, max_steps=steps, batch_size=batch_size, minibatch_size=minibatch, device_type=device_type,
             devices=device_ids, backend=backend, seed=seed, shuffle=shuffle,
@@ -230,12 +249,12 @@ class LocalTrainer:
         return launch(job, progress=progress, scenario=scenario, run_dir=run_dir,
                       progress_timeout_s=progress_timeout_s, resume_from=resume_from,
                       wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
-                      upload_to=upload_to)
+                      upload_to=upload_to, watch=watch)
 
     # ------------------------------------------------------------ resolution
     @staticmethod
     def _resolve_device(device: str | None, devices: list[int] | None, k: int) -> tuple[str, str, tuple[int, ...] | None]:
-        if device is None:
+        if device is None or device == "":  # "" is the older gym's default: auto-detect, as it did
             device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
         if device not in DEVICES:
             raise ValueError(f"fit: device must be one of {', '.join(DEVICES)} (or None to auto-detect), got {device!r}")

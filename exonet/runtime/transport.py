@@ -21,6 +21,7 @@ import io
 import os
 import pickle
 import threading
+import types
 from multiprocessing import popen_forkserver, spawn
 from multiprocessing.context import ForkServerProcess
 from typing import Any
@@ -48,6 +49,9 @@ class NodePickler(cloudpickle.Pickler):
         return None if self.shipment is None else self.shipment.persistent_id(obj)
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:  # cloudpickle names by-value code "<dynamic-code>": keep the user's file
+            reduced = cloudpickle.cloudpickle._code_reduce(obj)
+            return reduced[0], tuple(obj.co_filename if a == "<dynamic-code>" else a for a in reduced[1])
         if self.shipment is not None and isinstance(obj, np.ndarray):
             reduced = self.shipment.reduce_array(obj)
             if reduced is not None:
@@ -101,16 +105,34 @@ def shared_bytes(data: bytes) -> Any:
     return sent
 
 
+class Unloadable:
+    """Stands in for an argument a node could not unpickle (its class's module does not import there).
+
+    Unpickling happens as the process starts, before the node can report anything; raising there
+    would leave only "exited with code 1" and a traceback on stderr. ``node_main`` raises ``error``
+    inside its report instead (exonet.runtime.node).
+    """
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
 def _load(data: bytes, arenas: tuple[Segment, ...] | None, environ: dict[str, str] | None) -> Any:
     if environ is not None:
         for key in set(os.environ) - set(environ):
             del os.environ[key]
         os.environ.update(environ)
-    if arenas is None:
-        return pickle.loads(data)
-    unpickler = pickle.Unpickler(io.BytesIO(data))
-    unpickler.persistent_load = Resolver(arenas)
-    return unpickler.load()
+    try:
+        if arenas is None:
+            return pickle.loads(data)
+        unpickler = pickle.Unpickler(io.BytesIO(data))
+        unpickler.persistent_load = Resolver(arenas)
+        return unpickler.load()
+    except (ImportError, AttributeError) as exc:
+        module = f"module {exc.name!r}" if isinstance(exc, ImportError) and exc.name else "a class"
+        return Unloadable(f"the node process cannot import {module} ({type(exc).__name__}: {exc}); the parent "
+                          "pickled it by reference: make it importable in the node (an installed package, or a "
+                          "folder on sys.path / PYTHONPATH when fit starts), or define it in the script itself")
 
 
 _PREPARING = threading.Lock()

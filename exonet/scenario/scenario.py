@@ -291,17 +291,27 @@ class Scenario:
                 valid = ["name", "description", *TABLES, *ARRAYS, *NETWORK]
                 hint = did_you_mean(key, valid)
                 raise ScenarioError(f"replace(): unknown key {key!r}{hint}; valid: {', '.join(valid)}")
+        if "name" not in changes:  # a variant says what changed: "two-region-1g (bandwidth=100 Mbit/s)"
+            data["name"] = f"{self.name} ({', '.join(_change_label(k, v) for k, v in changes.items())})"
         return Scenario(data, f"{self._source} + replace({', '.join(changes)})")
 
-    def resolve(self, num_nodes: int) -> Resolved:
-        """The scenario made concrete for ``num_nodes`` ranks, in SI base units, for the simulator."""
+    def resolve(self, num_nodes: int, servers: int = 0) -> Resolved:
+        """The scenario made concrete for ``num_nodes`` ranks, in SI base units, for the simulator.
+
+        The last ``servers`` ranks serve (a parameter server): every ``share`` counts the trainers only,
+        so a server never moves a trainer to another region; a server lives in ``[server] region``
+        (default: rank 0's region), unless explicit ``ranks`` name it.
+        """
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"Scenario.resolve: num_nodes must be an integer >= 1, got {num_nodes!r}")
+        if isinstance(servers, bool) or not isinstance(servers, int) or not 0 <= servers < num_nodes:
+            raise ValueError(f"Scenario.resolve: servers must be an integer in [0, num_nodes), got {servers!r}")
         p, n, where = self._parsed, num_nodes, f"{self._source}:"
+        trainers = n - servers
         net = p["network"]
         efficiency = net.get("efficiency", 1.0)
         latency = net.get("latency", 0.0)
-        region = self._regions(n)
+        region = self._regions(n, trainers)
         links = {
             tuple(sorted(link["between"])): LinkSpec(link["bandwidth"] * efficiency, link.get("latency", latency))
             for link in p.get("links", [])
@@ -318,14 +328,14 @@ class Scenario:
         down = [net.get("downlink", net.get("bandwidth"))] * n
         speed = [1.0] * n
         for i, node in enumerate(p.get("nodes", [])):
-            for r in self._ranks(node, f"nodes[{i}]", n):
+            for r in self._ranks(node, f"nodes[{i}]", n, trainers):
                 up[r] = node.get("uplink", node.get("bandwidth", up[r]))
                 down[r] = node.get("downlink", node.get("bandwidth", down[r]))
                 speed[r] = node.get("speed", speed[r])
         algorithms = {**FAMILIES[self._collective()], **net.get("algorithms", {})}
         hosts = self._hosts(n, region, efficiency)
         events = tuple(
-            EventSpec(e["kind"], self._ranks(e, f"events[{i}]", n), e.get("from_step"), e.get("to_step"),
+            EventSpec(e["kind"], self._ranks(e, f"events[{i}]", n, trainers), e.get("from_step"), e.get("to_step"),
                       e.get("from_s"), e.get("to_s"), e.get("factor", 1.0))
             for i, e in enumerate(p.get("events", []))
         )
@@ -377,29 +387,31 @@ class Scenario:
                                     f"{', '.join(map(repr, inside))}; a host's devices sit in one region")
         return HostSpec(g, h["bandwidth"] * efficiency, h.get("latency", 0.0), h.get("nic", "per-device"))
 
-    def _ranks(self, entry: Mapping[str, Any], path: str, n: int) -> tuple[int, ...]:
-        """An entry's explicit ranks (range-checked), or the last max(1, round(share·n)) ranks."""
+    def _ranks(self, entry: Mapping[str, Any], path: str, n: int, trainers: int | None = None) -> tuple[int, ...]:
+        """An entry's explicit ranks (range-checked), or the last max(1, round(share·trainers)) trainers."""
         if "ranks" in entry:
             for r in entry["ranks"]:
                 if r >= n:
                     where = f"{self._source}: {path}.ranks"
                     raise ScenarioError(f"{where}: rank {r} is out of range for {n} nodes (ranks 0..{n - 1})")
             return entry["ranks"]
-        k = max(1, _round_half_up(Fraction(entry["share"]) * n))
-        return tuple(range(n - k, n))
+        trainers = n if trainers is None else trainers
+        k = max(1, _round_half_up(Fraction(entry["share"]) * trainers))
+        return tuple(range(trainers - k, trainers))
 
-    def _regions(self, n: int) -> list[str]:
-        """Each rank's region: share blocks laid from rank 0 in order, explicit ranks as given, the rest "default"."""
+    def _regions(self, n: int, trainers: int) -> list[str]:
+        """Each rank's region: share blocks of the trainers laid from rank 0 in order, explicit ranks as given,
+        servers in [server] region (or rank 0's), the rest "default"."""
         owner: dict[int, int] = {}
         regions = self._parsed.get("regions", [])
         cumulative = Fraction(0)
         for i, region in enumerate(regions):
             if "share" in region:
-                start = min(n, _round_half_up(cumulative * n))
+                start = min(trainers, _round_half_up(cumulative * trainers))
                 cumulative += Fraction(region["share"])
-                members: tuple[int, ...] = tuple(range(start, min(n, _round_half_up(cumulative * n))))
+                members: tuple[int, ...] = tuple(range(start, min(trainers, _round_half_up(cumulative * trainers))))
             else:
-                members = self._ranks(region, f"regions[{i}]", n)
+                members = self._ranks(region, f"regions[{i}]", n, trainers)
             for r in members:
                 if r in owner:
                     other = regions[owner[r]]["name"]
@@ -408,10 +420,13 @@ class Scenario:
                         f"both contain rank {r} (num_nodes={n}); a node belongs to one region"
                     )
                 owner[r] = i
-        return [regions[owner[r]]["name"] if r in owner else DEFAULT_REGION for r in range(n)]
+        names = [regions[owner[r]]["name"] if r in owner else DEFAULT_REGION for r in range(n)]
+        home = self._parsed.get("server", {}).get("region", names[0])
+        return [home if r >= trainers and r not in owner else name for r, name in enumerate(names)]
 
-    def describe(self, num_nodes: int | None = None) -> str:
-        """A readable summary; with ``num_nodes``, also the per-rank layout it resolves to."""
+    def describe(self, num_nodes: int | None = None, servers: int = 0) -> str:
+        """A readable summary; with ``num_nodes``, also the per-rank layout it resolves to (the last ``servers``
+        ranks serving)."""
         p = self._parsed
         net, compute, strag = p["network"], p.get("compute", {}), p.get("stragglers", {})
         rate, secs = units.format_rate, units.format_time
@@ -442,6 +457,10 @@ class Scenario:
         for r in p.get("regions", []):
             where = f"share {r['share']:g}" if "share" in r else f"ranks {list(r['ranks'])}"
             lines.append(f"  region      {r['name']}: {where}")
+        if "server" in p:
+            lines.append(f"  server      region {p['server']['region']} (a server rank, after the trainers)")
+        elif p.get("regions"):
+            lines.append("  server      rank 0's region (a server rank, after the trainers; set [server] region)")
         for link in p.get("links", []):
             lat = secs(link.get("latency", net.get("latency", 0.0)))
             a, b = link["between"]
@@ -459,8 +478,8 @@ class Scenario:
             what = f"slow x{e['factor']:g}" if e["kind"] == "slow" else "down"
             lines.append(f"  event       {what}, {_who(e)}, {'steps' if by_step else 'time'} {span}")
         if num_nodes is not None:
-            lines.append(f"  resolved for {num_nodes} nodes:")
-            lines.extend(_layout(self.resolve(num_nodes)))
+            lines.append(f"  resolved for {num_nodes} nodes{f' ({servers} serving)' if servers else ''}:")
+            lines.extend(_layout(self.resolve(num_nodes, servers)))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -476,6 +495,15 @@ class Scenario:
     def fingerprint(self) -> str:
         """16 hex digits that equal scenarios share, stable across processes (a trace records it)."""
         return hashlib.sha256(json.dumps(self._data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _change_label(key: str, value: Any) -> str:
+    """How a ``replace`` change reads in the variant's name: ``bandwidth=100 Mbit/s``, ``compute.mode=wall``."""
+    if isinstance(value, Mapping):
+        return ", ".join(_change_label(f"{key}.{sub}", item) for sub, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return f"{key}=[{len(value)} entr{'y' if len(value) == 1 else 'ies'}]"
+    return f"{key}={'removed' if value is None else value}"
 
 
 def _assign(table: dict[str, Any], key: str, value: Any) -> None:

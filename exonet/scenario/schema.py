@@ -190,7 +190,8 @@ _EVENT = {
     "from_s": _seconds, "to_s": _seconds, "factor": _number(0),
 }
 _HOSTS = {"devices": _positive_count, "bandwidth": _rate, "latency": _time, "nic": _enum(NICS)}
-TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS}
+_SERVER = {"region": _string}  # where a strategy's server ranks live (they never move the trainers)
+TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS, "server": _SERVER}
 ARRAYS = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
 _TOP = _table(
     {
@@ -239,6 +240,12 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
     for key in ("tflops", "mfu"):
         if key in compute and "mode" not in compute:
             raise ScenarioError(f'{where} compute.{key} only applies with compute.mode = "flops"; set mode')
+    server_region = p.get("server", {}).get("region")
+    regions = [r["name"] for r in p.get("regions", []) if "name" in r]
+    if server_region is not None and server_region not in regions:
+        hint = did_you_mean(server_region, regions)
+        raise ScenarioError(f"{where} server.region: {server_region!r} is not a region of this scenario{hint}; "
+                            f"regions: {', '.join(map(repr, regions)) or 'none (add [[regions]])'}")
     strag = p.get("stragglers", {})
     if strag.get("jitter", "none") != "none" and "sigma" not in strag:
         jitter = strag["jitter"]
