@@ -130,7 +130,7 @@ class OnlineHub:
             self._waiting += 1
             try:
                 while rank not in self._answers:
-                    if self.error is None and self._waiting == self._alive:
+                    if self.error is None and self._waiting == self._alive and not self._answers:
                         self.error = RuntimeError("estimate: every rank waits for the online clock, which cannot "
                                                   "answer any of them (the strategy's messages do not match)")
                         self._cond.notify_all()
