@@ -108,8 +108,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
     est = estimate(args.strategy, params=args.model_params, nodes=args.nodes, steps=args.steps,
                    step_time=args.step_time, tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu,
-                   dtype=args.dtype, layers=args.layers, model=args.model)
+                   dtype=args.dtype, layers=args.layers, model=args.model, scenario=args.scenario[0])
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
+                    "solve_for": args.solve_for,
                     "assumptions": est.assumptions, "payload_bytes_per_node": est.trace.payload_bytes(0), "scenarios": []}
     if args.hosts is not None:
         from exonet.estimate import with_hosts
@@ -118,12 +119,12 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     for name in args.scenario:
         if args.hosts is not None:
             name = with_hosts(name, args.hosts, args.nodes)
-        sim = simulate_estimate(est.trace, name)
+        sim = simulate_estimate(est, name)
         row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s, "utilization": sim.utilization,
                "wire_bytes_per_node": sum(sim.wire_bytes) / args.nodes}
         if targets:
             row["bandwidth_for_utilization"] = {
-                f"{u:g}": bandwidth_for_utilization(est.trace, name, u) for u in targets}
+                f"{u:g}": bandwidth_for_utilization(est, name, u, solve_for=args.solve_for) for u in targets}
         report["scenarios"].append(row)
     first = report["scenarios"][0]
     report.update({k: first[k] for k in ("wall_clock_s", "utilization", "bandwidth_for_utilization") if k in first})
@@ -140,7 +141,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         print(f"{row['scenario']}: simulated wall-clock {format_time(row['wall_clock_s'])}, "
               f"compute utilisation {row['utilization']:.1%}, wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
         for u, bw in row.get("bandwidth_for_utilization", {}).items():
-            need = "not reachable at any bandwidth" if bw is None else f"{format_rate(bw / 8)} per NIC"
+            where = {"nic": "per NIC", "link": "on the inter-region link"}.get(
+                args.solve_for, f"on the {args.solve_for.removeprefix('link:')} link")
+            need = "not reachable at any bandwidth" if bw is None else f"{format_rate(bw / 8)} {where}"
             print(f"  compute utilisation {float(u):.0%} needs {need}")
     return 0
 
@@ -208,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "collectives), unless the scenario has [hosts]")
     p.add_argument("--solve-utilization", metavar="U,U,...",
                    help="find the NIC bandwidth (within 1%%) at which compute utilisation reaches each U, e.g. 0.5,0.9")
+    p.add_argument("--solve-for", default="nic", metavar="nic|link|link:A/B",
+                   help="what --solve-utilization varies: every NIC (default), the scenario's only inter-region link, "
+                        "or the link between regions A and B")
     p.add_argument("--json", action="store_true", help="print a machine-readable result")
     p.set_defaults(func=_cmd_estimate)
 

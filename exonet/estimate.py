@@ -5,8 +5,8 @@ recording communicator that performs no communication but records every
 collective it is asked for. Compute per step is given (seconds, or tokens with
 device TFLOP/s and MFU). The resulting trace is simulated like a recorded one.
 
-The model is a stack of layers: by default a transformer-like stack of ``layers``
-blocks of 12·d² parameters each (attention 4·d², MLP 8·d²), or any ``nn.Module`` built
+The model is a stack of layers: by default an embedding and a transformer-like stack of
+``layers`` blocks of 12·d² parameters each (attention 4·d², MLP 8·d²; d a multiple of 128), or any ``nn.Module`` built
 on the meta device (``--model module:factory``). Each step is a forward pass (a third
 of the step's compute), then backward in reverse parameter order: each parameter
 tensor's gradient arrives after backward compute proportional to its size (FLOPs of a
@@ -19,14 +19,22 @@ Assumptions (printed with every estimate):
 * compute inside ``strategy.step()`` (e.g. DeMo's transforms) is not counted, and the inner
   optimizer is not run (its numerics never change what goes on the wire);
 * every node behaves like rank 0 unless the strategy uses subgroups, in which case every rank is run.
+
+A strategy that reacts to simulated time (``Strategy.asynchronous``: a server, as asynchronous
+DiLoCo and FedBuff have, or deadline rounds) cannot be estimated apart from a scenario: every
+rank (servers too) runs in a thread of its own against the online clock of ``fit`` (exonet.runtime.clock),
+which answers their questions in the scenario, so the trace is the one ``fit(scenario=...)`` would
+record. Such an estimate is re-run for every scenario (and every bandwidth a solve tries).
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import importlib
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -45,8 +53,9 @@ class RecordingCommunicator(Communicator):
     """A Communicator that records collectives and returns correctly shaped results, without a network."""
 
     def declare_groups(self, groups: Any) -> None:
-        """No process groups exist without a network; remember that the strategy uses them."""
-        self.uses_groups = True
+        """No process groups exist without a network; remember whether the strategy uses subgroups (then ranks differ)."""
+        if any(len(set(group)) < self.world_size for group in groups):
+            self.uses_groups = True
 
     def group_of(self, ranks: Any) -> Any:
         return None
@@ -67,22 +76,125 @@ class RecordingCommunicator(Communicator):
     def _flush_compute(self) -> None:
         """Compute is injected per step by the estimator, never measured here."""
 
+    def recv_any(self, tensor: torch.Tensor) -> tuple[int, float] | None:
+        """Ask the online clock who is received first (as ``Communicator.recv_any``); nothing is received."""
+        if self.clock is None:
+            return super().recv_any(tensor)  # its error: the online clock is needed
+        cid = self._next_cid
+        self._next_cid += 1
+        events, self.events = self.events, []
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        return self.clock.ask(("recv_any", cid, tensor.numel() * tensor.element_size(), dtype), events)
+
+
+class OnlineHub:
+    """The online clock shared by the threads of an asynchronous estimate (the parent's part in ``fit``).
+
+    Every rank's events pass through ``report``: fed to the clock, kept for the trace (with each
+    answered ``recv_any`` recorded as a plain recv, as ``fit`` records it), and the answers the
+    clock can give are handed to the ranks that wait for them.
+
+    Args:
+        clock: the online clock of the estimate's scenario.
+        world: every rank, trainers then servers.
+    """
+
+    def __init__(self, clock: Any, world: int) -> None:
+        self.clock, self.world = clock, world
+        self.events: list[list] = [[] for _ in range(world)]
+        self._answers: dict[int, Any] = {}
+        self._cond = threading.Condition()
+        self._waiting, self._alive = 0, world
+        self.error: BaseException | None = None
+
+    def report(self, rank: int, events: list, *, question: tuple | None = None, done: bool = False) -> None:
+        from exonet.runtime.clock import received_event
+
+        with self._cond:
+            self.events[rank].extend(events)
+            self.clock.feed(rank, events)
+            if done:
+                self.clock.close(rank)
+                self._alive -= 1
+            if question is not None:
+                self.clock.ask(rank, question)
+            for asker, asked, answer in self.clock.answers():
+                if answer is not None and asked[0] == "recv_any":
+                    self.events[asker].append(received_event(asker, asked, answer))
+                self._answers[asker] = answer
+            self._cond.notify_all()
+
+    def answer(self, rank: int) -> Any:
+        """Wait for the clock's answer to ``rank``'s question (raises if it can never come)."""
+        with self._cond:
+            self._waiting += 1
+            try:
+                while rank not in self._answers:
+                    if self.error is None and self._waiting == self._alive and not self._answers:
+                        self.error = RuntimeError("estimate: every rank waits for the online clock, which cannot "
+                                                  "answer any of them (the strategy's messages do not match)")
+                        self._cond.notify_all()
+                    if self.error is not None:
+                        raise RuntimeError("estimate: another rank failed") from self.error
+                    self._cond.wait()
+                return self._answers.pop(rank)
+            finally:
+                self._waiting -= 1
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self.error is None:
+                self.error = exc
+            self._alive -= 1
+            self._cond.notify_all()
+
+
+@dataclass
+class _Link:
+    """A rank's side of the ``OnlineHub``, in place of the runtime's ClockLink (same methods)."""
+
+    hub: OnlineHub
+    rank: int
+    announces: bool = True
+    gated: bool = False
+
+    def allows(self, step: int) -> bool:
+        return True
+
+    def announce(self, events: list) -> None:
+        self.hub.report(self.rank, events)
+
+    def ask(self, question: tuple, events: list) -> Any:
+        self.hub.report(self.rank, events, question=question)
+        return self.hub.answer(self.rank)
+
 
 class LayerStack(torch.nn.Module):
-    """``params`` parameters as ``layers`` transformer-like blocks on the meta device.
+    """``params`` parameters as a token embedding and ``layers`` transformer-like blocks, on the meta device.
 
-    Each block holds four matrices, d×3d (QKV), d×d (output), d×4d and 4d×d (MLP): 12·d²
-    parameters, with d chosen so the stack holds about ``params`` (at least 1).
+    Sized as real models are, so that strategies whose payload depends on shapes (DeMo's
+    64 × 64 DCT blocks) see real shapes: the width d is the largest multiple of 128 (of 8
+    below 128) with 12·d²·layers ≤ ``params``; each block holds four matrices, d×3d (QKV),
+    d×d (output), d×4d and 4d×d (MLP); the remainder goes to an embedding of V×d, V a
+    multiple of 128 (vocabularies are padded so), which keeps the total within 64·d of
+    ``params``.
     """
 
     def __init__(self, params: int, layers: int, dtype: torch.dtype) -> None:
         super().__init__()
-        d = max(1, round(math.sqrt(params / (12 * layers))))
-        self.width = d
+        raw = math.sqrt(params / (12 * layers))
+        granule = 128 if raw >= 128 else 8 if raw >= 8 else 1
+        d = max(1, int(raw // granule) * granule)
+        vocab = max(0, round((params - 12 * layers * d * d) / (128 * d))) * 128
+        self.width, self.vocab = d, vocab
+
+        def param(*shape: int) -> torch.nn.Parameter:
+            return torch.nn.Parameter(torch.empty(*shape, device="meta", dtype=dtype))
+
+        self.embedding = torch.nn.ParameterList([param(vocab, d)] if vocab else [])
         shapes = ((d, 3 * d), (d, d), (d, 4 * d), (4 * d, d))
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.ParameterList(torch.nn.Parameter(torch.empty(*shape, device="meta", dtype=dtype)) for shape in shapes)
-            for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(torch.nn.ParameterList(param(*shape) for shape in shapes)
+                                          for _ in range(layers))
 
 
 def load_model(spec: str, dtype: torch.dtype) -> torch.nn.Module:
@@ -107,12 +219,25 @@ def load_model(spec: str, dtype: torch.dtype) -> torch.nn.Module:
 
 @dataclass
 class Estimate:
-    """An estimated run: its synthetic trace and what was assumed."""
+    """An estimated run: its synthetic trace and what was assumed.
+
+    ``rerun`` is set for a strategy that reacts to simulated time: its trace was decided in one
+    scenario, and ``trace_in`` builds the trace another scenario gives.
+    """
 
     trace: Trace
     params: int
     step_time_s: float
     assumptions: list[str]
+    rerun: Callable[[Any], Trace] | None = field(default=None, repr=False)
+
+    def trace_in(self, scenario: Any) -> Trace:
+        """The trace to replay in ``scenario`` (re-run on the online clock when the strategy needs it)."""
+        if self.rerun is None:
+            return self.trace
+        if scenario_for_estimate(scenario).fingerprint == self.trace.meta["decided_in"]["fingerprint"]:
+            return self.trace
+        return self.rerun(scenario)
 
 
 def parse_strategy(spec: str) -> Strategy:
@@ -147,14 +272,23 @@ def _fire_grad_hooks(p: torch.nn.Parameter) -> None:
 
 
 def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], rank: int, nodes: int, steps: int, step_time: float,
-              flops: float) -> tuple[list, bool]:
-    """One rank's events, and whether its strategy declared subgroups (then ranks differ)."""
-    import copy
+              flops: float, hub: OnlineHub | None = None) -> tuple[list, bool]:
+    """One rank's events, and whether its strategy declared subgroups (then ranks differ).
 
+    With ``hub`` (an asynchronous strategy) each step's events are reported to the online clock
+    instead (the hub keeps them), and a server rank serves instead of training.
+    """
     strat = copy.deepcopy(strategy)
     model = make_model()  # a model of its own: the strategy registers hooks on it
-    comm = RecordingCommunicator(rank, nodes, torch.device("meta"))
+    world = nodes + (strategy.servers if hub is not None else 0)
+    comm = RecordingCommunicator(rank, world, torch.device("meta"))
+    if hub is not None:
+        comm.clock = _Link(hub, rank)
     strat.setup(model, comm, NodeContext(rank, nodes, steps, 0, torch.device("meta")))
+    if rank >= nodes:  # a server: its own work takes no simulated time
+        strat.serve(lambda updates, sim_time_s: None)
+        hub.report(rank, comm.events, done=True)
+        return [], True
     strat.optimizer.step = lambda *a, **k: None  # local numerics never change what goes on the wire
     params = [p for p in model.parameters() if p.requires_grad]
     total = sum(p.numel() for p in params) or 1
@@ -174,17 +308,51 @@ def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], ran
             _fire_grad_hooks(params[i])
         strat.step()
         comm.events.append(Step())
-        events.extend(comm.events)
+        if hub is not None:
+            hub.report(rank, comm.events)
+        else:
+            events.extend(comm.events)
         comm.events = []
     strat.finish()
+    if hub is not None:
+        hub.report(rank, comm.events, done=True)
+        return [], True
     events.extend(comm.events)
     return events, getattr(comm, "uses_groups", False)
+
+
+def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], nodes: int, steps: int, step_time: float,
+                flops: float, scenario: Any) -> Trace:
+    """Every rank (trainers, then servers) in a thread against the online clock in ``scenario``; their trace."""
+    from exonet.runtime.clock import SimClock
+
+    chosen = scenario_for_estimate(scenario)
+    world = nodes + strategy.servers
+    hub = OnlineHub(SimClock(chosen, world, math.inf, steps, trainers=nodes, synchronous=False,
+                             what=type(strategy).__name__, given_compute=True), world)
+
+    def run(rank: int) -> None:
+        try:
+            _run_rank(strategy, make_model, rank, nodes, steps, step_time, flops, hub)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            hub.fail(exc)
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"estimate-rank-{r}", daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if hub.error is not None:
+        raise hub.error
+    return Trace(world, meta={"estimate": True, "strategy": type(strategy).__name__, "servers": strategy.servers,
+                              "decided_in": {"scenario": chosen.name, "fingerprint": chosen.fingerprint}},
+                 events=hub.events)
 
 
 def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: int, steps: int,
              step_time: float | None = None, tokens_per_step: float | None = None, tflops: float | None = None,
              mfu: float = 0.4, dtype: str = "fp32", layers: int = DEFAULT_LAYERS,
-             model: str | Callable[[], torch.nn.Module] | None = None) -> Estimate:
+             model: str | Callable[[], torch.nn.Module] | None = None, scenario: Any = None) -> Estimate:
     """Build the trace a run would produce, from the strategy's own logic on meta tensors.
 
     Args:
@@ -199,6 +367,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         dtype: parameter/transfer dtype: fp32, bf16 or fp16.
         layers: blocks in the default stack.
         model: instead of ``params``, a model: "module:factory", or a factory, built on the meta device.
+        scenario: where a strategy that reacts to simulated time (``Strategy.asynchronous``) is run on the
+            online clock; required for those, unused by the others.
     """
     if isinstance(strategy, str):
         strategy = parse_strategy(strategy)
@@ -241,15 +411,27 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         count = int(params)
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
         net = make_model()
-        described = f"{layers} transformer-like blocks of 12·d² parameters, d = {net.width}"
+        described = (f"{layers} transformer-like blocks of 12·d² parameters, d = {net.width}, "
+                     f"and a {net.vocab}×{net.width} embedding")
     real_params = sum(p.numel() for p in net.parameters())
-    first, uses_groups = _run_rank(strategy, make_model, 0, nodes, steps, step_time, flops)
-    per_rank = [first] + [
-        _run_rank(strategy, make_model, r, nodes, steps, step_time, flops)[0] if uses_groups else list(first)
-        for r in range(1, nodes)
-    ]
-    trace = Trace(nodes, meta={"estimate": True, "strategy": type(strategy).__name__, "params": real_params,
-                               "steps": steps}, events=per_rank)
+    strategy.check_world(nodes)
+    rerun = None
+    if strategy.asynchronous:
+        if scenario is None:
+            raise ValueError(f"estimate: {type(strategy).__name__} decides who syncs when by simulated time; give "
+                             f"the scenario to run it in (scenario=..., --scenario)")
+        rerun = lambda s: _run_online(strategy, make_model, nodes, steps, step_time, flops, s)  # noqa: E731
+        trace = rerun(scenario)
+        trace.meta.update(params=real_params, steps=steps)
+        uses_groups = True
+    else:
+        first, uses_groups = _run_rank(strategy, make_model, 0, nodes, steps, step_time, flops)
+        per_rank = [first] + [
+            _run_rank(strategy, make_model, r, nodes, steps, step_time, flops)[0] if uses_groups else list(first)
+            for r in range(1, nodes)
+        ]
+        trace = Trace(nodes, meta={"estimate": True, "strategy": type(strategy).__name__, "params": real_params,
+                                   "steps": steps}, events=per_rank)
     assumptions = [
         f"model: {real_params:,} parameters ({dtype}): {described}",
         f"compute: {step_time:.4g} s per step on every node"
@@ -257,9 +439,11 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         + "; forward a third, backward two thirds, in reverse parameter order, each tensor's share by its size",
         "compute inside strategy.step() (e.g. transforms, quantisation) is not counted; a scenario's [compute] "
         "device is replaced by this compute (its per-node speeds and jitter still apply)",
-        "every rank is run separately (the strategy uses subgroups)" if uses_groups else "every node behaves like rank 0",
+        ("every rank (and server) is run on the online clock in the scenario (the strategy reacts to simulated time)"
+         if rerun is not None else "every rank is run separately (the strategy uses subgroups)" if uses_groups
+         else "every node behaves like rank 0"),
     ]
-    return Estimate(trace, real_params, step_time, assumptions)
+    return Estimate(trace, real_params, step_time, assumptions, rerun)
 
 
 def scenario_for_estimate(scenario: Any) -> Any:
@@ -274,19 +458,65 @@ def scenario_for_estimate(scenario: Any) -> Any:
     return base.replace(compute={"mode": "wall"}, name=base.name)  # the estimate states this itself: keep the name
 
 
-def simulate_estimate(trace: Trace, scenario: Any, bandwidth: float | None = None) -> Any:
-    """Replay an estimate's trace in ``scenario`` (optionally with every NIC at ``bandwidth`` bit/s)."""
+def link_between(scenario: Any, solve_for: str) -> tuple[str, str]:
+    """The region pair ``solve_for`` names: ``"link:A/B"``, or ``"link"`` for a scenario's only link.
+
+    Raises:
+        ScenarioError: the scenario has no such link (naming its links).
+    """
+    from exonet.errors import ScenarioError
+    from exonet.scenario import Scenario
+    from exonet.scenario.schema import did_you_mean
+
+    chosen = Scenario.coerce(scenario)
+    links = [tuple(sorted(link["between"])) for link in chosen.to_dict().get("links", [])]
+    names = ["/".join(pair) for pair in links]
+    _, _, wanted = solve_for.partition(":")
+    if not wanted:
+        if len(links) != 1:
+            raise ScenarioError(f"--solve-for link: scenario {chosen.name!r} has {len(links)} inter-region links, "
+                                f"name one as link:A/B ({', '.join(names) or 'it has none'})")
+        return links[0]
+    pair = tuple(sorted(part.strip() for part in wanted.split("/")))
+    if len(pair) != 2 or pair not in links:
+        raise ScenarioError(f"--solve-for {solve_for}: scenario {chosen.name!r} has no link between "
+                            f"{' and '.join(pair)}{did_you_mean('/'.join(pair), names)}; its links: {', '.join(names) or 'none'}")
+    return pair  # type: ignore[return-value]
+
+
+def with_bandwidth(scenario: Any, bandwidth: float, solve_for: str = "nic") -> Any:
+    """``scenario`` with every NIC (``solve_for="nic"``) or one inter-region link (``"link:A/B"``) at ``bandwidth`` bit/s."""
+    from exonet.scenario import Scenario
+
+    chosen = Scenario.coerce(scenario)
+    rate = f"{bandwidth!r} bit/s"
+    if solve_for == "nic":
+        return chosen.replace(bandwidth=rate)
+    if solve_for != "link" and not solve_for.startswith("link:"):
+        raise ValueError(f"--solve-for: expected nic, link or link:A/B (two region names), got {solve_for!r}")
+    pair = link_between(chosen, solve_for)
+    links = [dict(link, bandwidth=rate) if tuple(sorted(link["between"])) == pair else link
+             for link in chosen.to_dict()["links"]]
+    return chosen.replace(links=links)
+
+
+def simulate_estimate(trace: Trace | Estimate, scenario: Any, bandwidth: float | None = None,
+                      solve_for: str = "nic") -> Any:
+    """Replay an estimate's trace in ``scenario`` (optionally with every NIC, or the link ``solve_for``
+    names, at ``bandwidth`` bit/s); an asynchronous Estimate is re-run there first."""
     from exonet.netsim import simulate
 
     chosen = scenario_for_estimate(scenario)
     if bandwidth is not None:
-        chosen = chosen.replace(bandwidth=f"{bandwidth!r} bit/s")
+        chosen = with_bandwidth(chosen, bandwidth, solve_for)
+    if isinstance(trace, Estimate):
+        trace = trace.trace_in(chosen)
     return simulate(trace, chosen)
 
 
-def utilization_at(trace: Trace, scenario: Any, bandwidth: float) -> float:
-    """Compute utilisation of an estimate's ``trace`` in ``scenario`` with every NIC at ``bandwidth`` bit/s."""
-    return simulate_estimate(trace, scenario, bandwidth).utilization
+def utilization_at(trace: Trace | Estimate, scenario: Any, bandwidth: float, solve_for: str = "nic") -> float:
+    """Compute utilisation of an estimate in ``scenario`` with every NIC (or the link ``solve_for``) at ``bandwidth`` bit/s."""
+    return simulate_estimate(trace, scenario, bandwidth, solve_for).utilization
 
 
 HOST_FABRIC = {"bandwidth": "450 GB/s", "latency": "1 us"}  # --hosts: NVLink-class, per device, each direction
@@ -334,9 +564,13 @@ def lowest_bandwidth(utilization: Callable[[float], float], target: float, *, lo
     return high
 
 
-def bandwidth_for_utilization(trace: Trace, scenario: Any, target: float, *, low: float = 1e3, high: float = 1e15,
-                              rtol: float = 0.01) -> float | None:
-    """The lowest NIC bandwidth (bit/s, within ``rtol``) at which an estimate's ``trace`` reaches ``target``."""
+def bandwidth_for_utilization(trace: Trace | Estimate, scenario: Any, target: float, *, solve_for: str = "nic",
+                              low: float = 1e3, high: float = 1e15, rtol: float = 0.01) -> float | None:
+    """The lowest bandwidth (bit/s, within ``rtol``) of every NIC, or of the inter-region link ``solve_for``
+    names (``"link:A/B"``), at which an estimate reaches ``target`` compute utilisation."""
     if not 0 < target < 1:
         raise ValueError(f"--solve-utilization: each target must be in (0, 1), got {target}")
-    return lowest_bandwidth(lambda bw: utilization_at(trace, scenario, bw), target, low=low, high=high, rtol=rtol)
+    if solve_for != "nic":
+        with_bandwidth(scenario, high, solve_for)  # a link the scenario lacks is an error before any replay
+    return lowest_bandwidth(lambda bw: utilization_at(trace, scenario, bw, solve_for), target, low=low, high=high,
+                            rtol=rtol)

@@ -72,7 +72,7 @@ def project(strategies: Mapping[str, Strategy], scenarios: Sequence[Scenario | s
         for name, strategy in strategies.items():
             est = estimate(copy.deepcopy(strategy), params=scale.params, nodes=nodes, steps=scale.steps,
                            tokens_per_step=scale.tokens_per_node_step, tflops=tflops, mfu=mfu, dtype=scale.dtype)
-            sim = simulate_estimate(est.trace, scenario)
+            sim = simulate_estimate(est, scenario)
             rows.append({
                 "run": name, "scenario": scenario.name, "utilization": sim.utilization,
                 "time_per_steps_s": sim.wall_clock_s * factor,

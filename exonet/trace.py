@@ -199,9 +199,23 @@ class Trace:
         """A what-if copy: payloads times ``bytes``, compute spans times ``compute``.
 
         ``bytes=10`` models a 10x larger model; ``compute=0.5`` a device twice as fast.
+
+        What it keeps: every collective, in number and order; each one's payload is scaled. A
+        bucketed all-reduce (DDP) is therefore not re-cut for the larger model: a run of a 10x
+        model sends about 10x as many 25 MiB buckets, each launched earlier in backward, so it
+        hides more of its traffic than the scaled copy does. A copy whose steps hold several
+        all-reduces with ``bytes != 1`` warns; ``exonet.estimate`` builds a faithful trace of
+        any size from the strategy itself.
         """
         if bytes <= 0 or compute <= 0:
             raise ValueError(f"Trace.scaled: bytes and compute must be > 0, got {bytes}, {compute}")
+        if bytes != 1 and self._bucketed():
+            import warnings
+
+            warnings.warn(f"Trace.scaled(bytes={bytes:g}): the trace's steps hold several all-reduces (DDP buckets); "
+                          f"the copy keeps their number and scales each, where a model {bytes:g}x larger would be cut "
+                          f"into about {bytes:g}x as many buckets that overlap backward more finely; use "
+                          f"exonet.estimate for a faithful projection", UserWarning, stacklevel=2)
         new_events: list[list[Event]] = []
         for evs in self.events:
             row: list[Event] = []
@@ -214,6 +228,19 @@ class Trace:
             new_events.append(row)
         meta = dict(self.meta, scaled={"bytes": bytes, "compute": compute})
         return Trace(self.num_nodes, meta, new_events)
+
+    def _bucketed(self) -> bool:
+        """Whether some rank's step holds more than one all-reduce (bucketed gradients, whose count depends on size)."""
+        for evs in self.events:
+            count = 0
+            for e in evs:
+                if isinstance(e, Step):
+                    count = 0
+                elif isinstance(e, Collective) and e.op == "all_reduce":
+                    count += 1
+                    if count > 1:
+                        return True
+        return False
 
     def validate(self) -> None:
         """Check that collectives match across group members; raise TraceError if not."""

@@ -46,6 +46,7 @@ import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+from einops.layers.torch import Rearrange
 
 from exonet.strategies.base import NodeContext, OptimSpec, Strategy, base_options, check_range
 
@@ -93,7 +94,8 @@ class ChunkedDCT:
     ``encode`` turns a tensor into ``(num_blocks, block_numel)`` coefficients, block by
     block in row-major block order, each block flattened row-major; ``decode`` inverts it.
     The two halves are public apart (``blocks``/``transform``, ``inverse``/``unblocks``) so
-    that tensors whose blocks have the same shape are transformed in one batched call.
+    that tensors whose blocks have the same shape are transformed in one batched call. The cut
+    is an einops pattern, parsed once here (its recipe is kept), not on every step.
 
     Args:
         shape: the tensor's shape.
@@ -114,6 +116,8 @@ class ChunkedDCT:
         self.num_blocks = (self.rows // self.h) * (self.cols // self.w)
         self.block_numel = self.h * self.w
         self.index_dtype = torch.int16 if self.block_numel <= INT16_LIMIT else torch.int32
+        self._cut = Rearrange("(a h) (b w) -> (a b) w h", h=self.h, w=self.w)
+        self._join = Rearrange("(a b) w h -> (a h) (b w)", a=self.rows // self.h, b=self.cols // self.w)
 
     def blocks(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` cut into blocks in row-major block order, each block transposed: ``(num_blocks, w, h)``.
@@ -121,13 +125,11 @@ class ChunkedDCT:
         Transposed because the DCT contracts ``h`` first: a batched matmul reads this layout
         without a copy of its own (the cut is a copy anyway).
         """
-        a, b = self.rows // self.h, self.cols // self.w
-        return x.reshape(a, self.h, b, self.w).permute(0, 2, 3, 1).reshape(a * b, self.w, self.h)
+        return self._cut.forward(x.reshape(self.rows, self.cols))
 
     def unblocks(self, blocks: torch.Tensor) -> torch.Tensor:
         """The tensor that ``blocks`` cut (the inverse of ``blocks``)."""
-        a, b = self.rows // self.h, self.cols // self.w
-        return blocks.reshape(a, b, self.w, self.h).permute(0, 3, 1, 2).reshape(self.shape)
+        return self._join.forward(blocks).reshape(self.shape)
 
     def transform(self, blocks: torch.Tensor) -> torch.Tensor:
         """DCT of any number of ``(n, w, h)`` blocks of this block shape, as ``(n, block_numel)`` coefficients.
@@ -188,6 +190,7 @@ class _BlockGroup:
         self.k = min(topk, self.dct.block_numel)
         self.splits = [d.num_blocks for d in dcts]
         self.num_blocks = sum(self.splits)
+        self.side_by_side = Rearrange("(n b k) -> b (n k)", b=self.num_blocks, k=self.k)  # nodes' entries per block
 
 
 def _block_groups(dcts: list[ChunkedDCT], dtypes: list[torch.dtype], topk: int) -> list[_BlockGroup]:
@@ -276,8 +279,8 @@ class DeMoStrategy(Strategy):
         gathered = self.comm.all_gather(torch.cat(parts))
         offset = 0
         for g in self._groups:
-            idx, offset = _take(gathered, offset, g.dct.index_dtype, g.num_blocks, g.k)
-            val, offset = _take(gathered, offset, self.params[g.members[0]].dtype, g.num_blocks, g.k)
+            idx, offset = _take(gathered, offset, g.dct.index_dtype, g)
+            val, offset = _take(gathered, offset, self.params[g.members[0]].dtype, g)
             signs = g.dct.inverse(decompress(idx, val, g.dct.block_numel)).sign_()
             for i, d, blocks in zip(g.members, g.dcts, signs.split(g.splits)):
                 self.params[i].grad = d.unblocks(blocks)
@@ -303,9 +306,9 @@ class DeMoStrategy(Strategy):
             c.copy_(saved)
 
 
-def _take(gathered: torch.Tensor, offset: int, dtype: torch.dtype, blocks: int, k: int) -> tuple[torch.Tensor, int]:
+def _take(gathered: torch.Tensor, offset: int, dtype: torch.dtype, group: _BlockGroup) -> tuple[torch.Tensor, int]:
     """Every node's ``(blocks, k)`` array of ``dtype`` at byte ``offset``, side by side per block as
     ``(blocks, n·k)`` (what ``decompress`` scatters), and the next offset."""
-    nbytes = blocks * k * torch.empty((), dtype=dtype).element_size()
+    nbytes = group.num_blocks * group.k * torch.empty((), dtype=dtype).element_size()
     raw = gathered[:, offset : offset + nbytes].clone().view(dtype)
-    return raw.reshape(-1, blocks, k).permute(1, 0, 2).reshape(blocks, -1), offset + nbytes
+    return group.side_by_side.forward(raw.reshape(-1)), offset + nbytes

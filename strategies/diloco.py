@@ -12,6 +12,7 @@ import torch
 
 from exonet.strategies.base import NodeContext, OptimSpec, base_options, flatten, outer_spec, unflatten_into
 from exonet.strategies.fedavg import FedAvgStrategy
+from exonet.strategies.replica import ReplicaGroups, check_replica_size, check_replica_world
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -40,6 +41,12 @@ class DiLoCoStrategy(FedAvgStrategy):
     With ``island_size`` (as in ``FedAvgStrategy``) each island averages inside itself, and a
     node keeps the θ_global and outer state of the island it last synced in.
 
+    Replica groups (``replica_size`` G > 1, torchft's HSDP + DiLoCo): consecutive groups of G ranks
+    are one DiLoCo worker whose ranks average gradients every step (one flat all-reduce inside the
+    worker); the outer sync averages θ_local shard-wise across workers and all-gathers the shards
+    inside (``exonet.strategies.replica``). G must divide K; it excludes participation < 1,
+    ``island_size`` and ``deadline_s``.
+
     Defaults: the outer optimizer is the paper's SGD lr 0.7, momentum 0.9, Nesterov;
     H = 100 and the inner AdamW lr 1e-3 are the seed gym's (the paper uses H = 500 and
     AdamW lr 4e-4, weight decay 0.1 for its 150M-parameter language models).
@@ -51,6 +58,7 @@ class DiLoCoStrategy(FedAvgStrategy):
         max_norm: clip the inner gradient norm before each inner step.
         participation: fraction of nodes taking part in each round, in (0, 1].
         island_size: nodes per averaging island each round; None averages over all participants.
+        replica_size: ranks per DiLoCo worker (data-parallel inside); 1 makes every rank a worker.
         deadline_s: deadline rounds, as in ``FedAvgStrategy``: the late adopt θ_global and the outer state
             (their work is discarded).
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
@@ -70,6 +78,7 @@ class DiLoCoStrategy(FedAvgStrategy):
         *,
         participation: float = 1.0,
         island_size: int | None = None,
+        replica_size: int = 1,
         deadline_s: float | None = None,
         optim_spec: OptimSpec | str | type | None = None,
         outer_optim_spec: OptimSpec | str | type | None = None,
@@ -79,14 +88,35 @@ class DiLoCoStrategy(FedAvgStrategy):
         super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s,
                          optim_spec=optim_spec, **base_options(locals()))
         self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
+        self.replica_size = check_replica_size(replica_size)
+        if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None):
+            raise ValueError("replica_size: a replica group syncs every round as one worker; it cannot be combined "
+                             "with participation < 1, island_size or deadline_s")
+
+    def check_world(self, num_nodes: int) -> None:
+        super().check_world(num_nodes)
+        check_replica_world(self.replica_size, num_nodes)
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         super().setup(model, comm, ctx)
         with torch.no_grad():
             self.global_params = flatten(self.params)
         self.outer_optimizer = self.outer_optim.build([self.global_params])
+        self._replicas = None
+        if self.replica_size > 1:
+            self._replicas = ReplicaGroups(self.rank, self.num_nodes, self.replica_size)
+            self._replicas.declare(comm)
+
+    def step(self) -> None:
+        if self._replicas is not None:
+            self._replicas.average_gradients(self.comm, self.params)
+        super().step()
 
     def sync_round(self) -> None:
+        if self._replicas is not None:
+            with torch.no_grad():
+                self.apply_average(self._replicas.start_mean(self.comm, flatten(self.params)).wait())
+            return
         super().sync_round()
         self.hand_off(self.local_step // self.H)
 

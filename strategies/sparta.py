@@ -11,6 +11,7 @@ tensor travel in one flattened all-reduce.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -59,8 +60,21 @@ class SparseAverager:
             return torch.randperm(self.numel, generator=g)[: self.k].sort().values
         return torch.randint(self.numel, (self.k,), generator=g).unique()
 
+    def expected_count(self) -> int:
+        """How many distinct indices a draw holds on average: k for a permutation, P·(1 − (1 − 1/P)^k) else."""
+        if self.k > self.numel * _DENSE_FRACTION:
+            return self.k
+        return max(1, round(-self.numel * math.expm1(self.k * math.log1p(-1 / self.numel)))) if self.numel > 1 else 1
+
     def _select(self, step: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Per-tensor local indices drawn for ``step``, and the current values there (one flat buffer)."""
+        """Per-tensor local indices drawn for ``step``, and the current values there (one flat buffer).
+
+        Meta tensors (``exonet.estimate``) hold no values to average, so nothing is drawn (at 1B
+        parameters a draw costs more than a second): the buffer has the expected number of
+        distinct indices, and no index.
+        """
+        if self.params[0].is_meta:
+            return [], self.params[0].new_empty(self.expected_count())
         idx = self.indices(step)
         bounds = torch.searchsorted(idx, self._offsets).tolist()
         local = [(idx[a:b] - off).to(p.device) for p, a, b, off in zip(self.params, bounds, bounds[1:], self.offsets)]
@@ -73,6 +87,8 @@ class SparseAverager:
             return
         local, values = self._select(step)
         self.comm.all_reduce(values, op="avg")
+        if not local:
+            return
         with torch.no_grad():
             for p, i, v in zip(self.params, local, values.split([len(i) for i in local])):
                 p.put_(i, v.to(p.dtype))
@@ -93,6 +109,8 @@ class SparseAverager:
         if exchange is None:
             return
         exchange.handle.wait()
+        if not exchange.local:
+            return
         with torch.no_grad():
             sizes = [len(i) for i in exchange.local]
             for p, i, avg, sent in zip(self.params, exchange.local, exchange.average.split(sizes), exchange.sent.split(sizes)):

@@ -29,6 +29,11 @@ Exact rules implemented here (the step count t is the number of inner steps done
 * ``finish()`` completes every round still in flight, in start order. A checkpoint keeps
   each in-flight round's own Δ; a resumed run issues those reductions again (the
   transfers in flight died with the old processes), so its numerics are unchanged.
+* Wire dtype: Δ is computed in fp32 but travels in the parameters' dtype (a bf16 model sends
+  bf16, as DiLoCo does); the outer step runs on θ_global in fp32.
+* Replica groups (``replica_size`` G > 1): the ranks of a worker average gradients every step,
+  and a fragment's mean is taken shard-wise across workers, started at the start and
+  all-gathered inside the worker at completion (``exonet.strategies.replica``).
 * K = 1 sends nothing (the average of one node is itself) but still takes the outer
   step τ steps later, as DiLoCo does.
 
@@ -48,6 +53,7 @@ import torch
 from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, inner_spec,
                                     outer_spec, unflatten_into)
 from exonet.strategies.quantize import BITS, QuantizedAllReduce
+from exonet.strategies.replica import ReplicaGroups, ShardedMean, check_replica_size, check_replica_world
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator, Handle
@@ -93,7 +99,7 @@ class _Round:
     start: int
     due: int
     delta: torch.Tensor
-    pending: "Handle | QuantizedAllReduce | None"
+    pending: "Handle | QuantizedAllReduce | ShardedMean | None"
 
 
 class StreamingDiLoCoStrategy(Strategy):
@@ -108,6 +114,7 @@ class StreamingDiLoCoStrategy(Strategy):
         quantize_bits: None (exact fp32), 8 or 4: the outer gradient's wire precision.
         merge_alpha: α in [0, 1]; after an outer step θ_local ← (1 − α)·θ_global + α·θ_local.
         max_norm: clip the inner gradient norm before each inner step.
+        replica_size: ranks per DiLoCo worker (data-parallel inside, G must divide K); not with quantize_bits.
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
@@ -127,6 +134,7 @@ class StreamingDiLoCoStrategy(Strategy):
         merge_alpha: float = 0.5,
         max_norm: float | None = None,
         *,
+        replica_size: int = 1,
         optim_spec: OptimSpec | str | type | None = None,
         outer_optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
@@ -145,6 +153,13 @@ class StreamingDiLoCoStrategy(Strategy):
         self.delay_steps = delay_steps
         self.quantize_bits = quantize_bits
         self.merge_alpha = merge_alpha
+        self.replica_size = check_replica_size(replica_size)
+        if replica_size > 1 and quantize_bits is not None:
+            raise ValueError("replica_size: the quantized transfer runs over all nodes; use quantize_bits=None "
+                             "with replica groups")
+
+    def check_world(self, num_nodes: int) -> None:
+        check_replica_world(self.replica_size, num_nodes)
 
     def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:
         """Cut the model into fragments; keep θ_global (fp32) and an outer optimizer per fragment."""
@@ -156,8 +171,15 @@ class StreamingDiLoCoStrategy(Strategy):
         self.outer_optimizers = [self.outer_optim.build([g]) for g in self.global_params]
         self.offsets = fragment_offsets(self.H, self.num_fragments)
         self._in_flight: list[_Round] = []
+        self._wire_dtype = self.params[0].dtype if self.params else torch.float32
+        self._replicas = None
+        if self.replica_size > 1:
+            self._replicas = ReplicaGroups(self.rank, self.num_nodes, self.replica_size)
+            self._replicas.declare(comm)
 
     def step(self) -> None:
+        if self._replicas is not None:
+            self._replicas.average_gradients(self.comm, self.params)
         self.optimizer_step()
         self.local_step += 1
         t = self.local_step
@@ -183,8 +205,10 @@ class StreamingDiLoCoStrategy(Strategy):
             r.pending = None
         elif self.quantize_bits is not None:
             r.pending = QuantizedAllReduce(self.comm, r.delta, self.quantize_bits)
+        elif self._replicas is not None:
+            r.pending = self._replicas.start_mean(self.comm, r.delta.to(self._wire_dtype), async_op=True)
         else:
-            r.pending = self.comm.all_reduce(r.delta.clone(), op="avg", async_op=True)
+            r.pending = self.comm.all_reduce(r.delta.to(self._wire_dtype, copy=True), op="avg", async_op=True)
         self._in_flight.append(r)
 
     def _advance(self, t: int) -> None:
@@ -196,7 +220,7 @@ class StreamingDiLoCoStrategy(Strategy):
                 r.pending.reduce()
 
     def _complete(self, r: _Round) -> None:
-        mean = r.delta if r.pending is None else r.pending.wait()
+        mean = r.delta if r.pending is None else r.pending.wait().float()
         theta = self.global_params[r.fragment]
         theta.grad = mean
         self.outer_optimizers[r.fragment].step()

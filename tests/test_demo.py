@@ -7,10 +7,13 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from exonet import LocalTrainer
-from exonet.strategies.demo import ChunkedDCT, DeMoStrategy, _block_groups, compress, dct_basis, decompress
+from exonet.strategies.demo import (ChunkedDCT, DeMoStrategy, _block_groups, compress, dct_basis, decompress,
+                                   largest_divisor, matrix_shape)
 from exonet.toy import Classifier, Regressor, ShardFactory, synthetic_regression
 
 K = 2
@@ -209,3 +212,34 @@ def test_demo_uses_one_all_gather_per_step(square_run):
     for rank in range(K):
         ops = [(c.op, c.async_op, c.dtype) for c in square_run.trace.collectives(rank)]
         assert ops == [("all_gather", False, "uint8")] * 3
+
+
+def _divisors(n: int) -> list[int]:
+    """Every divisor of ``n`` from its pairs (i, n / i), i ≤ √n: written apart from ``largest_divisor``."""
+    small = [i for i in range(1, math.isqrt(n) + 1) if n % i == 0]
+    return sorted({*small, *(n // i for i in small)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 200_000), chunk=st.integers(1, 300))
+def test_ragged_sides_take_the_largest_divisor_not_above_the_chunk_as_the_reference_does(n, chunk):
+    """The reference (bloc97/DeMo, ``TransformDCT`` and ``_get_smaller_split``) walks the sorted divisors of a
+    side and takes the last one not above the target chunk (the side itself when it is shorter)."""
+    assert largest_divisor(n, chunk) == max(d for d in _divisors(n) if d <= chunk)
+
+
+@pytest.mark.parametrize("shape, blocks", [
+    ((1863, 5589), (27, 27)),  # 3⁴·23 and 3⁵·23: no divisor between 27 and 64
+    ((50257, 768), (29, 64)),  # GPT-2's vocabulary, 29·1733, unpadded
+    ((4099,), (1, 1)),  # a prime side degenerates to blocks of one
+])
+def test_ragged_tensors_are_cut_exactly_and_round_trip(shape, blocks):
+    t = ChunkedDCT(shape, 64, torch.float64)
+    assert (t.h, t.w) == blocks and t.num_blocks * t.block_numel == math.prod(shape)
+    x = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    cut = t.blocks(x)
+    rows, cols = matrix_shape(shape)
+    a, b = 3 % (rows // t.h), 5 % (cols // t.w)  # block (a, b), transposed, as the matmul reads it
+    assert torch.equal(cut[a * (cols // t.w) + b], x.reshape(rows, cols)[a * t.h:(a + 1) * t.h, b * t.w:(b + 1) * t.w].T)
+    assert torch.equal(t.unblocks(cut), x)
+    assert torch.allclose(t.decode(t.encode(x)), x, atol=1e-10)

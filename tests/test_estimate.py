@@ -29,9 +29,11 @@ def test_a_users_module_is_built_on_meta_and_its_buckets_overlap_backward():
     assert [x for x in step if isinstance(x, Wait)] and max(launches) < min(i for i, x in enumerate(step) if isinstance(x, Wait))
 
 
-def test_the_layer_stack_holds_about_the_parameters_asked_for():
+def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_parameters_asked_for():
     stack = LayerStack(1_000_000_000, 24, torch.bfloat16)
-    assert stack.width == 1863 and sum(p.numel() for p in stack.parameters()) == 24 * 12 * 1863**2
+    assert (stack.width, stack.vocab) == (1792, 41984)  # ⌊√(1e9 / 288) / 128⌋·128; the rest in a V×d embedding
+    assert sum(p.numel() for p in stack.parameters()) == 24 * 12 * 1792**2 + 41984 * 1792
+    assert abs(sum(p.numel() for p in stack.parameters()) - 1e9) <= 64 * 1792
     with pytest.raises(ValueError, match="--layers"):
         estimate("ddp", params=1e6, nodes=2, steps=1, step_time=1.0, layers=0)
     with pytest.raises(ValueError, match="--model"):

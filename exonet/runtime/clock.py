@@ -49,13 +49,16 @@ class SimClock:
         trainers: ranks 0 .. trainers−1 train (the rest serve).
         synchronous: decide for every node at once (else for each trainer on its own).
         what: the fit argument that needs the clock, for errors.
+        given_compute: the compute spans are stated, not measured (``exonet.estimate``), so they are
+            deterministic in any ``compute.mode``.
     """
 
     def __init__(self, scenario: Scenario, world: int, limit_s: float, max_steps: int, *, trainers: int | None = None,
-                 synchronous: bool = True, what: str = "max_sim_time_s", decides: bool = True) -> None:
+                 synchronous: bool = True, what: str = "max_sim_time_s", decides: bool = True,
+                 given_compute: bool = False) -> None:
         resolved = scenario.resolve(world, servers=world - (world if trainers is None else trainers))
         self.decides = decides  # False: it only answers a strategy's questions ("now", "transfer"), in any compute mode
-        if decides and resolved.compute_mode != "flops":
+        if decides and resolved.compute_mode != "flops" and not given_compute:
             raise ValueError(f"fit: {what} needs deterministic compute: scenario {scenario.name!r} has "
                              f"compute.mode {resolved.compute_mode!r}; set [compute] mode = \"flops\" with tflops and mfu")
         self.limit_s, self.max_steps, self.synchronous = limit_s, max_steps, synchronous

@@ -333,7 +333,7 @@ class Scenario:
                 down[r] = node.get("downlink", node.get("bandwidth", down[r]))
                 speed[r] = node.get("speed", speed[r])
         algorithms = {**FAMILIES[self._collective()], **net.get("algorithms", {})}
-        hosts = self._hosts(n, region, efficiency)
+        hosts = self._hosts(trainers, region, efficiency)
         events = tuple(
             EventSpec(e["kind"], self._ranks(e, f"events[{i}]", n, trainers), e.get("from_step"), e.get("to_step"),
                       e.get("from_s"), e.get("to_s"), e.get("factor", 1.0))
@@ -372,7 +372,10 @@ class Scenario:
         return self._parsed["network"].get("collective", "hierarchical" if "hosts" in self._parsed else "ring")
 
     def _hosts(self, n: int, region: list[str], efficiency: float) -> HostSpec | None:
-        """``[hosts]`` for ``n`` ranks: whole hosts only, each host inside one region."""
+        """``[hosts]`` for ``n`` trainer ranks: whole hosts only, each host inside one region.
+
+        Server ranks (after the trainers) are not counted: they fall on hosts of their own.
+        """
         h = self._parsed.get("hosts")
         if h is None:
             return None
