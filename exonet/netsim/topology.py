@@ -11,7 +11,17 @@ a message of s payload bytes puts s + ⌈s/mss⌉·header_bytes on its links (th
 headers, counted as a shaper or NIC counts them); without it, s.
 A TCP window W caps a flow at W / (2α) on its path; on a path with α = 0 the round
 trip is 0 and the window never binds (the scenario schema refuses a window when
-every latency is 0, since it would then do nothing at all).
+every latency is 0, since it would then do nothing at all). A transfer split over
+``streams`` = N TCP connections has N windows: its cap is N·W / RTT.
+
+With a ``queue`` (Q bytes, or τ seconds at the rate, per NIC direction), a direction that
+a phase saturates holds a standing queue: q = Q/B seconds (τ). The ACKs of a flow leave
+through its receiver's uplink and arrive through its sender's downlink, so they wait
+behind the data queued there: the flow's window cap becomes N·W / (2α + Σ q over the NIC
+directions of its ACK path that hold a queue). Its own data's queue does not count: the
+bytes queued there are its own window's, and a window that fills them keeps the link
+busy. A direction holds a queue in a phase when the phase's allocation without queues
+fills it and it is the first full link of a flow that its window does not limit.
 
 Links are numbered so a flow is a tuple of small integers: uplinks ``0..n-1``,
 downlinks ``n..2n-1``, then two ids per inter-region link (one per direction).
@@ -26,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exonet.errors import ScenarioError
-from exonet.netsim.flows import Batch, Shape
+from exonet.netsim.flows import REL_TOL, Batch, Shape, max_min
 from exonet.scenario import Resolved
 
 _CACHE_LIMIT = 4096
@@ -101,7 +111,7 @@ class Topology:
             links = (src, link, self.num_nodes + dst)
         latency = r.path_latency(src, dst)
         window = r.tcp_window
-        cap = window / (2.0 * latency) if window is not None and latency > 0 else math.inf
+        cap = r.streams * window / (2.0 * latency) if window is not None and latency > 0 else math.inf
         rate = min(cap, *(self.capacity[i] for i in links))
         share = 1.0 if r.host_cores is None else max(1.0, self.num_nodes / r.host_cores)
         return Path(links, latency + r.message_overhead * share, cap, rate)
@@ -149,4 +159,42 @@ class Topology:
     def _shape(self, pairs: Sequence[tuple[int, int]]) -> Shape:
         paths = [self.path(src, dst) for src, dst in pairs]
         return Shape([p.links for p in paths], [a for a, _ in pairs], [b for _, b in pairs],
-                     [p.cap for p in paths], [p.latency for p in paths], pad=len(self.capacity))
+                     self._caps(pairs, paths), [p.latency for p in paths], pad=len(self.capacity))
+
+    def _caps(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path]) -> list[float]:
+        """Each message's window cap in a phase: N·W / (2α + the standing queues its ACKs wait behind)."""
+        r = self._resolved
+        caps = [p.cap for p in paths]
+        if r.queue is None or r.tcp_window is None:
+            return caps
+        queued = self._standing_queues(pairs, paths, caps)
+        out = []
+        for (src, dst), cap in zip(pairs, caps):
+            wait = sum(queued.get(link, 0.0) for link in self.path(dst, src).links)
+            rtt = 2.0 * r.path_latency(src, dst) + wait
+            out.append(r.streams * r.tcp_window / rtt if rtt > 0 else cap)
+        return out
+
+    def _standing_queues(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path],
+                         caps: Sequence[float]) -> dict[int, float]:
+        """Seconds of standing queue per NIC direction in a phase of ``paths``, from its allocation without queues.
+
+        A flow that its window does not limit builds its queue at the first full link of its path;
+        that queue holds what the windows of its flows put in flight beyond their round trips
+        (N·W − rate·2α each), at most Q.
+        """
+        r = self._resolved
+        pad = len(self.capacity)
+        width = max(len(p.links) for p in paths)
+        links = np.array([p.links + (pad,) * (width - len(p.links)) for p in paths], dtype=np.intp)
+        capacity = np.array([*self.capacity, math.inf])
+        rate = max_min(links, np.array(caps, dtype=float), capacity)
+        load = np.bincount(links.ravel(), weights=np.repeat(rate, width), minlength=pad + 1)
+        full = load >= capacity * (1.0 - REL_TOL)
+        excess: dict[int, float] = {}
+        for (src, dst), p, flow, cap in zip(pairs, paths, rate, caps):
+            first = next((link for link in p.links if full[link]), None)
+            if flow < cap * (1.0 - REL_TOL) and first is not None and first < 2 * self.num_nodes:
+                window = r.streams * r.tcp_window  # type: ignore[operator]  # _caps checked it is set
+                excess[first] = excess.get(first, 0.0) + window - flow * 2.0 * r.path_latency(src, dst)
+        return {link: min(r.queue_delay(self.capacity[link]), extra / self.capacity[link]) for link, extra in excess.items()}
