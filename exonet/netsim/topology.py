@@ -40,6 +40,9 @@ from exonet.netsim.flows import REL_TOL, Batch, Shape, max_min
 from exonet.scenario import Resolved
 
 _CACHE_LIMIT = 4096
+ETHERNET_PACKET = 1514  # bytes a full-size Ethernet frame puts on a link, for a queue's packets without mss
+# Packets' worth of link time a loss episode costs a stream (read off the netns matrix, see validate/README.md).
+RECOVERY_PACKETS = 6.0
 
 # A point-to-point message of a collective phase: (source rank, destination rank, bytes).
 Message = tuple[int, int, float]
@@ -162,39 +165,54 @@ class Topology:
                      self._caps(pairs, paths), [p.latency for p in paths], pad=len(self.capacity))
 
     def _caps(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path]) -> list[float]:
-        """Each message's window cap in a phase: N·W / (2α + the standing queues its ACKs wait behind)."""
-        r = self._resolved
-        caps = [p.cap for p in paths]
-        if r.queue is None or r.tcp_window is None:
-            return caps
-        queued = self._standing_queues(pairs, paths, caps)
-        out = []
-        for (src, dst), cap in zip(pairs, caps):
-            wait = sum(queued.get(link, 0.0) for link in self.path(dst, src).links)
-            rtt = 2.0 * r.path_latency(src, dst) + wait
-            out.append(r.streams * r.tcp_window / rtt if rtt > 0 else cap)
-        return out
+        """Each message's rate cap in a phase, with the queue's two terms (see the module docstring).
 
-    def _standing_queues(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path],
-                         caps: Sequence[float]) -> dict[int, float]:
-        """Seconds of standing queue per NIC direction in a phase of ``paths``, from its allocation without queues.
-
-        A flow that its window does not limit builds its queue at the first full link of its path;
-        that queue holds what the windows of its flows put in flight beyond their round trips
-        (N·W − rate·2α each), at most Q.
+        Both are set from the phase's allocation without them, as if the phase ran alone: the
+        ACK term N·W / (2α + q of the queues on its ACK path), and the recovery term e·rate on
+        a full queued direction.
         """
         r = self._resolved
+        caps = [p.cap for p in paths]
+        if r.queue is None:
+            return caps
         pad = len(self.capacity)
         width = max(len(p.links) for p in paths)
         links = np.array([p.links + (pad,) * (width - len(p.links)) for p in paths], dtype=np.intp)
         capacity = np.array([*self.capacity, math.inf])
         rate = max_min(links, np.array(caps, dtype=float), capacity)
         load = np.bincount(links.ravel(), weights=np.repeat(rate, width), minlength=pad + 1)
-        full = load >= capacity * (1.0 - REL_TOL)
+        full = (load >= capacity * (1.0 - REL_TOL)) & (np.arange(pad + 1) < 2 * self.num_nodes)  # NIC directions
+        crossing = np.bincount(links.ravel(), minlength=pad + 1)
+        waits = self._standing_queues(pairs, paths, caps, rate, full) if r.tcp_window is not None else {}
+        out = []
+        for (src, dst), p, cap, flow in zip(pairs, paths, caps, rate):
+            if r.tcp_window is not None:
+                rtt = 2.0 * r.path_latency(src, dst) + sum(waits.get(link, 0.0) for link in self.path(dst, src).links)
+                cap = r.streams * r.tcp_window / rtt if rtt > 0 else cap
+            shares = [self._recovery(link, int(crossing[link])) for link in p.links if full[link]]
+            out.append(min(cap, flow * min(shares)) if shares else cap)
+        return out
+
+    def _recovery(self, link: int, transfers: int) -> float:
+        """e = w / (w + c) of a full queued direction: w its queue's packets per stream, c = RECOVERY_PACKETS."""
+        r = self._resolved
+        packet = (r.mss + r.header_bytes) if r.mss is not None else ETHERNET_PACKET
+        per_stream = r.queue_delay(self.capacity[link]) * self.capacity[link] / (packet * transfers * r.streams)
+        return per_stream / (per_stream + RECOVERY_PACKETS)
+
+    def _standing_queues(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path], caps: Sequence[float],
+                         rate: np.ndarray, full: np.ndarray) -> dict[int, float]:
+        """Seconds of standing queue per NIC direction in a phase, from its allocation without queues (``rate``).
+
+        A flow that its window does not limit builds its queue at the first full link of its path;
+        that queue holds what the windows of its flows put in flight beyond their round trips
+        (N·W − rate·2α each), at most Q.
+        """
+        r = self._resolved
+        window = r.streams * r.tcp_window  # type: ignore[operator]  # the caller checked it is set
         excess: dict[int, float] = {}
         for (src, dst), p, flow, cap in zip(pairs, paths, rate, caps):
             first = next((link for link in p.links if full[link]), None)
-            if flow < cap * (1.0 - REL_TOL) and first is not None and first < 2 * self.num_nodes:
-                window = r.streams * r.tcp_window  # type: ignore[operator]  # _caps checked it is set
+            if first is not None and flow < cap * (1.0 - REL_TOL):
                 excess[first] = excess.get(first, 0.0) + window - flow * 2.0 * r.path_latency(src, dst)
         return {link: min(r.queue_delay(self.capacity[link]), extra / self.capacity[link]) for link, extra in excess.items()}

@@ -1,0 +1,155 @@
+"""Real slow links: network.queue, streams and setup, each term against its closed form, and (as root, slow)
+a shallow-queue multi-stream ring on tbf-shaped namespaces that the ideal model misses and the new one gets."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from exonet import Scenario, ScenarioError, Trace, simulate
+from exonet.netsim.topology import ETHERNET_PACKET, RECOVERY_PACKETS, Topology
+from exonet.validate.netns import leftovers, privilege
+
+B = 12.5e6  # bytes/s: "100 Mbit/s"
+
+
+def _scenario(**network) -> Scenario:
+    return Scenario.from_dict({"name": "t", "network": {"bandwidth": "100 Mbit/s", **network}})
+
+
+def _all_reduce(n: int, nbytes: int, scenario: Scenario, *, fast_path: bool = True, repeat: int = 1) -> float:
+    t = Trace(n)
+    for r in range(n):
+        for _ in range(repeat):
+            t.add_collective(r, "all_reduce", nbytes)
+    return simulate(t, scenario, fast_path=fast_path).wall_clock_s
+
+
+def _recovery(queue_bytes: float, transfers: int = 1, streams: int = 1, packet: float = ETHERNET_PACKET) -> float:
+    w = queue_bytes / (packet * transfers * streams)
+    return w / (w + RECOVERY_PACKETS)
+
+
+# ---------------------------------------------------------------- schema
+def test_defaults_leave_the_model_ideal():
+    r = _scenario().resolve(4)
+    assert (r.queue, r.streams, r.setup) == (None, 1, 0.0)
+    s = _scenario(latency="1 ms")
+    assert _all_reduce(4, 4_000_000, s) == pytest.approx(6e-3 + 1.5 * 4_000_000 / B, rel=1e-12)
+
+
+def test_queue_takes_bytes_or_a_time_at_the_link_rate():
+    assert _scenario(queue="345 KB").resolve(2).queue == (345_000.0, "bytes")
+    r = _scenario(queue="50 ms").resolve(2)
+    assert r.queue == (0.05, "s") and r.queue_delay(B) == 0.05
+    assert _scenario(queue="345 KB").resolve(2).queue_delay(B) == 345_000 / B
+
+
+@pytest.mark.parametrize("network, message", [
+    ({"queue": "50"}, 'network.queue: expected a positive size such as "345 KB" or a time'),
+    ({"queue": "50 mss"}, "(did you mean 'ms'?)"),
+    ({"queue": "0 ms"}, "network.queue: expected a positive size"),
+    ({"streams": 0}, "network.streams: expected an integer >= 1, got 0"),
+    ({"streams": 2.5}, "network.streams: expected an integer >= 1"),
+    ({"setup": "fast"}, "network.setup: cannot read 'fast' as a time"),
+    ({"stream": 4}, "network.stream: unknown key (did you mean 'streams'?)"),
+])
+def test_bad_values_name_the_field(network, message):
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        _scenario(**network)
+
+
+def test_replace_and_describe_know_the_new_keys():
+    s = _scenario().replace(queue="50 ms", streams=16, setup="0.5 s")
+    assert "queue 50 ms per NIC direction, 16 TCP streams per transfer, set-up 500 ms per group" in s.describe()
+    assert s.replace(queue=None).resolve(2).queue is None
+
+
+# ---------------------------------------------------------------- setup
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_setup_is_paid_once_per_group(fast_path):
+    s = _scenario(latency="1 ms", setup="0.4 s")
+    one = 2e-3 + 2_000_000 / B  # ring all-reduce, n = 2, S = 2 MB: 2α + S/B
+    assert _all_reduce(2, 2_000_000, s, fast_path=fast_path) == pytest.approx(0.4 + one, rel=1e-12)
+    assert _all_reduce(2, 2_000_000, s, fast_path=fast_path, repeat=3) == pytest.approx(0.4 + 3 * one, rel=1e-12)
+    t = Trace(4)  # pair (0, 1), then pair (1, 2), then (0, 1) again: two set-ups on rank 1's way
+    for r in range(4):
+        if r in (0, 1):
+            t.add_collective(r, "all_reduce", 2_000_000, group=(0, 1))
+        if r in (1, 2):
+            t.add_collective(r, "all_reduce", 2_000_000, group=(1, 2))
+        if r in (0, 1):
+            t.add_collective(r, "all_reduce", 2_000_000, group=(0, 1))
+    got = simulate(t, s, fast_path=fast_path)
+    # rank 1: set-up + pair (0,1), set-up + pair (1,2), then (0,1) again without set-up
+    assert got.wall_clock_s == pytest.approx(2 * 0.4 + 3 * one, rel=1e-12)
+    assert got.per_node[1].comm_s == pytest.approx(got.wall_clock_s, rel=1e-12)  # set-up counts as communication
+
+
+# ---------------------------------------------------------------- streams
+@pytest.mark.parametrize("streams", [1, 4, 16])
+def test_streams_multiply_the_window_cap(streams):
+    # α = 10 ms, W = 64 KiB: one stream is capped at W/2α = 3.28 MB/s, N streams at min(B, N·W/2α)
+    s = _scenario(latency="10 ms", tcp_window="64 KiB", streams=streams)
+    rate = min(B, streams * 65536 / 0.02)
+    assert _all_reduce(4, 8_000_000, s) == pytest.approx(6 * 0.01 + 1.5 * 8_000_000 / rate, rel=1e-12)
+
+
+# ---------------------------------------------------------------- queue: recovery
+@pytest.mark.parametrize("queue, streams", [("64 KB", 16), ("50 ms", 4), ("345 KB", 16)])
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_full_shallow_queue_costs_recovery(queue, streams, fast_path):
+    # ring all-reduce, n = 4: every uplink and downlink is full with one transfer of N streams, so each
+    # phase runs at e·B, e = w / (w + c), w = Q / (1514 B · N) packets per stream
+    s = _scenario(latency="1 ms", queue=queue, streams=streams)
+    q = s.resolve(4).queue_delay(B) * B
+    e = _recovery(q, streams=streams)
+    got = _all_reduce(4, 8_000_000, s, fast_path=fast_path)
+    assert got == pytest.approx(6e-3 + 1.5 * 8_000_000 / (e * B), rel=1e-12)
+    assert got > _all_reduce(4, 8_000_000, _scenario(latency="1 ms"))
+
+
+def test_recovery_counts_the_packets_of_the_framing_and_every_transfer_of_a_direction():
+    # star all-reduce, n = 3: the hub's uplink carries 2 transfers in the broadcast phase; mss framing packets
+    net = dict(queue="100 KB", streams=2, mss=8949, header_bytes=66, algorithms={"all_reduce": "star"})
+    s = _scenario(**net)
+    packet = 8949 + 66
+    wire = lambda size: size + -(-size // 8949) * 66  # noqa: E731
+    size = 1_000_000
+    # phase 1: ranks 1 and 2 send to the hub: the hub's downlink is full with 2 transfers, each at e2·B/2
+    # phase 2: the hub sends to both: its uplink is full with 2 transfers, the same e2
+    e2 = _recovery(100_000, transfers=2, streams=2, packet=packet)
+    expected = 2 * wire(size) / (e2 * B / 2)
+    assert _all_reduce(3, size, s) == pytest.approx(expected, rel=1e-12)
+
+
+# ---------------------------------------------------------------- queue: ACKs behind data
+def test_acks_wait_behind_the_receivers_standing_queue():
+    # rank 1's uplink is 10 Mbit/s, the rest 100 Mbit/s; α = 5 ms, W = 256 KiB, queue 100 ms.
+    # In a phase where 0 -> 1 and 1 -> 0 both flow, 1 -> 0 fills rank 1's uplink and its window's excess
+    # W - r·2α = 249,644 B > Q, so that queue is full: q1 = 100 ms. The ACKs of 0 -> 1 leave through it:
+    # 0 -> 1 is capped at W / (2α + q1). Rank 0's uplink queue holds only W - B·2α (< Q), so the ACKs of
+    # 1 -> 0 wait (W - B·2α)/B and its cap stays W / (2α + that) = B: ACKs behind one's own sized queue cost nothing.
+    s = Scenario.from_dict({"name": "t", "network": {"bandwidth": "100 Mbit/s", "latency": "5 ms",
+                                                    "tcp_window": "256 KiB", "queue": "100 ms"},
+                            "nodes": [{"ranks": [1], "uplink": "10 Mbit/s"}]})
+    topo = Topology(s.resolve(2))
+    cap = topo.batch(((0, 1, 1e6), (1, 0, 1e6)), None).shape.cap
+    w = 262144
+    assert cap[0] == pytest.approx(w / (0.01 + 0.1), rel=1e-12)
+    assert cap[1] == pytest.approx(min(w / (0.01 + (w - B * 0.01) / B), 1.25e6 * _recovery(0.1 * 1.25e6)), rel=1e-12)
+    alone = topo.batch(((0, 1, 1e6),), None).shape.cap  # no reverse data: no queue for its ACKs
+    assert alone[0] == pytest.approx(min(w / 0.01, B * _recovery(0.1 * B)), rel=1e-12)
+
+
+def test_the_ack_term_is_the_same_on_both_paths_and_symmetric_rings_keep_their_rate():
+    # a ring's windows that exceed the round trip fill the queue only by their excess: the ACK wait then
+    # leaves every flow at B, and only the recovery term remains
+    s = _scenario(latency="1 ms", tcp_window="64 KiB", queue="50 ms")
+    e = _recovery(0.05 * B)
+    expected = 6e-3 + 1.5 * 8_000_000 / (e * B)
+    assert _all_reduce(4, 8_000_000, s) == pytest.approx(expected, rel=1e-12)
+    assert _all_reduce(4, 8_000_000, s, fast_path=False) == pytest.approx(expected, rel=1e-12)
