@@ -1,0 +1,120 @@
+"""Real slow links: ring all-reduces over tbf/htb-shaped namespaces, timed, against the model.
+
+Each case shapes every node's egress the way a real host is shaped (``netns.Shaper``: one
+FIFO that the ACKs of the incoming flow share with the outgoing data, a queue bounded by
+tbf's ``latency``, kernel TCP defaults), runs ``exonet.validate.streams`` in every namespace
+(a ring all-reduce over ``streams`` TCP connections per neighbour pair), and records the
+median wall time of the repeats after a warm-up, the TCP retransmissions and the qdisc
+drops. ``scenario`` turns the case's shaper configuration (rate, burst, latency, streams)
+into the scenario that describes it, nothing fitted; ``ideal`` is the same link without
+the real-link terms.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from exonet.netsim import simulate
+from exonet.scenario import Scenario
+from exonet.trace import Trace
+from exonet.validate.netns import Network, NodeLink, Shaper, qdisc_drops, retransmissions
+
+MSS_OVERHEAD = 66  # bytes per packet a shaper counts besides the TCP payload: Ethernet 14 + IP 20 + TCP 32 (timestamps)
+MTU = 1500
+
+
+@dataclass(frozen=True)
+class SlowCase:
+    """One shaped ring: K nodes at ``rate`` (bytes/s) each way, an all-reduce of ``nbytes`` over ``streams``."""
+
+    k: int
+    rate: float
+    streams: int
+    nbytes: int
+    shaper: Shaper = field(default_factory=Shaper)
+    repeats: int = 3
+
+    @property
+    def name(self) -> str:
+        s = self.shaper
+        return (f"K={self.k} {self.rate * 8 / 1e6:g} Mbit/s {s.kind} latency {s.latency * 1e3:g} ms "
+                f"x{self.streams} streams {self.nbytes / 1e6:g} MB")
+
+    def scenario(self, *, ideal: bool = False) -> Scenario:
+        """The scenario the shaper's configuration describes (``ideal``: without queue, streams and setup)."""
+        net: dict = {"bandwidth": f"{self.rate} B/s", "mss": MTU - 52, "header_bytes": MSS_OVERHEAD}
+        if not ideal:
+            net.update(queue=f"{self.shaper.limit(self.rate)} B", streams=self.streams)
+        return Scenario.from_dict({"name": "netns-tbf", "network": net})
+
+    def trace(self) -> Trace:
+        t = Trace(num_nodes=self.k)
+        for r in range(self.k):
+            t.add_collective(r, "all_reduce", self.nbytes)
+        return t
+
+    def predict(self, *, ideal: bool = False) -> float:
+        return simulate(self.trace(), self.scenario(ideal=ideal)).wall_clock_s
+
+
+@dataclass
+class SlowMeasurement:
+    case: SlowCase
+    times: list[float]  # seconds per repeat, warm-up dropped (slowest rank's)
+    retransmits: int
+    drops: int
+
+    @property
+    def real(self) -> float:
+        return statistics.median(self.times)
+
+
+def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
+    """Shape K namespaces per ``case``, run the multi-stream ring in each and read the counters."""
+    nodes = [NodeLink(case.rate, shaper=case.shaper)] * case.k
+    with Network(nodes) as net:
+        before = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
+        procs = [
+            subprocess.Popen([*net.exec_prefix(r), sys.executable, "-m", "exonet.validate.streams", str(r), str(case.k),
+                              str(case.streams), str(case.nbytes), str(case.repeats + 1), str(port)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in range(case.k)
+        ]
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            if p.returncode:
+                raise RuntimeError(f"{case.name}: node program failed: {err.strip()[-2000:]}")
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        after = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
+    per_repeat = [max(o["times"][i] for o in outs) for i in range(case.repeats + 1)][1:]  # drop the warm-up
+    retrans = sum(a[0] - b[0] for a, b in zip(after, before))
+    drops = sum(a[1] - b[1] for a, b in zip(after, before))
+    return SlowMeasurement(case, per_repeat, retrans, drops)
+
+
+def matrix() -> list[SlowCase]:
+    """The matrix of the README's "Real slow links": streams, tbf latency, rate, K and payload."""
+    mbit = 1e6 / 8
+    cases = []
+    for k, rate, nbytes in ((2, 50 * mbit, 4_000_000), (4, 50 * mbit, 8_000_000), (4, 200 * mbit, 32_000_000),
+                            (2, 200 * mbit, 16_000_000)):
+        for latency in (0.005, 0.05):
+            for streams in (1, 4, 16):
+                cases.append(SlowCase(k, rate, streams, nbytes, Shaper(latency=latency), repeats=3))
+    return cases
+
+
+def report(ms: Sequence[SlowMeasurement], log: Callable[[str], None] = print) -> None:
+    """A markdown table: real, ideal and new model per case, with errors and the counters."""
+    log("| case | real s | ideal s (err) | model s (err) | retrans | drops |")
+    log("|---|---|---|---|---|---|")
+    for m in ms:
+        ideal, model = m.case.predict(ideal=True), m.case.predict()
+        log(f"| {m.case.name} | {m.real:.3f} | {ideal:.3f} ({(ideal - m.real) / m.real:+.1%}) | "
+            f"{model:.3f} ({(model - m.real) / m.real:+.1%}) | {m.retransmits} | {m.drops} |")
