@@ -10,7 +10,7 @@ import time
 import pytest
 
 from exonet import Scenario, ScenarioError, Trace, simulate
-from exonet.netsim.topology import ETHERNET_PACKET, RECOVERY_PACKETS, Topology
+from exonet.netsim.topology import RECOVERY_BYTES, Topology
 from exonet.validate.netns import leftovers, privilege
 
 B = 12.5e6  # bytes/s: "100 Mbit/s"
@@ -28,9 +28,9 @@ def _all_reduce(n: int, nbytes: int, scenario: Scenario, *, fast_path: bool = Tr
     return simulate(t, scenario, fast_path=fast_path).wall_clock_s
 
 
-def _recovery(queue_bytes: float, transfers: int = 1, streams: int = 1, packet: float = ETHERNET_PACKET) -> float:
-    w = queue_bytes / (packet * transfers * streams)
-    return w / (w + RECOVERY_PACKETS)
+def _recovery(queue_bytes: float, transfers: int = 1, streams: int = 1) -> float:
+    w = queue_bytes / (transfers * streams)
+    return w / (w + RECOVERY_BYTES)
 
 
 # ---------------------------------------------------------------- schema
@@ -103,7 +103,7 @@ def test_streams_multiply_the_window_cap(streams):
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_a_full_shallow_queue_costs_recovery(queue, streams, fast_path):
     # ring all-reduce, n = 4: every uplink and downlink is full with one transfer of N streams, so each
-    # phase runs at e·B, e = w / (w + c), w = Q / (1514 B · N) packets per stream
+    # phase runs at e·B, e = w / (w + c), w = Q / N bytes per stream
     s = _scenario(latency="1 ms", queue=queue, streams=streams)
     q = s.resolve(4).queue_delay(B) * B
     e = _recovery(q, streams=streams)
@@ -112,16 +112,15 @@ def test_a_full_shallow_queue_costs_recovery(queue, streams, fast_path):
     assert got > _all_reduce(4, 8_000_000, _scenario(latency="1 ms"))
 
 
-def test_recovery_counts_the_packets_of_the_framing_and_every_transfer_of_a_direction():
-    # star all-reduce, n = 3: the hub's uplink carries 2 transfers in the broadcast phase; mss framing packets
+def test_recovery_shares_a_direction_between_its_transfers_and_counts_framing_on_the_wire():
+    # star all-reduce, n = 3: the hub's uplink carries 2 transfers in the broadcast phase; mss framing
     net = dict(queue="100 KB", streams=2, mss=8949, header_bytes=66, algorithms={"all_reduce": "star"})
     s = _scenario(**net)
-    packet = 8949 + 66
     wire = lambda size: size + -(-size // 8949) * 66  # noqa: E731
     size = 1_000_000
     # phase 1: ranks 1 and 2 send to the hub: the hub's downlink is full with 2 transfers, each at e2·B/2
     # phase 2: the hub sends to both: its uplink is full with 2 transfers, the same e2
-    e2 = _recovery(100_000, transfers=2, streams=2, packet=packet)
+    e2 = _recovery(100_000, transfers=2, streams=2)
     expected = 2 * wire(size) / (e2 * B / 2)
     assert _all_reduce(3, size, s) == pytest.approx(expected, rel=1e-12)
 

@@ -22,6 +22,10 @@ directions of its ACK path that hold a queue). Its own data's queue does not cou
 bytes queued there are its own window's, and a window that fills them keeps the link
 busy. A direction holds a queue in a phase when the phase's allocation without queues
 fills it and it is the first full link of a flow that its window does not limit.
+A full queued direction also overflows: its streams lose packets and stall in recovery,
+the more the fewer bytes of queue each holds. With m transfers of N streams crossing it,
+w = Q / (m·N) bytes per stream, it runs at e = w / (w + c) of its rate, c = RECOVERY_BYTES
+(measured, see exonet/validate/README.md).
 
 Links are numbered so a flow is a tuple of small integers: uplinks ``0..n-1``,
 downlinks ``n..2n-1``, then two ids per inter-region link (one per direction).
@@ -40,9 +44,9 @@ from exonet.netsim.flows import REL_TOL, Batch, Shape, max_min
 from exonet.scenario import Resolved
 
 _CACHE_LIMIT = 4096
-ETHERNET_PACKET = 1514  # bytes a full-size Ethernet frame puts on a link, for a queue's packets without mss
-# Packets' worth of link time a loss episode costs a stream (read off the netns matrix, see validate/README.md).
-RECOVERY_PACKETS = 6.0
+# Bytes of link time a stream's losses cost per queue share it holds, read off the netns matrix of
+# exonet/validate/README.md ("Real slow links"); the same at MTU 1500 and 9001, so bytes, not packets.
+RECOVERY_BYTES = 9000.0
 
 # A point-to-point message of a collective phase: (source rank, destination rank, bytes).
 Message = tuple[int, int, float]
@@ -194,11 +198,10 @@ class Topology:
         return out
 
     def _recovery(self, link: int, transfers: int) -> float:
-        """e = w / (w + c) of a full queued direction: w its queue's packets per stream, c = RECOVERY_PACKETS."""
+        """e = w / (w + c) of a full queued direction: w its queue's bytes per stream, c = RECOVERY_BYTES."""
         r = self._resolved
-        packet = (r.mss + r.header_bytes) if r.mss is not None else ETHERNET_PACKET
-        per_stream = r.queue_delay(self.capacity[link]) * self.capacity[link] / (packet * transfers * r.streams)
-        return per_stream / (per_stream + RECOVERY_PACKETS)
+        per_stream = r.queue_delay(self.capacity[link]) * self.capacity[link] / (transfers * r.streams)
+        return per_stream / (per_stream + RECOVERY_BYTES)
 
     def _standing_queues(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path], caps: Sequence[float],
                          rate: np.ndarray, full: np.ndarray) -> dict[int, float]:

@@ -406,7 +406,7 @@ class Scenario:
             value, unit = net["queue"]
             extras.append(f"queue {secs(value) if unit == 's' else units.format_bytes(value)} per NIC direction")
         if "streams" in net:
-            extras.append(f"{net['streams']} TCP streams per transfer")
+            extras.append(f"{net['streams']} TCP stream{'s' if net['streams'] > 1 else ''} per transfer")
         if "setup" in net:
             extras.append(f"set-up {secs(net['setup'])} per group")
         lines.append(f"              {', '.join(extras)}")

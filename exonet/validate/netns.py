@@ -153,9 +153,11 @@ class Network:
         nodes: each rank's NIC rates.
         region: each rank's region index (0 or 1); None puts every rank on one bridge.
         link: the inter-region link's rate in bytes/s, each direction (needed with two regions).
+        mtu: the MTU of every interface (None: the kernel's 1500), e.g. 9001 as on cloud NICs.
     """
 
-    def __init__(self, nodes: Sequence[NodeLink], region: Sequence[int] | None = None, link: float | None = None) -> None:
+    def __init__(self, nodes: Sequence[NodeLink], region: Sequence[int] | None = None, link: float | None = None,
+                 mtu: int | None = None) -> None:
         self.nodes = list(nodes)
         self.region = list(region) if region is not None else [0] * len(self.nodes)
         if len(self.region) != len(self.nodes) or not set(self.region) <= {0, 1}:
@@ -163,6 +165,7 @@ class Network:
         if len(set(self.region)) == 2 and link is None:
             raise ValueError("Network: two regions need the inter-region link's rate (link=)")
         self.link = link
+        self.mtu = mtu
         self.prefix = f"{PREFIX}{os.getpid():x}-"
         self._made: list[tuple[str, str]] = []  # ("netns" | "link", name), in creation order
         self._old_handlers: dict[int, object] = {}
@@ -229,6 +232,9 @@ class Network:
             _sh("ip", "link", "set", host, "master", f"{p}b{self.region[rank]}", "up")
             inside = ("ip", "netns", "exec", ns)
             _sh(*inside, "ip", "addr", "add", f"{address(rank)}/16", "dev", eth)
+            if self.mtu is not None:
+                _sh("ip", "link", "set", host, "mtu", str(self.mtu))
+                _sh(*inside, "ip", "link", "set", eth, "mtu", str(self.mtu))
             _sh(*inside, "ip", "link", "set", eth, "up")
             _sh(*inside, "ip", "link", "set", "lo", "up")
             if nic.shaper is not None and nic.uplink is not None:

@@ -25,7 +25,6 @@ from exonet.trace import Trace
 from exonet.validate.netns import Network, NodeLink, Shaper, qdisc_drops, retransmissions
 
 MSS_OVERHEAD = 66  # bytes per packet a shaper counts besides the TCP payload: Ethernet 14 + IP 20 + TCP 32 (timestamps)
-MTU = 1500
 
 
 @dataclass(frozen=True)
@@ -38,16 +37,18 @@ class SlowCase:
     nbytes: int
     shaper: Shaper = field(default_factory=Shaper)
     repeats: int = 3
+    mtu: int = 1500
 
     @property
     def name(self) -> str:
         s = self.shaper
+        mtu = f" MTU {self.mtu}" if self.mtu != 1500 else ""
         return (f"K={self.k} {self.rate * 8 / 1e6:g} Mbit/s {s.kind} latency {s.latency * 1e3:g} ms "
-                f"x{self.streams} streams {self.nbytes / 1e6:g} MB")
+                f"x{self.streams} streams {self.nbytes / 1e6:g} MB{mtu}")
 
     def scenario(self, *, ideal: bool = False) -> Scenario:
         """The scenario the shaper's configuration describes (``ideal``: without queue, streams and setup)."""
-        net: dict = {"bandwidth": f"{self.rate} B/s", "mss": MTU - 52, "header_bytes": MSS_OVERHEAD}
+        net: dict = {"bandwidth": f"{self.rate} B/s", "mss": self.mtu - 52, "header_bytes": MSS_OVERHEAD}
         if not ideal:
             net.update(queue=f"{self.shaper.limit(self.rate)} B", streams=self.streams)
         return Scenario.from_dict({"name": "netns-tbf", "network": net})
@@ -77,7 +78,7 @@ class SlowMeasurement:
 def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
     """Shape K namespaces per ``case``, run the multi-stream ring in each and read the counters."""
     nodes = [NodeLink(case.rate, shaper=case.shaper)] * case.k
-    with Network(nodes) as net:
+    with Network(nodes, mtu=None if case.mtu == 1500 else case.mtu) as net:
         before = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
         procs = [
             subprocess.Popen([*net.exec_prefix(r), sys.executable, "-m", "exonet.validate.streams", str(r), str(case.k),
