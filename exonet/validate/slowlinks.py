@@ -100,22 +100,45 @@ def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
 
 
 def matrix() -> list[SlowCase]:
-    """The matrix of the README's "Real slow links": streams, tbf latency, rate, K and payload."""
+    """The matrix the recovery constant was read from: streams, tbf latency, rate, K, payload, MTU."""
     mbit = 1e6 / 8
     cases = []
     for k, rate, nbytes in ((2, 50 * mbit, 4_000_000), (4, 50 * mbit, 8_000_000), (4, 200 * mbit, 32_000_000),
                             (2, 200 * mbit, 16_000_000)):
         for latency in (0.005, 0.05):
             for streams in (1, 4, 16):
-                cases.append(SlowCase(k, rate, streams, nbytes, Shaper(latency=latency), repeats=3))
+                cases.append(SlowCase(k, rate, streams, nbytes, Shaper(latency=latency)))
+    for k, rate, nbytes, streams in ((2, 50 * mbit, 4_000_000, 16), (4, 50 * mbit, 8_000_000, 16),
+                                     (2, 200 * mbit, 16_000_000, 16), (2, 50 * mbit, 4_000_000, 1)):
+        cases.append(SlowCase(k, rate, streams, nbytes, Shaper(latency=0.05), mtu=9001))
+    return cases
+
+
+def held_out() -> list[SlowCase]:
+    """Cases the constant never saw: 100 Mbit/s, 1 and 12 MB, htb and ingress shaping, both MTUs."""
+    mbit = 1e6 / 8
+    cases = []
+    for k, nbytes in ((2, 1_000_000), (4, 12_000_000)):
+        for latency in (0.005, 0.05):
+            for streams in (1, 4, 16):
+                cases.append(SlowCase(k, 100 * mbit, streams, nbytes, Shaper(latency=latency),
+                                      mtu=9001 if latency == 0.05 and k == 4 else 1500))
+    for streams in (4, 16):
+        cases.append(SlowCase(2, 100 * mbit, streams, 4_000_000, Shaper(kind="htb", latency=0.02)))
+        cases.append(SlowCase(2, 100 * mbit, streams, 4_000_000, Shaper(latency=0.02, both=True)))
     return cases
 
 
 def report(ms: Sequence[SlowMeasurement], log: Callable[[str], None] = print) -> None:
-    """A markdown table: real, ideal and new model per case, with errors and the counters."""
+    """A markdown table: real, ideal and new model per case, with errors and the counters; then median and worst."""
     log("| case | real s | ideal s (err) | model s (err) | retrans | drops |")
     log("|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {"ideal": [], "model": []}
     for m in ms:
         ideal, model = m.case.predict(ideal=True), m.case.predict()
+        errors["ideal"].append(abs(ideal - m.real) / m.real)
+        errors["model"].append(abs(model - m.real) / m.real)
         log(f"| {m.case.name} | {m.real:.3f} | {ideal:.3f} ({(ideal - m.real) / m.real:+.1%}) | "
             f"{model:.3f} ({(model - m.real) / m.real:+.1%}) | {m.retransmits} | {m.drops} |")
+    for name, errs in errors.items():
+        log(f"{name}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}")
