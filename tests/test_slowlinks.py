@@ -28,9 +28,11 @@ def _all_reduce(n: int, nbytes: int, scenario: Scenario, *, fast_path: bool = Tr
     return simulate(t, scenario, fast_path=fast_path).wall_clock_s
 
 
-def _recovery(queue_bytes: float, transfers: int = 1, streams: int = 1) -> float:
+def _recovery(queue_bytes: float, through: float, transfers: int = 1, streams: int = 1) -> float:
+    """The share of its rate a direction keeps: the first Q bytes lossless, the rest at e = w / (w + c)."""
     w = queue_bytes / (transfers * streams)
-    return w / (w + RECOVERY_BYTES)
+    e = w / (w + RECOVERY_BYTES)
+    return 1.0 if through <= queue_bytes else through / (queue_bytes + (through - queue_bytes) / e)
 
 
 # ---------------------------------------------------------------- schema
@@ -102,14 +104,21 @@ def test_streams_multiply_the_window_cap(streams):
 @pytest.mark.parametrize("queue, streams", [("64 KB", 16), ("50 ms", 4), ("345 KB", 16)])
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_a_full_shallow_queue_costs_recovery(queue, streams, fast_path):
-    # ring all-reduce, n = 4: every uplink and downlink is full with one transfer of N streams, so each
-    # phase runs at e·B, e = w / (w + c), w = Q / N bytes per stream
+    # ring all-reduce, n = 4, S = 8 MB: every uplink and downlink is full with one transfer of N streams
+    # and D = 2 MB per phase; its first Q bytes fill the queue, the rest run at e·B, e = w/(w + c), w = Q/N
     s = _scenario(latency="1 ms", queue=queue, streams=streams)
     q = s.resolve(4).queue_delay(B) * B
-    e = _recovery(q, streams=streams)
+    e = (q / streams) / (q / streams + RECOVERY_BYTES)
+    phase = (q + (2_000_000 - q) / e) / B
     got = _all_reduce(4, 8_000_000, s, fast_path=fast_path)
-    assert got == pytest.approx(6e-3 + 1.5 * 8_000_000 / (e * B), rel=1e-12)
+    assert got == pytest.approx(6 * (1e-3 + phase), rel=1e-12)
     assert got > _all_reduce(4, 8_000_000, _scenario(latency="1 ms"))
+
+
+def test_a_phase_that_fits_in_the_queue_never_overflows_it():
+    # S = 1 MB, n = 4: 250 kB per direction per phase, under the 625 kB of "50 ms" at 100 Mbit/s
+    s = _scenario(latency="1 ms", queue="50 ms", streams=16)
+    assert _all_reduce(4, 1_000_000, s) == pytest.approx(6e-3 + 1.5 * 1_000_000 / B, rel=1e-12)
 
 
 def test_recovery_shares_a_direction_between_its_transfers_and_counts_framing_on_the_wire():
@@ -120,8 +129,8 @@ def test_recovery_shares_a_direction_between_its_transfers_and_counts_framing_on
     size = 1_000_000
     # phase 1: ranks 1 and 2 send to the hub: the hub's downlink is full with 2 transfers, each at e2·B/2
     # phase 2: the hub sends to both: its uplink is full with 2 transfers, the same e2
-    e2 = _recovery(100_000, transfers=2, streams=2)
-    expected = 2 * wire(size) / (e2 * B / 2)
+    keep = _recovery(100_000, 2 * wire(size), transfers=2, streams=2)
+    expected = 2 * wire(size) / (keep * B / 2)
     assert _all_reduce(3, size, s) == pytest.approx(expected, rel=1e-12)
 
 
@@ -139,17 +148,18 @@ def test_acks_wait_behind_the_receivers_standing_queue():
     cap = topo.batch(((0, 1, 1e6), (1, 0, 1e6)), None).shape.cap
     w = 262144
     assert cap[0] == pytest.approx(w / (0.01 + 0.1), rel=1e-12)
-    assert cap[1] == pytest.approx(min(w / (0.01 + (w - B * 0.01) / B), 1.25e6 * _recovery(0.1 * 1.25e6)), rel=1e-12)
+    keep = _recovery(0.1 * 1.25e6, 1e6)  # rank 1's uplink: 125 kB of queue, 1 MB through it
+    assert cap[1] == pytest.approx(min(w / (0.01 + (w - B * 0.01) / B), 1.25e6 * keep), rel=1e-12)
     alone = topo.batch(((0, 1, 1e6),), None).shape.cap  # no reverse data: no queue for its ACKs
-    assert alone[0] == pytest.approx(min(w / 0.01, B * _recovery(0.1 * B)), rel=1e-12)
+    assert alone[0] == pytest.approx(w / 0.01, rel=1e-12)  # and 1 MB fits in its 1.25 MB queue: no loss
 
 
 def test_the_ack_term_is_the_same_on_both_paths_and_symmetric_rings_keep_their_rate():
     # a ring's windows that exceed the round trip fill the queue only by their excess: the ACK wait then
     # leaves every flow at B, and only the recovery term remains
     s = _scenario(latency="1 ms", tcp_window="64 KiB", queue="50 ms")
-    e = _recovery(0.05 * B)
-    expected = 6e-3 + 1.5 * 8_000_000 / (e * B)
+    keep = _recovery(0.05 * B, 2_000_000)
+    expected = 6e-3 + 1.5 * 8_000_000 / (keep * B)
     assert _all_reduce(4, 8_000_000, s) == pytest.approx(expected, rel=1e-12)
     assert _all_reduce(4, 8_000_000, s, fast_path=False) == pytest.approx(expected, rel=1e-12)
 

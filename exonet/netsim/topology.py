@@ -25,7 +25,9 @@ fills it and it is the first full link of a flow that its window does not limit.
 A full queued direction also overflows: its streams lose packets and stall in recovery,
 the more the fewer bytes of queue each holds. With m transfers of N streams crossing it,
 w = Q / (m·N) bytes per stream, it runs at e = w / (w + c) of its rate, c = RECOVERY_BYTES
-(measured, see exonet/validate/README.md).
+(measured, see exonet/validate/README.md), once the phase's first Q bytes through it have
+filled the queue: a phase putting D > Q bytes through it keeps D / (Q + (D − Q)/e) of its
+rate, and one with D ≤ Q never overflows it.
 
 Links are numbered so a flow is a tuple of small integers: uplinks ``0..n-1``,
 downlinks ``n..2n-1``, then two ids per inter-region link (one per direction).
@@ -152,28 +154,30 @@ class Topology:
         hit = self._phases.get(id(phase))
         if hit is None or hit[0] is not phase:
             pairs = tuple((src, dst) for src, dst, _ in phase)
-            shape = self._shapes.get(pairs)
+            sizes = np.array([self.wire_size(size) for _, _, size in phase], dtype=float)
+            key = pairs if self._resolved.queue is None else (pairs, sizes.tobytes())  # recovery depends on bytes
+            shape = self._shapes.get(key)
             if shape is None:
-                shape = self._shape(pairs)
+                shape = self._shape(pairs, sizes)
                 if len(self._shapes) >= _CACHE_LIMIT:
                     self._shapes.clear()
-                self._shapes[pairs] = shape
+                self._shapes[key] = shape
             if len(self._phases) >= _CACHE_LIMIT:
                 self._phases.clear()
-            hit = self._phases[id(phase)] = (phase, shape, np.array([self.wire_size(size) for _, _, size in phase], dtype=float))
+            hit = self._phases[id(phase)] = (phase, shape, sizes)
         return hit
 
-    def _shape(self, pairs: Sequence[tuple[int, int]]) -> Shape:
+    def _shape(self, pairs: Sequence[tuple[int, int]], sizes: np.ndarray) -> Shape:
         paths = [self.path(src, dst) for src, dst in pairs]
         return Shape([p.links for p in paths], [a for a, _ in pairs], [b for _, b in pairs],
-                     self._caps(pairs, paths), [p.latency for p in paths], pad=len(self.capacity))
+                     self._caps(pairs, paths, sizes), [p.latency for p in paths], pad=len(self.capacity))
 
-    def _caps(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path]) -> list[float]:
+    def _caps(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path], sizes: np.ndarray) -> list[float]:
         """Each message's rate cap in a phase, with the queue's two terms (see the module docstring).
 
         Both are set from the phase's allocation without them, as if the phase ran alone: the
-        ACK term N·W / (2α + q of the queues on its ACK path), and the recovery term e·rate on
-        a full queued direction.
+        ACK term N·W / (2α + q of the queues on its ACK path), and the recovery term: each of the
+        m transfers through a full queued direction is capped at its share of what that keeps.
         """
         r = self._resolved
         caps = [p.cap for p in paths]
@@ -187,21 +191,33 @@ class Topology:
         load = np.bincount(links.ravel(), weights=np.repeat(rate, width), minlength=pad + 1)
         full = (load >= capacity * (1.0 - REL_TOL)) & (np.arange(pad + 1) < 2 * self.num_nodes)  # NIC directions
         crossing = np.bincount(links.ravel(), minlength=pad + 1)
+        through = np.bincount(links.ravel(), weights=np.repeat(sizes, width), minlength=pad + 1)
         waits = self._standing_queues(pairs, paths, caps, rate, full) if r.tcp_window is not None else {}
         out = []
-        for (src, dst), p, cap, flow in zip(pairs, paths, caps, rate):
+        for (src, dst), p, cap in zip(pairs, paths, caps):
             if r.tcp_window is not None:
                 rtt = 2.0 * r.path_latency(src, dst) + sum(waits.get(link, 0.0) for link in self.path(dst, src).links)
                 cap = r.streams * r.tcp_window / rtt if rtt > 0 else cap
-            shares = [self._recovery(link, int(crossing[link])) for link in p.links if full[link]]
-            out.append(min(cap, flow * min(shares)) if shares else cap)
+            for link in p.links:
+                keep = self._recovery(link, int(crossing[link]), float(through[link])) if full[link] else 1.0
+                if keep < 1.0:  # its share of what the direction keeps
+                    cap = min(cap, keep * self.capacity[link] / int(crossing[link]))
+            out.append(cap)
         return out
 
-    def _recovery(self, link: int, transfers: int) -> float:
-        """e = w / (w + c) of a full queued direction: w its queue's bytes per stream, c = RECOVERY_BYTES."""
+    def _recovery(self, link: int, transfers: int, nbytes: float) -> float:
+        """The share of its rate a full queued direction keeps when a phase puts ``nbytes`` through it.
+
+        The first Q bytes fill the queue without loss; the rest run at e = w / (w + c), w the
+        queue's bytes per stream, c = RECOVERY_BYTES: D / (Q + (D − Q) / e) over D = ``nbytes``.
+        """
         r = self._resolved
-        per_stream = r.queue_delay(self.capacity[link]) * self.capacity[link] / (transfers * r.streams)
-        return per_stream / (per_stream + RECOVERY_BYTES)
+        queue = r.queue_delay(self.capacity[link]) * self.capacity[link]
+        if nbytes <= queue:
+            return 1.0
+        per_stream = queue / (transfers * r.streams)
+        e = per_stream / (per_stream + RECOVERY_BYTES)
+        return nbytes / (queue + (nbytes - queue) / e)
 
     def _standing_queues(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path], caps: Sequence[float],
                          rate: np.ndarray, full: np.ndarray) -> dict[int, float]:

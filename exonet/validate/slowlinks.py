@@ -38,13 +38,16 @@ class SlowCase:
     shaper: Shaper = field(default_factory=Shaper)
     repeats: int = 3
     mtu: int = 1500
+    slice_bytes: int = 0  # > 0: pipelined in slices as NCCL (see exonet.validate.streams); 0: step by step
 
     @property
     def name(self) -> str:
         s = self.shaper
         mtu = f" MTU {self.mtu}" if self.mtu != 1500 else ""
-        return (f"K={self.k} {self.rate * 8 / 1e6:g} Mbit/s {s.kind} latency {s.latency * 1e3:g} ms "
-                f"x{self.streams} streams {self.nbytes / 1e6:g} MB{mtu}")
+        pipe = f" pipelined {self.slice_bytes // 1024} KiB" if self.slice_bytes else ""
+        both = " both ways" if s.both else ""
+        return (f"K={self.k} {self.rate * 8 / 1e6:g} Mbit/s {s.kind} latency {s.latency * 1e3:g} ms{both} "
+                f"x{self.streams} streams {self.nbytes / 1e6:g} MB{mtu}{pipe}")
 
     def scenario(self, *, ideal: bool = False) -> Scenario:
         """The scenario the shaper's configuration describes (``ideal``: without queue, streams and setup)."""
@@ -82,7 +85,8 @@ def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
         before = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
         procs = [
             subprocess.Popen([*net.exec_prefix(r), sys.executable, "-m", "exonet.validate.streams", str(r), str(case.k),
-                              str(case.streams), str(case.nbytes), str(case.repeats + 1), str(port)],
+                              str(case.streams), str(case.nbytes), str(case.repeats + 1), str(port),
+                              str(case.slice_bytes)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for r in range(case.k)
         ]
@@ -115,7 +119,7 @@ def matrix() -> list[SlowCase]:
 
 
 def held_out() -> list[SlowCase]:
-    """Cases the constant never saw: 100 Mbit/s, 1 and 12 MB, htb and ingress shaping, both MTUs."""
+    """Cases the constant never saw: 100 Mbit/s, 1 to 12 MB, htb and ingress shaping, both MTUs, NCCL's pipelining."""
     mbit = 1e6 / 8
     cases = []
     for k, nbytes in ((2, 1_000_000), (4, 12_000_000)):
@@ -126,6 +130,8 @@ def held_out() -> list[SlowCase]:
     for streams in (4, 16):
         cases.append(SlowCase(2, 100 * mbit, streams, 4_000_000, Shaper(kind="htb", latency=0.02)))
         cases.append(SlowCase(2, 100 * mbit, streams, 4_000_000, Shaper(latency=0.02, both=True)))
+    for latency in (0.005, 0.05):  # NCCL's pipelined ring, 2 threads x 8 sockets, 512 KiB slices
+        cases.append(SlowCase(4, 100 * mbit, 16, 12_000_000, Shaper(latency=latency), slice_bytes=512 * 1024))
     return cases
 
 

@@ -1,15 +1,21 @@
 """A ring all-reduce over N parallel TCP streams per neighbour pair, as NCCL's socket transport moves data.
 
 NCCL's socket transport (src/transport/net_socket.cc) opens ``NCCL_NSOCKS_PERTHREAD`` sockets on
-each of ``NCCL_SOCKET_NTHREADS`` helper threads per peer connection and splits every chunk it
-posts into equal pieces, one per socket, each sent whole on its socket; the ring moves a chunk
-to the next rank once the previous chunk has arrived. This program does the same with one
-thread per socket: ring step j of the 2(K−1) steps sends the chunk S/K to the right neighbour,
-cut into ``streams`` pieces sent at once, and waits for the piece of every socket from the left
-neighbour. ``streams=1`` is gloo's one connection per pair. Only the bytes are moved: the
-reduction is arithmetic on a few MB, which the shaped links at tens of Mbit/s make negligible.
+each of ``NCCL_SOCKET_NTHREADS`` helper threads per peer connection and cuts every request it
+posts into pieces of max(64 KiB, size / sockets), handed to the sockets round-robin; its ring
+all-reduce posts a step's chunk in slices and forwards a slice as soon as it has arrived (and
+been reduced), so ring steps overlap. This program does the same with one thread per socket:
 
-Run one per node namespace: ``python -m exonet.validate.streams RANK K STREAMS BYTES REPEATS PORT``;
+* ``slice_bytes > 0`` (NCCL): each ring step's chunk S/K is cut into slices of that size, each
+  slice into pieces round-robin over the sockets; slice m of step j leaves once slice m of step
+  j − 1 has arrived from the left neighbour.
+* ``slice_bytes = 0`` (gloo, and the model's unpipelined phases): a step's whole chunk is cut into
+  one piece per socket, and the next step starts once every piece of this one has arrived.
+
+``streams = 1`` is gloo's one connection per pair. Only the bytes move: the reduction is
+arithmetic on a few MB, which the shaped links at tens of Mbit/s make negligible.
+
+Run one per node namespace: ``python -m exonet.validate.streams RANK K STREAMS BYTES REPEATS PORT SLICE``;
 it prints one JSON line: the wall seconds of each repeat (``time.perf_counter``, between barriers).
 """
 
@@ -60,22 +66,62 @@ def _connect(rank: int, k: int, streams: int, port: int) -> tuple[list[socket.so
     return right, left
 
 
+MIN_PIECE = 64 * 1024  # NCCL's smallest piece of a request per socket
+
+
 def _pieces(total: int, n: int) -> list[int]:
     return [total // n + (1 if i < total % n else 0) for i in range(n)]
 
 
-def ring_all_reduce(right: list[socket.socket], left: list[socket.socket], k: int, nbytes: int) -> None:
-    """2(K−1) ring steps of nbytes/K each, every step's chunk split evenly over the sockets."""
-    sizes = _pieces(max(1, nbytes // k), len(right))
-    out = [bytearray(n) for n in sizes]
-    inbox = [bytearray(n) for n in sizes]
-    for _ in range(2 * (k - 1)):
-        threads = [threading.Thread(target=s.sendall, args=(buf,)) for s, buf in zip(right, out)]
-        threads += [threading.Thread(target=_recv_exact, args=(s, memoryview(buf))) for s, buf in zip(left, inbox)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+def schedule(chunk: int, steps: int, streams: int, slice_bytes: int) -> list[list[tuple[int, int, int]]]:
+    """Per socket, the (step, slice, bytes) pieces it carries in order; both ends of a pair compute the same."""
+    if slice_bytes <= 0:  # one piece per socket per step
+        return [[(j, 0, size) for j in range(steps)] for size in _pieces(chunk, streams)]
+    per_socket: list[list[tuple[int, int, int]]] = [[] for _ in range(streams)]
+    turn = 0
+    for j in range(steps):
+        for m, size in enumerate(_pieces(chunk, max(1, -(-chunk // slice_bytes)))):
+            count = max(1, min(streams, size // MIN_PIECE))
+            for piece in _pieces(size, count):
+                per_socket[turn % streams].append((j, m, piece))
+                turn += 1
+    return per_socket
+
+
+def ring_all_reduce(right: list[socket.socket], left: list[socket.socket], k: int, nbytes: int,
+                    slice_bytes: int = 0) -> None:
+    """2(K−1) ring steps of nbytes/K each over the sockets (see the module docstring for the two schedules)."""
+    steps, chunk = 2 * (k - 1), max(1, nbytes // k)
+    plan = schedule(chunk, steps, len(right), slice_bytes)
+    pending: dict[tuple[int, int], int] = {}
+    for pieces in plan:
+        for j, m, _ in pieces:
+            pending[j, m] = pending.get((j, m), 0) + 1
+    arrived = {key: threading.Event() for key in pending}
+    lock = threading.Lock()
+    pipelined = slice_bytes > 0
+
+    def send(sock: socket.socket, pieces: list[tuple[int, int, int]]) -> None:
+        for j, m, size in pieces:
+            if j:  # a slice goes on once the previous step's same slice (unpipelined: the whole step) is in
+                for key in ([(j - 1, m)] if pipelined else [x for x in pending if x[0] == j - 1]):
+                    arrived[key].wait()
+            sock.sendall(bytes(size))
+
+    def receive(sock: socket.socket, pieces: list[tuple[int, int, int]]) -> None:
+        for j, m, size in pieces:
+            _recv_exact(sock, memoryview(bytearray(size)))
+            with lock:
+                pending[j, m] -= 1
+                if not pending[j, m]:
+                    arrived[j, m].set()
+
+    threads = [threading.Thread(target=send, args=(s, p)) for s, p in zip(right, plan)]
+    threads += [threading.Thread(target=receive, args=(s, p)) for s, p in zip(left, plan)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _barrier(right: list[socket.socket], left: list[socket.socket]) -> None:
@@ -87,13 +133,13 @@ def _barrier(right: list[socket.socket], left: list[socket.socket]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    rank, k, streams, nbytes, repeats, port = map(int, argv)
+    rank, k, streams, nbytes, repeats, port, slice_bytes = map(int, argv)
     right, left = _connect(rank, k, streams, port)
     times = []
     for _ in range(repeats):
         _barrier(right, left)
         t0 = time.perf_counter()
-        ring_all_reduce(right, left, k, nbytes)
+        ring_all_reduce(right, left, k, nbytes, slice_bytes)
         times.append(time.perf_counter() - t0)
     _barrier(right, left)
     print(json.dumps({"rank": rank, "times": times}), flush=True)
