@@ -180,7 +180,7 @@ def test_shallow_queue_with_many_streams_on_real_tbf_links():
     from exonet.validate.netns import Shaper
     from exonet.validate.slowlinks import SlowCase, run_case
 
-    case = SlowCase(2, 50e6 / 8, 16, 4_000_000, Shaper(burst=32768, latency=0.005), repeats=7)
+    case = SlowCase(2, 50e6 / 8, 16, 4_000_000, Shaper(burst=32768, latency=0.005), repeats=11)
     t0 = time.perf_counter()
     m = run_case(case)
     elapsed = time.perf_counter() - t0
