@@ -58,6 +58,7 @@ def test_queue_takes_bytes_or_a_time_at_the_link_rate():
     ({"streams": 2.5}, "network.streams: expected an integer >= 1"),
     ({"setup": "fast"}, "network.setup: cannot read 'fast' as a time"),
     ({"stream": 4}, "network.stream: unknown key (did you mean 'streams'?)"),
+    ({"streams": 16}, "network.streams: has no effect on its own; streams act through network.tcp_window"),
 ])
 def test_bad_values_name_the_field(network, message):
     with pytest.raises(ScenarioError, match=re.escape(message)):

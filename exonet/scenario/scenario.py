@@ -9,7 +9,8 @@ may say, field by field, and its error messages live in ``exonet.scenario.schema
 Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 
 * Defaults are ideal: ``latency`` "0 s", efficiency 1, no TCP window, no packet framing
-  (``mss``/``header_bytes``), no per-message overhead, no jitter,
+  (``mss``/``header_bytes``), no per-message overhead, no bottleneck queue, one TCP
+  stream per transfer, no set-up cost, no jitter,
   sharing "max-min", collective "ring", compute mode "measured", speed 1, mfu 1.
   ``network.bandwidth`` is required unless both ``uplink`` and ``downlink`` are given.
   A link's ``latency`` defaults to ``network.latency``. ``efficiency`` scales every
@@ -23,8 +24,9 @@ Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 * ``[[nodes]]`` entries apply in order; a later entry overrides an earlier one.
 * A parameter of an option that is left at its default is an error, because it
   would silently do nothing: ``sigma`` without ``jitter``, ``tflops``/``mfu``
-  without ``compute.mode``. With the option set explicitly (say ``jitter = "none"``)
-  the parameter is kept, so a sweep can switch the option off and on.
+  without ``compute.mode``, ``streams`` > 1 without ``tcp_window`` or ``queue``.
+  With the option set explicitly (say ``jitter = "none"``) the parameter is kept,
+  so a sweep can switch the option off and on.
 * ``replace(**changes)``: ``name``/``description`` and the network keys by name
   (``bandwidth=``, ``latency=``, ``collective=`` ...); ``network``, ``compute`` and
   ``stragglers`` take a dict merged into that table; ``regions``, ``links``,

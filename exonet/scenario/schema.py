@@ -241,6 +241,11 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
             "window / (2 · latency), so a zero round trip never binds; set network.latency (or a link's latency) "
             "or remove tcp_window"
         )
+    if net.get("streams", 1) > 1 and "tcp_window" not in net and "queue" not in net:
+        raise ScenarioError(
+            f"{where} network.streams: has no effect on its own; streams act through network.tcp_window (a transfer "
+            "has N windows) or network.queue (each stream's share of it); set one of them or remove streams"
+        )
     compute = p.get("compute", {})
     if compute.get("mode") == "flops" and "tflops" not in compute:
         raise ScenarioError(f'{where} compute.tflops is required when compute.mode = "flops" (e.g. tflops = 989.0)')
