@@ -68,7 +68,7 @@ def test_bad_values_name_the_field(network, message):
 def test_replace_and_describe_know_the_new_keys():
     s = _scenario().replace(queue="50 ms", streams=16, setup="0.5 s")
     assert "queue 50 ms per NIC direction, 16 TCP streams per transfer, set-up 500 ms per group" in s.describe()
-    assert s.replace(queue=None).resolve(2).queue is None
+    assert s.replace(queue=None, streams=None).resolve(2).queue is None
 
 
 # ---------------------------------------------------------------- setup
