@@ -48,7 +48,7 @@ from exonet.scenario import Resolved
 _CACHE_LIMIT = 4096
 # Bytes of link time a stream's losses cost per queue share it holds, read off the netns matrix of
 # exonet/validate/README.md ("Real slow links"); the same at MTU 1500 and 9001, so bytes, not packets.
-RECOVERY_BYTES = 9000.0
+RECOVERY_BYTES = 11000.0
 
 # A point-to-point message of a collective phase: (source rank, destination rank, bytes).
 Message = tuple[int, int, float]
