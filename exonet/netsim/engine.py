@@ -28,6 +28,9 @@ wrapper for a whole trace. How time passes:
   buffers it, and its ``recv`` ends when it has arrived (at once, if it already has).
   An any-source receive (``AnyRecv``, fed by the online clock) takes the message that
   arrived first, so a parameter server applies updates in simulated arrival order.
+* The first collective (or message) on each distinct group (the set of its members) pays
+  the scenario's ``network.setup`` seconds before it starts (communicator creation and
+  connections), once per group per simulation; the time counts as communication.
 * Collectives on one group run one at a time, in issue order (NCCL runs a
   communicator's collectives in order on one stream): the next starts when the
   previous ends, so overlapped DDP buckets queue rather than share links. Set
@@ -140,6 +143,7 @@ class Simulation:
         self._any: dict[int, RankState] = {}  # receivers waiting in an any-source receive
         self._received: dict[int, list[tuple[int, float]]] = {}  # receiver -> (sender, seconds) its AnyRecvs took
         self._group_end: dict[tuple[int, ...], int] = {}  # members -> tick their latest collective ended
+        self._set_up: set[tuple[int, ...]] = set()  # groups whose one-time set-up is paid
         for r, outages in enumerate(self._cm.down):
             for t0, t1 in outages:
                 self._schedule_outage(r, t0, t1)
@@ -550,7 +554,7 @@ class Simulation:
         """``rk`` was blocked on ``c``, which has ended: idle until it started, then exposed comm."""
         tb = rk.block_t
         end = max(c.end, tb)
-        start = min(max(c.start, tb), end)
+        start = min(max(c.start - c.setup, tb), end)
         self._spend(rk, tb, start, IDLE)
         if self._cm.down[rk.rank]:
             cursor = start
@@ -571,6 +575,12 @@ class Simulation:
         up = self._cm.up_time(c.members, seconds(t))
         if up > seconds(t):
             self._agenda.at(max(t + 1, ticks(up)), self._start, c, order=(START, *c.key))
+            return
+        group = tuple(sorted(c.members))
+        if self.resolved.setup > 0 and group not in self._set_up:
+            self._set_up.add(group)
+            c.setup = ticks(self.resolved.setup)
+            self._agenda.at(t + c.setup, self._start, c, order=(START, *c.key))
             return
         c.start = t
         plan = c.plan = self._planner.plan(c.op, c.members, c.nbytes)

@@ -72,6 +72,7 @@ class Instance:
         "phase",
         "plan",
         "ranks",
+        "setup",
         "start",
         "token",
         "waiters",
@@ -86,6 +87,7 @@ class Instance:
         self.last = 0  # the latest arrival
         self.waiters: list[RankState] = []
         self.start = self.end = 0
+        self.setup = 0  # ticks of its group's one-time set-up it paid just before ``start``
         self.done = False
         self.plan: Plan | None = None
         self.phase = 0

@@ -11,7 +11,23 @@ a message of s payload bytes puts s + ⌈s/mss⌉·header_bytes on its links (th
 headers, counted as a shaper or NIC counts them); without it, s.
 A TCP window W caps a flow at W / (2α) on its path; on a path with α = 0 the round
 trip is 0 and the window never binds (the scenario schema refuses a window when
-every latency is 0, since it would then do nothing at all).
+every latency is 0, since it would then do nothing at all). A transfer split over
+``streams`` = N TCP connections has N windows: its cap is N·W / RTT.
+
+With a ``queue`` (Q bytes, or τ seconds at the rate, per NIC direction), a direction that
+a phase saturates holds a standing queue: q = Q/B seconds (τ). The ACKs of a flow leave
+through its receiver's uplink and arrive through its sender's downlink, so they wait
+behind the data queued there: the flow's window cap becomes N·W / (2α + Σ q over the NIC
+directions of its ACK path that hold a queue). Its own data's queue does not count: the
+bytes queued there are its own window's, and a window that fills them keeps the link
+busy. A direction holds a queue in a phase when the phase's allocation without queues
+fills it and it is the first full link of a flow that its window does not limit.
+A full queued direction also overflows: its streams lose packets and stall in recovery,
+the more the fewer bytes of queue each holds. With m transfers of N streams crossing it,
+w = Q / (m·N) bytes per stream, it runs at e = w / (w + c) of its rate, c = RECOVERY_BYTES
+(measured, see exonet/validate/README.md), once the phase's first Q bytes through it have
+filled the queue: a phase putting D > Q bytes through it keeps D / (Q + (D − Q)/e) of its
+rate, and one with D ≤ Q never overflows it.
 
 With ``[hosts]``, a message between two devices of one host crosses only the fabric:
 the sender's fabric up-port and the receiver's fabric down-port, with the fabric's latency
@@ -35,10 +51,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from exonet.errors import ScenarioError
-from exonet.netsim.flows import Batch, Shape
+from exonet.netsim.flows import REL_TOL, Batch, Shape, max_min
 from exonet.scenario import Resolved
 
 _CACHE_LIMIT = 4096
+# Bytes of link time a stream's losses cost per queue share it holds, read off the netns matrix of
+# exonet/validate/README.md ("Real slow links"); the same at MTU 1500 and 9001, so bytes, not packets.
+RECOVERY_BYTES = 11000.0
 
 # A point-to-point message of a collective phase: (source rank, destination rank, bytes).
 Message = tuple[int, int, float]
@@ -147,7 +166,7 @@ class Topology:
             links = (nic_src, link, n + nic_dst)
         latency = r.path_latency(src, dst)
         window = r.tcp_window
-        cap = window / (2.0 * latency) if window is not None and latency > 0 else math.inf
+        cap = r.streams * window / (2.0 * latency) if window is not None and latency > 0 else math.inf
         rate = min(cap, *(self.capacity[i] for i in links))
         return Path(links, latency + r.message_overhead * share, cap, rate)
 
@@ -180,18 +199,84 @@ class Topology:
         hit = self._phases.get(id(phase))
         if hit is None or hit[0] is not phase:
             pairs = tuple((src, dst) for src, dst, _ in phase)
-            shape = self._shapes.get(pairs)
+            sizes = np.array([self.wire_size(size) for _, _, size in phase], dtype=float)
+            key = pairs if self._resolved.queue is None else (pairs, sizes.tobytes())  # recovery depends on bytes
+            shape = self._shapes.get(key)
             if shape is None:
-                shape = self._shape(pairs)
+                shape = self._shape(pairs, sizes)
                 if len(self._shapes) >= _CACHE_LIMIT:
                     self._shapes.clear()
-                self._shapes[pairs] = shape
+                self._shapes[key] = shape
             if len(self._phases) >= _CACHE_LIMIT:
                 self._phases.clear()
-            hit = self._phases[id(phase)] = (phase, shape, np.array([self.wire_size(size) for _, _, size in phase], dtype=float))
+            hit = self._phases[id(phase)] = (phase, shape, sizes)
         return hit
 
-    def _shape(self, pairs: Sequence[tuple[int, int]]) -> Shape:
+    def _shape(self, pairs: Sequence[tuple[int, int]], sizes: np.ndarray) -> Shape:
         paths = [self.path(src, dst) for src, dst in pairs]
         return Shape([p.links for p in paths], [a for a, _ in pairs], [b for _, b in pairs],
-                     [p.cap for p in paths], [p.latency for p in paths], pad=len(self.capacity))
+                     self._caps(pairs, paths, sizes), [p.latency for p in paths], pad=len(self.capacity))
+
+    def _caps(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path], sizes: np.ndarray) -> list[float]:
+        """Each message's rate cap in a phase, with the queue's two terms (see the module docstring).
+
+        Both are set from the phase's allocation without them, as if the phase ran alone: the
+        ACK term N·W / (2α + q of the queues on its ACK path), and the recovery term: each of the
+        m transfers through a full queued direction is capped at its share of what that keeps.
+        """
+        r = self._resolved
+        caps = [p.cap for p in paths]
+        if r.queue is None:
+            return caps
+        pad = len(self.capacity)
+        width = max(len(p.links) for p in paths)
+        links = np.array([p.links + (pad,) * (width - len(p.links)) for p in paths], dtype=np.intp)
+        capacity = np.array([*self.capacity, math.inf])
+        rate = max_min(links, np.array(caps, dtype=float), capacity)
+        load = np.bincount(links.ravel(), weights=np.repeat(rate, width), minlength=pad + 1)
+        full = (load >= capacity * (1.0 - REL_TOL)) & (np.arange(pad + 1) < 2 * self.num_nodes)  # NIC directions
+        crossing = np.bincount(links.ravel(), minlength=pad + 1)
+        through = np.bincount(links.ravel(), weights=np.repeat(sizes, width), minlength=pad + 1)
+        waits = self._standing_queues(pairs, paths, caps, rate, full) if r.tcp_window is not None else {}
+        out = []
+        for (src, dst), p, cap in zip(pairs, paths, caps):
+            if r.tcp_window is not None:
+                rtt = 2.0 * r.path_latency(src, dst) + sum(waits.get(link, 0.0) for link in self.path(dst, src).links)
+                cap = r.streams * r.tcp_window / rtt if rtt > 0 else cap
+            for link in p.links:
+                keep = self._recovery(link, int(crossing[link]), float(through[link])) if full[link] else 1.0
+                if keep < 1.0:  # its share of what the direction keeps
+                    cap = min(cap, keep * self.capacity[link] / int(crossing[link]))
+            out.append(cap)
+        return out
+
+    def _recovery(self, link: int, transfers: int, nbytes: float) -> float:
+        """The share of its rate a full queued direction keeps when a phase puts ``nbytes`` through it.
+
+        The first Q bytes fill the queue without loss; the rest run at e = w / (w + c), w the
+        queue's bytes per stream, c = RECOVERY_BYTES: D / (Q + (D − Q) / e) over D = ``nbytes``.
+        """
+        r = self._resolved
+        queue = r.queue_delay(self.capacity[link]) * self.capacity[link]
+        if nbytes <= queue:
+            return 1.0
+        per_stream = queue / (transfers * r.streams)
+        e = per_stream / (per_stream + RECOVERY_BYTES)
+        return nbytes / (queue + (nbytes - queue) / e)
+
+    def _standing_queues(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path], caps: Sequence[float],
+                         rate: np.ndarray, full: np.ndarray) -> dict[int, float]:
+        """Seconds of standing queue per NIC direction in a phase, from its allocation without queues (``rate``).
+
+        A flow that its window does not limit builds its queue at the first full link of its path;
+        that queue holds what the windows of its flows put in flight beyond their round trips
+        (N·W − rate·2α each), at most Q.
+        """
+        r = self._resolved
+        window = r.streams * r.tcp_window  # type: ignore[operator]  # the caller checked it is set
+        excess: dict[int, float] = {}
+        for (src, dst), p, flow, cap in zip(pairs, paths, rate, caps):
+            first = next((link for link in p.links if full[link]), None)
+            if first is not None and flow < cap * (1.0 - REL_TOL):
+                excess[first] = excess.get(first, 0.0) + window - flow * 2.0 * r.path_latency(src, dst)
+        return {link: min(r.queue_delay(self.capacity[link]), extra / self.capacity[link]) for link, extra in excess.items()}

@@ -9,7 +9,8 @@ may say, field by field, and its error messages live in ``exonet.scenario.schema
 Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 
 * Defaults are ideal: ``latency`` "0 s", efficiency 1, no TCP window, no packet framing
-  (``mss``/``header_bytes``), no per-message overhead, no jitter,
+  (``mss``/``header_bytes``), no per-message overhead, no bottleneck queue, one TCP
+  stream per transfer, no set-up cost, no jitter,
   sharing "max-min", collective "ring" ("hierarchical" when ``[hosts]`` is given), compute
   mode "measured", speed 1, mfu 1. ``[hosts]`` needs ``devices`` and ``bandwidth`` and whole
   hosts (num_nodes a multiple of devices), each inside one region.
@@ -25,8 +26,9 @@ Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
 * ``[[nodes]]`` entries apply in order; a later entry overrides an earlier one.
 * A parameter of an option that is left at its default is an error, because it
   would silently do nothing: ``sigma`` without ``jitter``, ``tflops``/``mfu``
-  without ``compute.mode``. With the option set explicitly (say ``jitter = "none"``)
-  the parameter is kept, so a sweep can switch the option off and on.
+  without ``compute.mode``, ``streams`` > 1 without ``tcp_window`` or ``queue``.
+  With the option set explicitly (say ``jitter = "none"``) the parameter is kept,
+  so a sweep can switch the option off and on.
 * ``replace(**changes)``: ``name``/``description`` and the network keys by name
   (``bandwidth=``, ``latency=``, ``collective=`` ...); ``network``, ``compute``, ``hosts`` and
   ``stragglers`` take a dict merged into that table; ``regions``, ``links``,
@@ -121,6 +123,10 @@ class Resolved:
         host_cores: None, or the CPU cores all nodes share (one machine running every node): a phase's
             host work is spread over them, so message_overhead counts max(1, num_nodes / host_cores) times.
         group_concurrency: how many collectives of one group may run at once (1: in issue order, as NCCL).
+        queue: the bottleneck queue of each NIC direction, (bytes, "bytes") or (seconds at the link's rate, "s");
+            None: no queue (the fluid model). ``queue_delay`` turns it into seconds at a rate.
+        streams: TCP connections a transfer between two nodes is split over (1: gloo).
+        setup: seconds the first collective (or message) of each group pays before it starts.
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
         events: transient slowdowns and outages.
@@ -143,6 +149,9 @@ class Resolved:
     message_overhead: float = 0.0
     host_cores: float | None = None
     group_concurrency: int = 1
+    queue: tuple[float, str] | None = None
+    streams: int = 1
+    setup: float = 0.0
     compute_mode: str = "measured"
     tflops: float | None = None
     mfu: float = 1.0
@@ -161,6 +170,13 @@ class Resolved:
         if a == b:
             return self.latency
         return self.links[tuple(sorted((a, b)))].latency
+
+    def queue_delay(self, rate: float) -> float:
+        """Seconds a full bottleneck queue holds a packet at ``rate`` bytes/s (0 without a queue)."""
+        if self.queue is None:
+            return 0.0
+        value, unit = self.queue
+        return value if unit == "s" else value / rate
 
 
 # ---------------------------------------------------------------- presets and files
@@ -356,6 +372,9 @@ class Scenario:
             message_overhead=net.get("message_overhead", 0.0),
             host_cores=net.get("host_cores"),
             group_concurrency=net.get("group_concurrency", 1),
+            queue=net.get("queue"),
+            streams=net.get("streams", 1),
+            setup=net.get("setup", 0.0),
             compute_mode=compute.get("mode", "measured"),
             tflops=compute.get("tflops"),
             mfu=compute.get("mfu", 1.0),
@@ -446,6 +465,13 @@ class Scenario:
         if "message_overhead" in net:
             shared = f" (x max(1, nodes / {net['host_cores']:g} shared cores))" if "host_cores" in net else ""
             extras.append(f"message overhead {secs(net['message_overhead'])}{shared}")
+        if "queue" in net:
+            value, unit = net["queue"]
+            extras.append(f"queue {secs(value) if unit == 's' else units.format_bytes(value)} per NIC direction")
+        if "streams" in net:
+            extras.append(f"{net['streams']} TCP stream{'s' if net['streams'] > 1 else ''} per transfer")
+        if "setup" in net:
+            extras.append(f"set-up {secs(net['setup'])} per group")
         lines.append(f"              {', '.join(extras)}")
         algos = {**FAMILIES[self._collective()], **net.get("algorithms", {})}
         per_op = ", ".join(f"{op}={algo}" for op, algo in algos.items())

@@ -110,6 +110,20 @@ _time: Check = units.parse_time
 _window: Check = partial(units.parse_size, allow_zero=False)
 
 
+def _queue(value: Any, where: str) -> tuple[float, str]:
+    """A bottleneck queue: bytes ("345 KB") or a time at the link's rate ("50 ms"), as (value, "bytes" | "s")."""
+    hint = ""
+    if isinstance(value, str):
+        for parse, unit in ((units.parse_size, "bytes"), (units.parse_time, "s")):
+            try:
+                return parse(value, where, allow_zero=False), unit
+            except ScenarioError as err:
+                found = str(err).find(" (did you mean")
+                hint = hint or (str(err)[found:].split(";")[0] if found >= 0 else "")
+    raise ScenarioError(f'{where}: expected a positive size such as "345 KB" or a time at the link rate such as '
+                        f'"50 ms", got {value!r}{hint}')
+
+
 def _seconds(value: Any, where: str) -> float:
     """A point in simulated time: a number of seconds (the key says so) or a time string."""
     if isinstance(value, str):
@@ -177,6 +191,7 @@ NETWORK = {
     "sharing": _enum(SHARING), "efficiency": _number(0, 1), "tcp_window": _window, "group_concurrency": _positive_count,
     "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
     "mss": _number(0), "header_bytes": _number(0, closed=True), "message_overhead": _time, "host_cores": _number(0),
+    "queue": _queue, "streams": _positive_count, "setup": _time,
 }
 _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
 _REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
@@ -234,6 +249,11 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
     if hosts is not None:
         _need(hosts, "devices", f"{where} [hosts]", "devices = 8")
         _need(hosts, "bandwidth", f"{where} [hosts]", 'bandwidth = "450 GB/s" (the intra-host fabric, each direction)')
+    if net.get("streams", 1) > 1 and "tcp_window" not in net and "queue" not in net:
+        raise ScenarioError(
+            f"{where} network.streams: has no effect on its own; streams act through network.tcp_window (a transfer "
+            "has N windows) or network.queue (each stream's share of it); set one of them or remove streams"
+        )
     compute = p.get("compute", {})
     if compute.get("mode") == "flops" and "tflops" not in compute:
         raise ScenarioError(f'{where} compute.tflops is required when compute.mode = "flops" (e.g. tflops = 989.0)')

@@ -12,8 +12,9 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="fit efficiency and per-message overhead on half the cases, report the other half, write --out")
-    p.add_argument("--matrix", choices=("ci", "full"), default="ci",
-                   help="ci: K=2,4 at 10 and 40 Mbit/s plus one DDP run (about 2 min); full: the README matrix")
+    p.add_argument("--matrix", choices=("ci", "full", "slowlinks"), default="ci",
+                   help="ci: K=2,4 at 10 and 40 Mbit/s plus one DDP run (about 2 min); full: the README matrix; "
+                        "slowlinks: tbf-shaped rings over 1-16 TCP streams against the queue model (about 10 min)")
     p.add_argument("--measurements", help="calibrate from your own measurements (CSV: op,nodes,bytes,count,bandwidth,"
                                           "seconds) instead of running namespaces")
     p.add_argument("--save", help="also write the homogeneous collective measurements to this CSV")
@@ -32,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"exonet validate: {reason}", file=sys.stderr)
             return 1
+        if args.matrix == "slowlinks":
+            return _slow_links()
         cases = ci_matrix() if args.matrix == "ci" else full_matrix()
         load = os.getloadavg()[0]
         print(f"exonet validate: {len(cases)} cases on network namespaces (load average {load:.2f} "
@@ -54,6 +57,16 @@ def run(args: argparse.Namespace) -> int:
     print(result.table())
     if args.calibrate:
         print(f"calibrated scenario: {args.out}")
+    return 0
+
+
+def _slow_links() -> int:
+    """Run the real-slow-links matrix and its held-out cases; print real, ideal and model per case."""
+    from exonet.validate.slowlinks import held_out, matrix, report, run_case
+
+    for title, cases in (("read the recovery constant from", matrix()), ("held out", held_out())):
+        print(f"\n{len(cases)} cases ({title}), load average {os.getloadavg()[0]:.2f}", flush=True)
+        report([run_case(case) for case in cases])
     return 0
 
 

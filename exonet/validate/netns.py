@@ -26,7 +26,7 @@ import re
 import signal
 import subprocess
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 PREFIX = "exv"
 SUBNET = "10.77"
@@ -85,11 +85,61 @@ def _shape(dev: str, rate_Bps: float, netns: str | None = None) -> None:
 
 
 @dataclass(frozen=True)
+class Shaper:
+    """A shaper set up the way people shape real hosts: one FIFO, ACKs behind the data, a bounded queue.
+
+    ``kind`` "tbf": ``tc qdisc ... root tbf rate R burst B latency L`` (the queue holds R·L + B bytes);
+    "htb": one htb class at R with a ``pfifo limit`` of R·L + B bytes' worth of packets under it.
+    ``both``: shape the downlink (an ifb on ingress) the same way, not only egress. The kernel's
+    TCP settings stay at their defaults, as on a real host.
+    """
+
+    kind: str = "tbf"
+    burst: int = 32768  # bytes
+    latency: float = 0.05  # seconds of queue at the rate
+    both: bool = False
+
+    def limit(self, rate_Bps: float) -> int:
+        """The queue's bytes: what tbf computes from ``latency`` (rate · latency + burst)."""
+        return int(rate_Bps * self.latency) + self.burst
+
+
+def _shape_real(dev: str, rate_Bps: float, shaper: Shaper, netns: str) -> None:
+    """Shape ``dev``'s egress with ``shaper`` (every packet, ACKs included, in one FIFO)."""
+    tc = ("ip", "netns", "exec", netns, "tc")
+    bits = f"{int(rate_Bps * 8)}bit"
+    if shaper.kind == "tbf":
+        _sh(*tc, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", bits, "burst", str(shaper.burst),
+            "latency", f"{shaper.latency * 1000:g}ms")
+        return
+    if shaper.kind != "htb":
+        raise ValueError(f"Shaper.kind: expected 'tbf' or 'htb', got {shaper.kind!r}")
+    _sh(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
+    _sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", bits, "ceil", bits,
+        "burst", str(shaper.burst), "cburst", str(shaper.burst))
+    _sh(*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "bfifo", "limit", str(shaper.limit(rate_Bps)))
+
+
+def qdisc_drops(netns: str) -> int:
+    """Packets the qdiscs in ``netns`` have dropped so far (``tc -s qdisc``)."""
+    text = _sh("ip", "netns", "exec", netns, "tc", "-s", "qdisc", "show", check=False).stdout
+    return sum(int(m) for m in re.findall(r"dropped (\d+)", text))
+
+
+def retransmissions(netns: str) -> int:
+    """TCP segments retransmitted in ``netns`` so far (``/proc/net/snmp``, Tcp RetransSegs)."""
+    text = _sh("ip", "netns", "exec", netns, "cat", "/proc/net/snmp", check=False).stdout
+    rows = [line.split() for line in text.splitlines() if line.startswith("Tcp:")]
+    return int(dict(zip(rows[0], rows[1]))["RetransSegs"]) if len(rows) >= 2 else 0
+
+
+@dataclass(frozen=True)
 class NodeLink:
-    """One node's NIC in bytes/s (None = unshaped)."""
+    """One node's NIC in bytes/s (None = unshaped); ``shaper`` shapes it as a real host is (see Shaper)."""
 
     uplink: float | None
     downlink: float | None = None
+    shaper: Shaper | None = None
 
 
 def address(rank: int) -> str:
@@ -103,9 +153,11 @@ class Network:
         nodes: each rank's NIC rates.
         region: each rank's region index (0 or 1); None puts every rank on one bridge.
         link: the inter-region link's rate in bytes/s, each direction (needed with two regions).
+        mtu: the MTU of every interface (None: the kernel's 1500), e.g. 9001 as on cloud NICs.
     """
 
-    def __init__(self, nodes: Sequence[NodeLink], region: Sequence[int] | None = None, link: float | None = None) -> None:
+    def __init__(self, nodes: Sequence[NodeLink], region: Sequence[int] | None = None, link: float | None = None,
+                 mtu: int | None = None) -> None:
         self.nodes = list(nodes)
         self.region = list(region) if region is not None else [0] * len(self.nodes)
         if len(self.region) != len(self.nodes) or not set(self.region) <= {0, 1}:
@@ -113,6 +165,7 @@ class Network:
         if len(set(self.region)) == 2 and link is None:
             raise ValueError("Network: two regions need the inter-region link's rate (link=)")
         self.link = link
+        self.mtu = mtu
         self.prefix = f"{PREFIX}{os.getpid():x}-"
         self._made: list[tuple[str, str]] = []  # ("netns" | "link", name), in creation order
         self._old_handlers: dict[int, object] = {}
@@ -179,8 +232,16 @@ class Network:
             _sh("ip", "link", "set", host, "master", f"{p}b{self.region[rank]}", "up")
             inside = ("ip", "netns", "exec", ns)
             _sh(*inside, "ip", "addr", "add", f"{address(rank)}/16", "dev", eth)
+            if self.mtu is not None:
+                _sh("ip", "link", "set", host, "mtu", str(self.mtu))
+                _sh(*inside, "ip", "link", "set", eth, "mtu", str(self.mtu))
             _sh(*inside, "ip", "link", "set", eth, "up")
             _sh(*inside, "ip", "link", "set", "lo", "up")
+            if nic.shaper is not None and nic.uplink is not None:
+                _shape_real(eth, nic.uplink, nic.shaper, ns)
+                if nic.shaper.both:
+                    self._ifb(rank, eth, ns, lambda dev: _shape_real(dev, nic.uplink, nic.shaper, ns))
+                continue
             if nic.uplink is not None:
                 _shape(eth, nic.uplink, ns)
                 # TCP small queues: a socket keeps at most ~2 ms of its rate (16 KB at least) in the shaper's
@@ -189,13 +250,18 @@ class Network:
                 limit = max(16384, int(nic.uplink * 0.002))
                 _sh(*inside, "sysctl", "-qw", f"net.ipv4.tcp_limit_output_bytes={limit}")
             if nic.downlink is not None and nic.downlink != nic.uplink:
-                ifb = f"{p}i{rank}"
-                _sh(*inside, "ip", "link", "add", ifb, "type", "ifb")
-                _sh(*inside, "ip", "link", "set", ifb, "up")
-                _sh(*inside, "tc", "qdisc", "add", "dev", eth, "handle", "ffff:", "ingress")
-                _sh(*inside, "tc", "filter", "add", "dev", eth, "parent", "ffff:", "protocol", "all", "u32",
-                    "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", ifb)
-                _shape(ifb, nic.downlink, ns)
+                self._ifb(rank, eth, ns, lambda dev: _shape(dev, nic.downlink, ns))
+
+    def _ifb(self, rank: int, eth: str, ns: str, shape: Callable[[str], None]) -> None:
+        """Redirect ``eth``'s ingress to an ifb (inside ``ns``) and shape that with ``shape``."""
+        ifb = f"{self.prefix}i{rank}"
+        inside = ("ip", "netns", "exec", ns)
+        _sh(*inside, "ip", "link", "add", ifb, "type", "ifb")
+        _sh(*inside, "ip", "link", "set", ifb, "up")
+        _sh(*inside, "tc", "qdisc", "add", "dev", eth, "handle", "ffff:", "ingress")
+        _sh(*inside, "tc", "filter", "add", "dev", eth, "parent", "ffff:", "protocol", "all", "u32",
+            "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", ifb)
+        shape(ifb)
 
     def _link(self, name: str, *spec: str) -> None:
         _sh("ip", "link", "add", name, *spec)

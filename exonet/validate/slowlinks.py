@@ -1,0 +1,150 @@
+"""Real slow links: ring all-reduces over tbf/htb-shaped namespaces, timed, against the model.
+
+Each case shapes every node's egress the way a real host is shaped (``netns.Shaper``: one
+FIFO that the ACKs of the incoming flow share with the outgoing data, a queue bounded by
+tbf's ``latency``, kernel TCP defaults), runs ``exonet.validate.streams`` in every namespace
+(a ring all-reduce over ``streams`` TCP connections per neighbour pair), and records the
+median wall time of the repeats after a warm-up, the TCP retransmissions and the qdisc
+drops. ``scenario`` turns the case's shaper configuration (rate, burst, latency, streams)
+into the scenario that describes it, nothing fitted; ``ideal`` is the same link without
+the real-link terms.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from exonet.netsim import simulate
+from exonet.scenario import Scenario
+from exonet.trace import Trace
+from exonet.validate.netns import Network, NodeLink, Shaper, qdisc_drops, retransmissions
+
+MSS_OVERHEAD = 66  # bytes per packet a shaper counts besides the TCP payload: Ethernet 14 + IP 20 + TCP 32 (timestamps)
+
+
+@dataclass(frozen=True)
+class SlowCase:
+    """One shaped ring: K nodes at ``rate`` (bytes/s) each way, an all-reduce of ``nbytes`` over ``streams``."""
+
+    k: int
+    rate: float
+    streams: int
+    nbytes: int
+    shaper: Shaper = field(default_factory=Shaper)
+    repeats: int = 3
+    mtu: int = 1500
+    slice_bytes: int = 0  # > 0: pipelined in slices as NCCL (see exonet.validate.streams); 0: step by step
+
+    @property
+    def name(self) -> str:
+        s = self.shaper
+        mtu = f" MTU {self.mtu}" if self.mtu != 1500 else ""
+        pipe = f" pipelined {self.slice_bytes // 1024} KiB" if self.slice_bytes else ""
+        both = " both ways" if s.both else ""
+        return (f"K={self.k} {self.rate * 8 / 1e6:g} Mbit/s {s.kind} latency {s.latency * 1e3:g} ms{both} "
+                f"x{self.streams} streams {self.nbytes / 1e6:g} MB{mtu}{pipe}")
+
+    def scenario(self, *, ideal: bool = False) -> Scenario:
+        """The scenario the shaper's configuration describes (``ideal``: without queue, streams and setup)."""
+        net: dict = {"bandwidth": f"{self.rate} B/s", "mss": self.mtu - 52, "header_bytes": MSS_OVERHEAD}
+        if not ideal:
+            net.update(queue=f"{self.shaper.limit(self.rate)} B", streams=self.streams)
+        return Scenario.from_dict({"name": "netns-tbf", "network": net})
+
+    def trace(self) -> Trace:
+        t = Trace(num_nodes=self.k)
+        for r in range(self.k):
+            t.add_collective(r, "all_reduce", self.nbytes)
+        return t
+
+    def predict(self, *, ideal: bool = False) -> float:
+        return simulate(self.trace(), self.scenario(ideal=ideal)).wall_clock_s
+
+
+@dataclass
+class SlowMeasurement:
+    case: SlowCase
+    times: list[float]  # seconds per repeat, warm-up dropped (slowest rank's)
+    retransmits: int
+    drops: int
+
+    @property
+    def real(self) -> float:
+        return statistics.median(self.times)
+
+
+def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
+    """Shape K namespaces per ``case``, run the multi-stream ring in each and read the counters."""
+    nodes = [NodeLink(case.rate, shaper=case.shaper)] * case.k
+    with Network(nodes, mtu=None if case.mtu == 1500 else case.mtu) as net:
+        before = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
+        procs = [
+            subprocess.Popen([*net.exec_prefix(r), sys.executable, "-m", "exonet.validate.streams", str(r), str(case.k),
+                              str(case.streams), str(case.nbytes), str(case.repeats + 1), str(port),
+                              str(case.slice_bytes)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in range(case.k)
+        ]
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            if p.returncode:
+                raise RuntimeError(f"{case.name}: node program failed: {err.strip()[-2000:]}")
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        after = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
+    per_repeat = [max(o["times"][i] for o in outs) for i in range(case.repeats + 1)][1:]  # drop the warm-up
+    retrans = sum(a[0] - b[0] for a, b in zip(after, before))
+    drops = sum(a[1] - b[1] for a, b in zip(after, before))
+    return SlowMeasurement(case, per_repeat, retrans, drops)
+
+
+def matrix() -> list[SlowCase]:
+    """The matrix the recovery constant was read from: streams, tbf latency, rate, K, payload, MTU."""
+    mbit = 1e6 / 8
+    cases = []
+    for k, rate, nbytes in ((2, 50 * mbit, 4_000_000), (4, 50 * mbit, 8_000_000), (4, 200 * mbit, 32_000_000),
+                            (2, 200 * mbit, 16_000_000)):
+        for latency in (0.005, 0.05):
+            for streams in (1, 4, 16):
+                cases.append(SlowCase(k, rate, streams, nbytes, Shaper(latency=latency)))
+    for k, rate, nbytes, streams in ((2, 50 * mbit, 4_000_000, 16), (4, 50 * mbit, 8_000_000, 16),
+                                     (2, 200 * mbit, 16_000_000, 16), (2, 50 * mbit, 4_000_000, 1)):
+        cases.append(SlowCase(k, rate, streams, nbytes, Shaper(latency=0.05), mtu=9001))
+    return cases
+
+
+def held_out() -> list[SlowCase]:
+    """Cases the constant never saw: 100 Mbit/s, 1 to 12 MB, htb and ingress shaping, both MTUs, NCCL's pipelining."""
+    mbit = 1e6 / 8
+    cases = []
+    for k, nbytes in ((2, 1_000_000), (4, 12_000_000)):
+        for latency in (0.005, 0.05):
+            for streams in (1, 4, 16):
+                cases.append(SlowCase(k, 100 * mbit, streams, nbytes, Shaper(latency=latency),
+                                      mtu=9001 if latency == 0.05 and k == 4 else 1500))
+    for streams in (4, 16):
+        cases.append(SlowCase(2, 100 * mbit, streams, 4_000_000, Shaper(kind="htb", latency=0.02)))
+        cases.append(SlowCase(2, 100 * mbit, streams, 4_000_000, Shaper(latency=0.02, both=True)))
+    for latency in (0.005, 0.05):  # NCCL's pipelined ring, 2 threads x 8 sockets, 512 KiB slices
+        cases.append(SlowCase(4, 100 * mbit, 16, 12_000_000, Shaper(latency=latency), slice_bytes=512 * 1024))
+    return cases
+
+
+def report(ms: Sequence[SlowMeasurement], log: Callable[[str], None] = print) -> None:
+    """A markdown table: real, ideal and new model per case, with errors and the counters; then median and worst."""
+    log("| case | real s | ideal s (err) | model s (err) | retrans | drops |")
+    log("|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {"ideal": [], "model": []}
+    for m in ms:
+        ideal, model = m.case.predict(ideal=True), m.case.predict()
+        errors["ideal"].append(abs(ideal - m.real) / m.real)
+        errors["model"].append(abs(model - m.real) / m.real)
+        log(f"| {m.case.name} | {m.real:.3f} | {ideal:.3f} ({(ideal - m.real) / m.real:+.1%}) | "
+            f"{model:.3f} ({(model - m.real) / m.real:+.1%}) | {m.retransmits} | {m.drops} |")
+    for name, errs in errors.items():
+        log(f"{name}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}")
