@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 from exonet.errors import ScenarioError, TraceError
 from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
-from exonet.netsim.compute import ComputeModel
+from exonet.netsim.compute import FAILED, ComputeModel
 from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
@@ -118,7 +118,8 @@ class Simulation:
         self._lone: Instance | None = None  # in flight on the fast path
         # handed back to the fast path mid-run: (tick its phase 0 would have begun, phase it resumed at, its links)
         self._resting: dict[Instance, tuple[int, int, frozenset[int]]] = {}
-        self._calm = not any(self._cm.gated_steps) and not any(self._cm.down)  # no outages: nothing else stops a flow
+        failing = self._cm.failures is not None
+        self._calm = not any(self._cm.gated_steps) and not any(self._cm.down) and not failing  # nothing else stops a flow
         self._taken_at = -1  # the tick of the latest take-over
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
@@ -134,6 +135,10 @@ class Simulation:
             for t0, t1 in outages:
                 self._schedule_outage(r, t0, t1)
             self._ranks[r].gate = 0 in self._cm.gated_steps[r]
+        self._failing = 0  # failure calls on the agenda
+        if failing:
+            for r in range(n):
+                self._schedule_failure(r, 0)
 
     # ----------------------------------------------------------------- input
     def feed(self, rank: int, event: Event) -> None:
@@ -166,7 +171,7 @@ class Simulation:
     def _mirrorable(self, trace: Trace) -> bool:
         """Whether every rank's replay is rank 0's: identical events and compute, and world collectives only."""
         cm, n = self._cm, len(self._ranks)
-        if n == 1 or any(rk.queue or not rk.open for rk in self._ranks) or not cm.plain or any(cm.windowed) or self._gates or any(cm.down):
+        if n == 1 or any(rk.queue or not rk.open for rk in self._ranks) or not cm.plain or any(cm.windowed) or self._gates or any(cm.down) or cm.failures is not None:
             return False
         if len(set(cm.scale)) != 1:
             return False
@@ -276,7 +281,8 @@ class Simulation:
             ranks = [ranks[0]] * len(ranks)
             self._events *= len(ranks)
         wall = max(self._last_end, *(rk.t for rk in ranks))
-        nodes = [NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step)
+        nodes = [NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step,
+                           seconds(rk.lost), _down(self._cm.down[r], seconds(rk.t)))
                  for r, rk in enumerate(ranks)]
         total = sum(rk.compute for rk in ranks)
         return SimResult(
@@ -290,6 +296,7 @@ class Simulation:
             events=self._events,
             history=None if history is None else [float(x) for x in history],
             timelines=[Timeline(rk.times, bytes(rk.kinds), seconds(rk.t)) for rk in ranks],
+            failures=sum(len([t for t in self._cm.fail_starts(r) if t < seconds(rk.t)]) for r, rk in enumerate(ranks)),
         )
 
     # ----------------------------------------------------------------- ranks
@@ -308,11 +315,15 @@ class Simulation:
                 start = rk.t
                 work = cm.work(r, rk.step, e)
                 if cm.windowed[r]:
-                    _, pieces = cm.run(r, rk.step, seconds(start), work)
+                    _, pieces = cm.run(r, rk.step, seconds(start), work, rk.since_work)
                     end = start
-                    for a, b, down in pieces:
+                    for a, b, what in pieces:
+                        if what == FAILED:
+                            rk.lost += rk.compute - rk.mark
+                            rk.mark = rk.compute
                         a_t, end = max(end, ticks(a)), max(end, ticks(b))
-                        self._spend(rk, a_t, end, IDLE if down else COMPUTE)
+                        self._spend(rk, a_t, end, IDLE if what else COMPUTE)
+                    rk.since_work += work
                 else:
                     end = start + round(work * SCALE)
                     self._spend(rk, start, end, COMPUTE)
@@ -489,6 +500,7 @@ class Simulation:
         end = max(c.end, tb)
         start = min(max(c.start, tb), end)
         self._spend(rk, tb, start, IDLE)
+        self._cm.failures_through(rk.rank, seconds(end))
         if self._cm.down[rk.rank]:
             cursor = start
             for t0, t1 in sorted(self._cm.down[rk.rank]):
@@ -502,6 +514,7 @@ class Simulation:
             self._spend(rk, start, end, COMM)
         rk.t = rk.synced = end
         rk.blocked = None
+        rk.since_work, rk.mark = 0.0, rk.compute
 
     # ------------------------------------------------------------ collectives
     def _start(self, t: int, c: Instance) -> None:
@@ -675,6 +688,25 @@ class Simulation:
         self._agenda.at(ticks(t0), self._outage, rank, True, order=(OUTAGE, rank))
         self._agenda.at(ticks(t1), self._outage, rank, False, order=(OUTAGE, rank))
 
+    def _schedule_failure(self, rank: int, k: int) -> None:
+        """Put ``rank``'s k-th failure on the agenda (drawn now if need be): its start, its end."""
+        t0, t1 = self._cm.failures[rank].outage(k)
+        self._cm.failures_through(rank, t0)
+        self._failing += 2
+        self._agenda.at(ticks(t0), self._fail, rank, k, order=(OUTAGE, rank))
+        self._agenda.at(ticks(t1), self._recover, rank, order=(OUTAGE, rank))
+
+    def _fail(self, t: int, rank: int, k: int) -> None:
+        """``rank``'s k-th failure strikes; its next one goes on the agenda while the run may go on."""
+        self._failing -= 1
+        self._outage(t, rank, True)
+        if self._agenda.pending > self._failing or any(rk.open for rk in self._ranks):
+            self._schedule_failure(rank, k + 1)
+
+    def _recover(self, t: int, rank: int) -> None:
+        self._failing -= 1
+        self._outage(t, rank, False)
+
     def _outage(self, t: int, rank: int, down: bool) -> None:
         """``rank`` goes down (its flows stop) or comes back."""
         lone = self._lone
@@ -683,3 +715,14 @@ class Simulation:
         self._drain(t)
         self._net.pause(rank, down)
         self._net_changed(t)
+
+
+def _down(outages: Sequence[tuple[float, float]], end: float) -> float:
+    """Seconds within [0, end) covered by ``outages`` (overlaps counted once)."""
+    total, reach = 0.0, 0.0
+    for t0, t1 in sorted(outages):
+        lo, hi = max(t0, reach), min(t1, end)
+        if hi > lo:
+            total += hi - lo
+        reach = max(reach, t1)
+    return total

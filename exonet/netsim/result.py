@@ -8,6 +8,20 @@ Per node, ``compute_s + comm_s + idle_s == wall_clock_s`` (to rounding):
 * ``idle_s``: time blocked before a collective could start (waiting for the other
   members to arrive, or for a member to come back), time down, and the time from
   the node's last event to the end of the run (waiting for the slowest node).
+
+Under failures (``[failures]``) ``compute_s`` includes work a failure threw away
+(``lost_s``: the node's compute since its last sync when the failure struck, which it
+redoes after the outage), and ``down_s`` is the part of ``idle_s`` the node spent down
+before its last event. Goodput is the useful compute over the machine time:
+
+    goodput = Σ (compute_s − lost_s) / (nodes × wall_clock_s)
+
+and the rest of the machine time, node-seconds summed over nodes, is ``SimResult.lost``:
+``lost_work`` (Σ lost_s), ``down`` (Σ down_s), ``waiting`` (Σ idle_s − down_s: for others,
+for a member to come back, for the run to end) and ``comm`` (Σ comm_s, exposed
+communication, recovery transfers included), so that
+goodput · nodes · wall_clock_s + Σ lost == nodes · wall_clock_s. Without failures goodput
+equals utilization.
 """
 
 from __future__ import annotations
@@ -32,6 +46,8 @@ class NodeTimes:
     comm_s: float
     idle_s: float
     steps: int
+    lost_s: float = 0.0  # compute thrown away by failures (included in compute_s)
+    down_s: float = 0.0  # time down (included in idle_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +84,24 @@ class SimResult:
     events: int = 0
     history: list[float] | None = None
     timelines: list[Timeline] = field(default_factory=list, repr=False)
+    failures: int = 0  # failures that struck nodes before their last event
+
+    @property
+    def goodput(self) -> float:
+        """Useful compute ÷ (nodes × wall clock): compute less the work failures threw away (see the module doc)."""
+        n, wall = len(self.per_node), self.wall_clock_s
+        return sum(p.compute_s - p.lost_s for p in self.per_node) / (n * wall) if n and wall > 0 else 0.0
+
+    @property
+    def lost(self) -> dict[str, float]:
+        """Node-seconds not spent on useful compute, by cause: lost_work, down, waiting, comm."""
+        nodes = self.per_node
+        return {
+            "lost_work": sum(p.lost_s for p in nodes),
+            "down": sum(p.down_s for p in nodes),
+            "waiting": sum(p.idle_s - p.down_s for p in nodes),
+            "comm": sum(p.comm_s for p in nodes),
+        }
 
     def loss_vs_time(self) -> list[tuple[float, float]]:
         """Each step's loss paired with the simulated time the step ended (needs ``history``)."""
@@ -111,6 +145,9 @@ class SimResult:
             f"scenario {self.scenario_name or '(unnamed)'}: {len(self.per_node)} nodes, {self.num_steps} steps, "
             f"simulated wall-clock {_duration(self.wall_clock_s)}, compute utilization {self.utilization:.1%}"
         )
+        if self.failures:
+            lost = ", ".join(f"{k} {v:.4g} s" for k, v in self.lost.items())
+            head += f"\n{self.failures} failures, goodput {self.goodput:.1%}; node-seconds lost: {lost}"
         rows = [f"{'node':>5} {'compute s':>12} {'comm s':>12} {'idle s':>12} {'wire MB':>12}"]
         for node, sent in zip(self.per_node, self.wire_bytes):
             rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} {sent / 1e6:>12.3f}")

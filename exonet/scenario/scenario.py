@@ -61,7 +61,7 @@ from exonet.scenario.schema import (
 )
 
 # ALGORITHMS and FAMILIES belong to the schema; exonet.scenario (the package) re-exports them with these names.
-__all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "LinkSpec", "Resolved", "Scenario", "list_presets"]
+__all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "FailureSpec", "LinkSpec", "Resolved", "Scenario", "list_presets"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,22 @@ class EventSpec:
     from_s: float | None = None
     to_s: float | None = None  # exclusive
     factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class FailureSpec:
+    """A failure process per rank: up for Exp(mtbf), then down for a repair (per ``distribution``) plus ``restart``."""
+
+    mtbf: float  # seconds, the mean up-time between failures
+    repair: float = 0.0  # seconds: fixed, or the mean of the exponential / lognormal draw
+    restart: float = 0.0  # seconds, fixed: reload and rejoin after the repair
+    distribution: str = "fixed"  # "fixed" | "exponential" | "lognormal" (repair times)
+    sigma: float = 0.0  # the lognormal's sigma
+    seed: int = 0
+
+    def expected_failures(self, num_nodes: int, seconds: float) -> float:
+        """Expected failures over ``seconds`` of run on ``num_nodes`` ranks: nodes × T / (mtbf + repair + restart)."""
+        return num_nodes * seconds / (self.mtbf + self.repair + self.restart)
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,7 @@ class Resolved:
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
         events: transient slowdowns and outages.
+        failures: the failure process of every rank (``[failures]``), or None.
     """
 
     num_nodes: int
@@ -133,6 +150,7 @@ class Resolved:
     seed: int = 0
     events: tuple[EventSpec, ...] = ()
     name: str = ""
+    failures: FailureSpec | None = None
 
     def path_latency(self, src: int, dst: int) -> float:
         """One-way latency between two ranks (the inter-region link's when they are in different regions)."""
@@ -332,6 +350,7 @@ class Scenario:
             seed=strag.get("seed", 0),
             events=events,
             name=self.name,
+            failures=FailureSpec(**p["failures"]) if "failures" in p else None,
         )
 
     def _ranks(self, entry: Mapping[str, Any], path: str, n: int) -> tuple[int, ...]:
@@ -411,6 +430,8 @@ class Scenario:
             span = f"{fmt(e.get(lo, 0))} to {fmt(e[hi]) if hi in e else 'end'}"
             what = f"slow x{e['factor']:g}" if e["kind"] == "slow" else "down"
             lines.append(f"  event       {what}, {_who(e)}, {'steps' if by_step else 'time'} {span}")
+        if "failures" in p:
+            lines.extend(_failures(FailureSpec(**p["failures"]), num_nodes))
         if num_nodes is not None:
             lines.append(f"  resolved for {num_nodes} nodes:")
             lines.extend(_layout(self.resolve(num_nodes)))
@@ -437,6 +458,19 @@ def _assign(table: dict[str, Any], key: str, value: Any) -> None:
         table.pop(key, None)
     else:
         table[key] = copy.deepcopy(value)
+
+
+def _failures(f: FailureSpec, num_nodes: int | None) -> list[str]:
+    """The failure process in words, with the failures a run can expect."""
+    secs = units.format_time
+    repair = {"fixed": secs(f.repair), "exponential": f"Exp(mean {secs(f.repair)})",
+              "lognormal": f"lognormal(mean {secs(f.repair)}, sigma {f.sigma:g})"}[f.distribution]
+    nodes = "nodes" if num_nodes is None else f"{num_nodes} nodes"
+    per_hour = f.expected_failures(1 if num_nodes is None else num_nodes, 3600.0)
+    cycle = secs(f.mtbf + f.repair + f.restart)
+    return [f"  failures    per node: up Exp(mtbf {secs(f.mtbf)}), then down {repair} + restart {secs(f.restart)}, seed {f.seed}",
+            f"              expected failures: {nodes} x T / {cycle} = {per_hour:.4g} per hour of run"
+            + ("" if num_nodes is not None else " per node")]
 
 
 def _round_half_up(x: Fraction) -> int:

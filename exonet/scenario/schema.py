@@ -52,6 +52,7 @@ SHARING = ("max-min", "fifo")
 COMPUTE_MODES = ("measured", "wall", "flops")
 JITTERS = ("none", "lognormal", "normal", "exponential")
 EVENT_KINDS = ("slow", "down")
+REPAIRS = ("fixed", "exponential", "lognormal")
 DEFAULT_REGION = "default"
 
 # ---------------------------------------------------------------- field checks
@@ -187,7 +188,11 @@ _EVENT = {
     "kind": _enum(EVENT_KINDS), "ranks": _ranks, "share": _number(0, 1), "from_step": _count, "to_step": _count,
     "from_s": _seconds, "to_s": _seconds, "factor": _number(0),
 }
-TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS}
+_FAILURES = {
+    "mtbf": partial(units.parse_time, allow_zero=False), "repair": _time, "restart": _time,
+    "distribution": _enum(REPAIRS), "sigma": _number(0, closed=True), "seed": _count,
+}
+TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "failures": _FAILURES}
 ARRAYS = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
 _TOP = _table(
     {
@@ -238,6 +243,8 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         raise ScenarioError(f"{where} stragglers.sigma is required when stragglers.jitter = {jitter!r} (e.g. sigma = 0.1)")
     if "sigma" in strag and "jitter" not in strag:
         raise ScenarioError(f"{where} stragglers.sigma needs stragglers.jitter ({', '.join(JITTERS)})")
+    if "failures" in p:
+        _check_failures(p["failures"], f"{where} failures")
     names: list[str] = []
     for i, region in enumerate(p.get("regions", [])):
         _need(region, "name", f"{where} regions[{i}]", 'name = "us"')
@@ -277,6 +284,17 @@ def _need(table: Mapping[str, Any], key: str, where: str, example: str) -> None:
 def _one_of_ranks_share(table: Mapping[str, Any], where: str) -> None:
     if ("ranks" in table) == ("share" in table):
         raise ScenarioError(f"{where}: give exactly one of `ranks` (e.g. ranks = [0, 1]) or `share` (e.g. share = 0.5)")
+
+
+def _check_failures(failures: Mapping[str, Any], where: str) -> None:
+    _need(failures, "mtbf", where, 'mtbf = "50 h"')
+    distribution = failures.get("distribution", "fixed")
+    if distribution == "lognormal" and "sigma" not in failures:
+        raise ScenarioError(f"{where}.sigma: is required when distribution = 'lognormal' (e.g. sigma = 0.5)")
+    if "sigma" in failures and distribution != "lognormal":
+        raise ScenarioError(f"{where}.sigma: applies only to distribution = 'lognormal'")
+    if distribution != "fixed" and not failures.get("repair", 0.0) > 0:
+        raise ScenarioError(f"{where}.distribution: {distribution!r} draws repair times around `repair`; set repair > 0")
 
 
 def _check_event(event: Mapping[str, Any], where: str) -> None:
