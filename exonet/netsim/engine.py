@@ -297,6 +297,7 @@ class Simulation:
             history=None if history is None else [float(x) for x in history],
             timelines=[Timeline(rk.times, bytes(rk.kinds), seconds(rk.t)) for rk in ranks],
             failures=sum(len([t for t in self._cm.fail_starts(r) if t < seconds(rk.t)]) for r, rk in enumerate(ranks)),
+            goodput=(total - sum(rk.lost for rk in ranks)) / (len(nodes) * wall) if wall > 0 else 0.0,
         )
 
     # ----------------------------------------------------------------- ranks

@@ -69,6 +69,8 @@ class SimResult:
         step_end_times: simulated time at which step i ended on its slowest node.
         wire_bytes: bytes each node sent on the wire under the chosen algorithms.
         utilization: total compute ÷ (nodes × wall clock).
+        goodput: useful compute ÷ (nodes × wall clock), compute less the work failures threw away.
+        failures: how many failures struck nodes before their last event.
         scenario_name: the scenario's name ("" when it had none).
         num_steps: how many steps the run had (the most any node took).
         events: how many trace events were replayed.
@@ -85,12 +87,7 @@ class SimResult:
     history: list[float] | None = None
     timelines: list[Timeline] = field(default_factory=list, repr=False)
     failures: int = 0  # failures that struck nodes before their last event
-
-    @property
-    def goodput(self) -> float:
-        """Useful compute ÷ (nodes × wall clock): compute less the work failures threw away (see the module doc)."""
-        n, wall = len(self.per_node), self.wall_clock_s
-        return sum(p.compute_s - p.lost_s for p in self.per_node) / (n * wall) if n and wall > 0 else 0.0
+    goodput: float = 0.0  # useful compute ÷ (nodes × wall clock): compute less the work failures threw away
 
     @property
     def lost(self) -> dict[str, float]:
