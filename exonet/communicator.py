@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from exonet.trace import Collective, Compute, Event, Step, Wait
+from exonet.trace import Collective, Compute, Discard, Event, Step, Wait
 
 if TYPE_CHECKING:
     from exonet.runtime.clock import ClockLink
@@ -54,11 +54,13 @@ class Handle:
         self._result: Any = None
         self._done = False
 
-    def wait(self) -> Any:
+    def wait(self, traced: bool = True) -> Any:
+        """Block until it ends; ``traced=False`` leaves the wait out of the trace (the replay does not wait for it)."""
         if not self._done:
             self._comm._flush_compute()
-            self._comm.events.append(Wait(self._cid))
-            self._comm._announce()
+            if traced:
+                self._comm.events.append(Wait(self._cid))
+                self._comm._announce()
             if self._work is not None:
                 with self._comm.blocking():
                     self._work.wait()
@@ -154,6 +156,11 @@ class Communicator:
         if self.clock is not None and self.clock.announces:
             events, self.events = self.events, []
             self.clock.announce(events)
+
+    def discard(self) -> None:
+        """Record that this node's work since its last sync is thrown away (the replay counts it as lost)."""
+        self._flush_compute()
+        self.events.append(Discard())
 
     def take_events(self) -> list[Event]:
         """Events since the last step boundary (e.g. communication a strategy finished after its last step)."""

@@ -53,6 +53,8 @@ class DiLoCoStrategy(FedAvgStrategy):
         island_size: nodes per averaging island each round; None averages over all participants.
         deadline_s: deadline rounds, as in ``FedAvgStrategy``: the late adopt θ_global and the outer state
             (their work is discarded).
+        elastic: rounds go on without the nodes that failed since their last sync, as in ``FedAvgStrategy``:
+            a failed node adopts θ_global and the outer state from the lowest-ranked node that stayed up.
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
@@ -71,12 +73,13 @@ class DiLoCoStrategy(FedAvgStrategy):
         participation: float = 1.0,
         island_size: int | None = None,
         deadline_s: float | None = None,
+        elastic: bool = False,
         optim_spec: OptimSpec | str | type | None = None,
         outer_optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s,
+        super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s, elastic=elastic,
                          optim_spec=optim_spec, **base_options(locals()))
         self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
 

@@ -50,6 +50,13 @@ class FedAvgStrategy(Strategy):
     previous global state and the next round opens at the missed deadline. Every node still
     takes H steps per round; a slow node just takes them later, so it can miss every deadline.
 
+    Elastic rounds (``elastic=True``, on the online clock too): a round waits for every node,
+    but a node that was down (failed) at any time since its last sync is out of it: the nodes
+    that stayed up average among themselves, and the failed node's work of the round is lost:
+    it receives the round's result as a late node does, and trains on from it. Exactly when it
+    failed does not matter: in the replay the failure throws its work since the last sync away,
+    it redoes it after the outage, and that work is discarded too (see strategies/README.md).
+
     Args:
         inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
         island_size: nodes per averaging island each round; None averages over all participants.
@@ -57,6 +64,7 @@ class FedAvgStrategy(Strategy):
         max_norm: clip the local gradient norm before each local step.
         participation: fraction of nodes taking part in each round, in (0, 1].
         deadline_s: close each round this many simulated seconds after it opens (None: wait for everyone).
+        elastic: rounds go on without the nodes that failed since their last sync (needs a scenario).
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
@@ -73,11 +81,18 @@ class FedAvgStrategy(Strategy):
         *,
         participation: float = 1.0,
         deadline_s: float | None = None,
+        elastic: bool = False,
         optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        if not isinstance(elastic, bool):
+            raise TypeError(f"elastic must be True or False, got {elastic!r}")
+        if elastic and (deadline_s is not None or participation != 1 or island_size is not None):
+            raise ValueError("elastic: who takes part in a round is who stayed up; it cannot be combined with "
+                             "deadline_s, participation < 1 or island_size")
+        self.elastic = elastic
         if deadline_s is not None:
             check_range("deadline_s", deadline_s, low=0, low_open=True)
             if participation != 1 or island_size is not None:
@@ -102,13 +117,13 @@ class FedAvgStrategy(Strategy):
 
     @property
     def asynchronous(self) -> bool:
-        return self.deadline_s is not None
+        return self.deadline_s is not None or self.elastic
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         self.check_world(ctx.num_nodes)  # under torchrun no parent checked it
         super().setup(model, comm, ctx)
         self._hand_offs: list[Any] = []  # deadline rounds: the global state in flight to late nodes
-        if self.deadline_s is not None:
+        if self.asynchronous:
             with torch.no_grad():
                 self._global = flatten(self.params)
 
@@ -120,14 +135,15 @@ class FedAvgStrategy(Strategy):
         self.optimizer_step()
         self.local_step += 1
         if self.local_step % self.H == 0:
-            self.sync_round() if self.deadline_s is None else self.deadline_round()
+            self.deadline_round() if self.asynchronous else self.sync_round()
 
     def deadline_round(self) -> None:
-        """End of a deadline round: the clock says who made it; they average, the late adopt the result."""
+        """End of a deadline (or elastic) round: the clock says who made it (stayed up); they average, the rest adopt the result."""
         clock = self.comm.clock
         if clock is None:
-            raise RuntimeError("deadline_s needs the online clock: fit with a scenario")
-        participants, late = clock.ask(("deadline", self.local_step // self.H - 1, self.deadline_s),
+            raise RuntimeError(f"{'elastic' if self.elastic else 'deadline_s'} needs the online clock: fit with a scenario")
+        r = self.local_step // self.H - 1
+        participants, late = clock.ask(("elastic", r) if self.elastic else ("deadline", r, self.deadline_s),
                                        self.comm.take_events())
         self.comm.declare_groups([participants])
         self._wait_hand_offs()  # the last round's, after the question: the clock reads this round's opening first
@@ -142,8 +158,13 @@ class FedAvgStrategy(Strategy):
                     state = self.global_state()
                     self._hand_offs = [self.comm.send(state, q, async_op=True) for q in late]
             else:
+                self.comm.discard()
                 state = self.global_state()
-                if participants:
+                if participants and self.elastic:
+                    # On the wire, but the replay does not wait for it: a node that failed can lag the others in
+                    # simulated time, and a wait for a message due after their time would hold the clock forever.
+                    self.comm.recv(state, participants[0], async_op=True).wait(traced=False)
+                elif participants:
                     self.comm.recv(state, participants[0])
                 self.adopt_global_state(state)  # with no participant: back to the last global state
                 self._global = flatten(self.params)

@@ -61,7 +61,7 @@ from exonet.netsim.result import COMM, COMPUTE, IDLE, NodeTimes, SimResult, Time
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
-from exonet.trace import P2P_OPS, Collective, Compute, Event, Step, Trace, Wait
+from exonet.trace import P2P_OPS, Collective, Compute, Discard, Event, Step, Trace, Wait
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,11 @@ class Simulation:
         plan = self._planner.plan(op, members, nbytes)
         return self._planner.duration(plan) if plan.phases else 0.0
 
+    def was_down(self, rank: int, a: float, b: float) -> bool:
+        """Whether ``rank`` was down (failed, or a ``down`` event) at any time in (a, b) seconds."""
+        self._cm.failures_through(rank, b)
+        return any(t0 < b and t1 > a for t0, t1 in self._cm.down[rank])
+
     def is_open(self, rank: int) -> bool:
         """Whether ``rank`` may still be fed."""
         return self._ranks[rank].open
@@ -338,6 +343,9 @@ class Simulation:
                 if c is None:
                     raise TraceError(f"trace: rank {r} waits for collective id {e.cid}, which it never issued as async")
                 self._block(rk, c)
+            elif kind is Discard:  # it adopts others' state: a sync point whose work since the last is lost
+                rk.lost += rk.compute - rk.mark
+                rk.mark, rk.since_work = rk.compute, 0.0
             elif kind is AnyRecv:
                 rk.blocked, rk.block_t = Instance(((r,), -1), "any", (r,)), rk.t  # a placeholder until a message is taken
                 self._agenda.at(rk.t, self._claim, rk, order=(CLAIM, r))
@@ -701,7 +709,8 @@ class Simulation:
         """``rank``'s k-th failure strikes; its next one goes on the agenda while the run may go on."""
         self._failing -= 1
         self._outage(t, rank, True)
-        if self._agenda.pending > self._failing or any(rk.open for rk in self._ranks):
+        live = self._agenda.pending > self._failing or self._active or self._lone is not None  # (paused flows schedule nothing)
+        if live or any(rk.open for rk in self._ranks):
             self._schedule_failure(rank, k + 1)
 
     def _recover(self, t: int, rank: int) -> None:

@@ -67,6 +67,8 @@ class SimClock:
         self.stopped_at: int | None = None  # a synchronous run's first step not run
         self._rounds: dict[int, tuple[tuple[int, ...], dict[int, float]]] = {}  # deadline rounds decided
         self._opened: dict[int, float] = {0: 0.0}  # when each deadline round opened
+        self._elastic_rounds: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # (up, failed) per round
+        self._elastic_arrived: dict[int, float] = {}  # each trainer's arrival at the latest elastic round's end
 
     def feed(self, rank: int, events: Sequence[Event]) -> None:
         """Events a node reported (a step's, those before a blocking call, or its final ones); replays them."""
@@ -85,7 +87,8 @@ class SimClock:
         the asker's simulated time once its events are replayed; ``("transfer", op, nbytes, group)``,
         how long that collective or message would take on an idle network;
         ``("deadline", r, seconds)``, asked by every trainer that finished its local work of
-        round r: who finished it by the round's deadline (see ``_deadline``).
+        round r: who finished it by the round's deadline (see ``_deadline``); ``("elastic", r)``, asked
+        by every trainer at the end of elastic round r: who stayed up since its last sync (see ``_elastic``).
         """
         if rank in self._asked:
             raise RuntimeError(f"online clock: rank {rank} asked {question[0]!r} before its last question was answered")
@@ -94,7 +97,7 @@ class SimClock:
         if question[0] == "recv_any":
             self.sim.feed(rank, AnyRecv(question[2]))
             self.sim.run_until_blocked()
-        elif question[0] not in ("speeds", "deadline", "now", "transfer"):
+        elif question[0] not in ("speeds", "deadline", "elastic", "now", "transfer"):
             del self._asked[rank]
             raise ValueError(f"online clock: unknown question {question[0]!r}")
 
@@ -111,8 +114,8 @@ class SimClock:
                 if times is None:
                     continue
                 out.append((rank, question, times[0]))
-            elif question[0] == "deadline":
-                answer = self._deadline(question[1], question[2])
+            elif question[0] in ("deadline", "elastic"):
+                answer = self._deadline(question[1], question[2]) if question[0] == "deadline" else self._elastic(question[1])
                 if answer is None:
                     continue
                 out.append((rank, question, answer))
@@ -154,6 +157,33 @@ class SimClock:
         close = self._opened[r] + deadline_s
         self._rounds[r] = (tuple(q for q in sorted(finished) if finished[q] <= close), finished)
         return self._answer(r)
+
+    def _elastic(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(up, failed) of elastic round r, once every trainer has reached its end or stopped; else None.
+
+        A trainer failed in the round if it was down at any time between its last sync (the end of
+        its latest blocking call: the previous round's all-reduce, or the state it received; at least
+        its arrival at the previous round's end) and its arrival at this round's end; the others are
+        up. Trainers that stopped are neither.
+        """
+        if r in self._elastic_rounds:
+            return self._elastic_rounds[r]
+        arrived: dict[int, tuple[float, float]] = {}
+        for q in self._trainers:
+            asked = self._asked.get(q)
+            if asked is not None and asked[0][0] == "elastic" and asked[0][1] == r:
+                times = self.sim.settled(q)
+                if times is None:
+                    return None
+                arrived[q] = times
+            elif self.sim.is_open(q) or self.sim.settled(q) is None:
+                return None
+        since = {q: max(synced, self._elastic_arrived.get(q, 0.0)) for q, (_, synced) in arrived.items()}
+        failed = tuple(q for q in sorted(arrived) if self.sim.was_down(q, since[q], arrived[q][0]))
+        answer = tuple(q for q in sorted(arrived) if q not in failed), failed
+        self._elastic_arrived.update({q: t for q, (t, _) in arrived.items()})
+        self._elastic_rounds[r] = answer
+        return answer
 
     def _answer(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         participants, finished = self._rounds[r]
