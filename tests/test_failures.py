@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from exonet import Scenario, ScenarioError, Trace, simulate
+from exonet import LocalTrainer, Scenario, ScenarioError, Trace, simulate
+from exonet.netsim import Simulation
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.failures import FailureProcess
 from exonet.scenario import FailureSpec
+from exonet.strategies import DDPStrategy, DiLoCoStrategy, OptimSpec
+from exonet.strategies.base import flatten
+from exonet.toy import synthetic_classification, tiny_mlp
+from exonet.trace import Collective, Discard
 
 NET = {"bandwidth": "100 Mbit/s", "latency": "2 ms"}
 B, ALPHA = 100e6 / 8, 2e-3
@@ -158,3 +166,117 @@ def test_describe_shows_the_expected_failures():
 def test_a_bad_failures_table_is_a_clear_error(failures, message):
     with pytest.raises(ScenarioError, match=message):
         scenario(**failures)
+
+
+def test_failures_during_collectives_replay_alike_on_both_paths_and_fed_step_by_step():
+    """Outages that stop flows in flight: the fast path, the event path and incremental feeding agree."""
+    t = ddp_trace(3, 12, 0.001, 2_000_000)
+    s = scenario(mtbf="0.3 s", repair="0.05 s", restart="0.01 s", seed=1)
+    whole, slow = simulate(t, s), simulate(t, s, fast_path=False)
+    sim = Simulation(s.resolve(3))
+    for step in range(12):
+        for r in range(3):
+            for e in t.events[r][3 * step : 3 * step + 3]:
+                sim.feed(r, e)
+            sim.run_until_blocked()
+    fed = sim.result()
+    assert whole.failures > 3
+    assert whole.wall_clock_s == pytest.approx(slow.wall_clock_s, rel=1e-12) == pytest.approx(fed.wall_clock_s, rel=1e-12)
+    assert [p.comm_s for p in whole.per_node] == pytest.approx([p.comm_s for p in fed.per_node], rel=1e-12)
+
+
+def test_an_elastic_round_loses_exactly_the_failed_nodes_work_and_sends_it_the_state():
+    """Ranks 0 and 2 stay up and average; rank 1 discards its round and receives the state (P bytes) from rank 0."""
+    c, S, P = 3.0, 1_000_000, 2_500_000
+    t = Trace(num_nodes=3)
+    for r in range(3):
+        t.add_compute(r, c)
+    t.add_compute(1, 0.5)  # more work since the last sync: all of it is lost
+    for r in (0, 2):
+        t.add_collective(r, "all_reduce", S, group=(0, 2))
+    sent = t.add_collective(0, "send", P, group=(0, 1), async_op=True)
+    t.add_discard(1)
+    t.add_collective(1, "recv", P, group=(0, 1), async_op=True)
+    for r in range(3):
+        t.add_compute(r, c)
+        t.add_collective(r, "all_reduce", S)
+        t.add_step(r)
+    t.add_wait(0, sent)
+    res = simulate(t, {"name": "ideal", "network": NET})
+    assert res.per_node[1].lost_s == pytest.approx(c + 0.5, rel=1e-12)
+    assert res.lost["lost_work"] == pytest.approx(c + 0.5, rel=1e-12)
+    assert res.goodput == pytest.approx(5 * c / (3 * res.wall_clock_s), rel=1e-12)  # rank 1 keeps only its second c
+    ar2, ar3 = 2 * ALPHA + S / B, 4 * ALPHA + 4 / 3 * S / B
+    assert res.wire_bytes == [round(S + P + 4 / 3 * S), round(4 / 3 * S), round(S + 4 / 3 * S)]
+    assert res.wall_clock_s == pytest.approx(max(c + ar2, c + 0.5) + c + ar3, rel=1e-12)
+    assert Trace.load(t.save(Path(tempfile.mkdtemp()) / "t.trace")).events == t.events  # Discard survives a file
+
+
+# ----------------------------------------------------------------- elastic strategies in real processes
+class _Consistent:
+    """Checks after every sync that this node's parameters are rank 0's, bit for bit (outside the trace)."""
+
+    def check(self) -> None:
+        with torch.no_grad(), self.comm.bookkeeping():
+            mine = flatten(self.params)
+            theirs = self.comm.untraced_broadcast(mine.clone(), 0)
+            if not torch.equal(mine, theirs):
+                raise AssertionError(f"rank {self.rank}: parameters differ from rank 0's after step {self.local_step}")
+
+
+class CheckedDDP(_Consistent, DDPStrategy):
+    def step(self) -> None:
+        super().step()
+        self.check()
+
+
+class CheckedDiLoCo(_Consistent, DiLoCoStrategy):
+    def step(self) -> None:
+        super().step()
+        if self.local_step % self.H == 0:
+            self.check()
+
+
+FAILING = Scenario.from_dict({
+    "name": "failing", "network": {"bandwidth": "1 Gbit/s", "latency": "1 ms"},
+    "compute": {"mode": "flops", "tflops": 1e-6, "mfu": 1.0},
+    "failures": {"mtbf": "0.3 s", "repair": "0.02 s", "restart": "0.01 s", "seed": 1},
+})
+
+
+def elastic_fit(strategy):
+    data, val = synthetic_classification(512, 8, 4), synthetic_classification(128, 8, 4, train=False)
+    return LocalTrainer(tiny_mlp(), data, val).fit(strategy, num_nodes=3, max_steps=12, batch_size=16, seed=0,
+                                                   scenario=FAILING, val_size=64, progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ddp", "diloco"])
+def test_elastic_nodes_hold_the_same_parameters_after_every_sync_through_failures(name):
+    strategy = CheckedDDP(OptimSpec("adamw", lr=0.01), elastic=True) if name == "ddp" else \
+        CheckedDiLoCo(OptimSpec("sgd", lr=0.1), H=3, elastic=True)
+    r = elastic_fit(strategy)  # a node whose parameters differ raises, and fit raises NodeFailure
+    sim = r.sim
+    assert sim.failures > 0 and r.simulate(FAILING).wall_clock_s == pytest.approx(sim.wall_clock_s, rel=1e-12)
+    discards = [q for q in range(3) for e in r.trace.events[q] if isinstance(e, Discard)]
+    sends = [e for e in r.trace.events[0] + r.trace.events[1] + r.trace.events[2]
+             if isinstance(e, Collective) and e.op == "send"]
+    assert discards and len(sends) == len(discards)  # one rejoin per failed node per round
+    params = sum(p.numel() for p in tiny_mlp().parameters())
+    tensors = len(list(tiny_mlp().parameters()))
+    # DDP sends the parameters and AdamW's two moments and step per tensor; DiLoCo θ_global and the outer momentum
+    state = 4 * (3 * params + tensors) if name == "ddp" else 4 * 2 * params
+    assert {e.nbytes for e in sends} == {state}
+    subgroups = {e.group for q in range(3) for e in r.trace.events[q] if isinstance(e, Collective) and e.op == "all_reduce"}
+    assert any(g is not None for g in subgroups)  # some rounds averaged without a failed node
+    assert sim.lost["lost_work"] > 0 and sim.goodput < sim.utilization
+
+
+def test_elastic_needs_the_clock_and_excludes_deadlines():
+    with pytest.raises(ValueError, match="elastic.*deadline_s"):
+        DiLoCoStrategy(H=2, elastic=True, deadline_s=1.0)
+    with pytest.raises(TypeError, match="elastic must be True or False"):
+        DDPStrategy(elastic="yes")
+    trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4))
+    with pytest.raises(ValueError, match="scenario"):
+        trainer.fit(DDPStrategy(elastic=True), num_nodes=2, max_steps=2, progress=False)
