@@ -100,6 +100,7 @@ class Communicator:
         self._running = False
         self.blocking: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
         self.clock: ClockLink | None = None
+        self.sitting_out = False  # an elastic node that is down: its work is not the run's and is not traced
         self._restart_clock()
 
     # ---------------------------------------------------------------- clock
@@ -124,7 +125,8 @@ class Communicator:
             self._sync()
         wall, cpu = time.perf_counter(), time.thread_time()
         if self._running and (wall > self._wall or self._pending_flops):
-            self.events.append(Compute(wall - self._wall, max(0.0, cpu - self._cpu), self._pending_flops))
+            if not self.sitting_out:
+                self.events.append(Compute(wall - self._wall, max(0.0, cpu - self._cpu), self._pending_flops))
             self._pending_flops = 0.0
         self._wall, self._cpu = wall, cpu
         return wall - self._t0

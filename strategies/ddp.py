@@ -149,7 +149,7 @@ class DDPStrategy(Strategy):
         clock = self.comm.clock
         if clock is None:
             raise RuntimeError("elastic=True needs the online clock: fit with a scenario")
-        up, failed = clock.ask(("elastic", self.local_step), self.comm.take_events())
+        up, out, rejoin = clock.ask(("elastic", self.local_step), self.comm.take_events())
         self.comm.declare_groups([up])
         self.finish()  # the previous step's hand-offs, after the question (the clock reads this step's arrivals first)
         if self.rank in up:
@@ -158,12 +158,13 @@ class DDPStrategy(Strategy):
                 self.comm.all_reduce(flat, op="avg", group=up)
             self._write_grads(self.params, flat)
             self.optimizer_step()
-            if self.rank == up[0] and failed:
+            if self.rank == up[0] and rejoin:
                 state = self._state()
-                self._hand_offs = [self.comm.send(state, q, async_op=True) for q in failed]
+                self._hand_offs = [self.comm.send(state, q, async_op=True) for q in rejoin]
         else:
             self.comm.discard()
-            if up:
+            self.comm.sitting_out = self.rank in out
+            if up and not self.comm.sitting_out:
                 state = self._state()
                 self.comm.recv(state, up[0], async_op=True).wait(traced=False)  # see FedAvgStrategy.deadline_round
                 self._load_state(state)

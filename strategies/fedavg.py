@@ -143,8 +143,10 @@ class FedAvgStrategy(Strategy):
         if clock is None:
             raise RuntimeError(f"{'elastic' if self.elastic else 'deadline_s'} needs the online clock: fit with a scenario")
         r = self.local_step // self.H - 1
-        participants, late = clock.ask(("elastic", r) if self.elastic else ("deadline", r, self.deadline_s),
-                                       self.comm.take_events())
+        answer = clock.ask(("elastic", r) if self.elastic else ("deadline", r, self.deadline_s), self.comm.take_events())
+        participants, late = answer[0], answer[-1]  # elastic: (up, out, rejoin); only those rejoining receive
+        if self.elastic:
+            self.comm.sitting_out = self.rank in answer[1]
         self.comm.declare_groups([participants])
         self._wait_hand_offs()  # the last round's, after the question: the clock reads this round's opening first
         with torch.no_grad():
@@ -160,11 +162,11 @@ class FedAvgStrategy(Strategy):
             else:
                 self.comm.discard()
                 state = self.global_state()
-                if participants and self.elastic:
+                if participants and self.elastic and not self.comm.sitting_out:  # (still down: it waits to rejoin)
                     # On the wire, but the replay does not wait for it: a node that failed can lag the others in
                     # simulated time, and a wait for a message due after their time would hold the clock forever.
                     self.comm.recv(state, participants[0], async_op=True).wait(traced=False)
-                elif participants:
+                elif participants and not self.elastic:
                     self.comm.recv(state, participants[0])
                 self.adopt_global_state(state)  # with no participant: back to the last global state
                 self._global = flatten(self.params)

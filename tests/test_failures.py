@@ -214,14 +214,18 @@ def test_an_elastic_round_loses_exactly_the_failed_nodes_work_and_sends_it_the_s
 
 # ----------------------------------------------------------------- elastic strategies in real processes
 class _Consistent:
-    """Checks after every sync that this node's parameters are rank 0's, bit for bit (outside the trace)."""
+    """Checks after every sync that every node in the run (not out, down) holds the same parameters, bit for bit."""
 
     def check(self) -> None:
         with torch.no_grad(), self.comm.bookkeeping():
+            present = torch.zeros(self.num_nodes)
+            present[self.rank] = 0.0 if self.comm.sitting_out else 1.0
+            present = self.comm.untraced_all_reduce(present)
+            source = int(present.nonzero()[0])
             mine = flatten(self.params)
-            theirs = self.comm.untraced_broadcast(mine.clone(), 0)
-            if not torch.equal(mine, theirs):
-                raise AssertionError(f"rank {self.rank}: parameters differ from rank 0's after step {self.local_step}")
+            theirs = self.comm.untraced_broadcast(mine.clone(), source)
+            if present[self.rank] and not torch.equal(mine, theirs):
+                raise AssertionError(f"rank {self.rank}: parameters differ from rank {source}'s after step {self.local_step}")
 
 
 class CheckedDDP(_Consistent, DDPStrategy):
@@ -261,7 +265,7 @@ def test_elastic_nodes_hold_the_same_parameters_after_every_sync_through_failure
     discards = [q for q in range(3) for e in r.trace.events[q] if isinstance(e, Discard)]
     sends = [e for e in r.trace.events[0] + r.trace.events[1] + r.trace.events[2]
              if isinstance(e, Collective) and e.op == "send"]
-    assert discards and len(sends) == len(discards)  # one rejoin per failed node per round
+    assert discards and 0 < len(sends) <= len(discards)  # a failed node discards each round it is out, then rejoins
     params = sum(p.numel() for p in tiny_mlp().parameters())
     tensors = len(list(tiny_mlp().parameters()))
     # DDP sends the parameters and AdamW's two moments and step per tensor; DiLoCo θ_global and the outer momentum

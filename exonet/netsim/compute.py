@@ -135,11 +135,12 @@ class ComputeModel:
         return w
 
     def run(self, rank: int, step: int, start: float, work: float,
-            since: float = 0.0) -> tuple[float, list[tuple[float, float, int]]]:
+            since: float | None = 0.0) -> tuple[float, list[tuple[float, float, int]]]:
         """When ``work`` seconds of compute begun at ``start`` end, through slow and down windows and failures.
 
         ``since`` is the work the rank has done since its last sync, which a failure during
-        the span throws away (the rank then redoes ``since`` + ``work`` from scratch).
+        the span throws away (the rank then redoes ``since`` + ``work`` from scratch); None: a
+        failure only pauses the span (an elastic run, whose strategy discards the work itself).
         Returns the end time and the pieces ``(t0, t1, what)`` the span splits into, ``what``
         one of UP, DOWN, FAILED (the outage of a failure that struck in this span).
         """
@@ -153,7 +154,8 @@ class ComputeModel:
                 return end, pieces
             horizon = end
 
-    def _run(self, rank: int, step: int, start: float, work: float, since: float) -> tuple[float, list[tuple[float, float, int]]]:
+    def _run(self, rank: int, step: int, start: float, work: float,
+             since: float | None) -> tuple[float, list[tuple[float, float, int]]]:
         live = [(t0, t1, f) for lo, hi, t0, t1, f in self._timed[rank] if lo <= step < hi and t1 > start]
         if not live:
             return start + work, [(start, start + work, UP)]
@@ -166,7 +168,7 @@ class ComputeModel:
                 if t0 <= t < t1:
                     slow *= f
             if math.isinf(slow):
-                failed = t in fails
+                failed = since is not None and t in fails
                 if failed:
                     left = since + work  # the work since the last sync is lost: redo it all
                 pieces.append((t, edge, FAILED if failed else DOWN))

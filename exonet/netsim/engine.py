@@ -85,12 +85,14 @@ class Simulation:
         resolved: the scenario made concrete for the run's node count.
         fast_path: time lone collectives analytically (exact; off only to cross-check).
         name: the scenario's name, for the result.
+        rewind: a failure during compute throws the work since the last sync away, to be redone
+            (False for an elastic run: the failed node pauses, and its strategy discards the work).
 
     Feed events with ``feed``/``feed_trace``, advance with ``run_until_blocked``, and
     collect the outcome with ``result`` (which closes the input and runs to the end).
     """
 
-    def __init__(self, resolved: Resolved, *, fast_path: bool = True, name: str = "") -> None:
+    def __init__(self, resolved: Resolved, *, fast_path: bool = True, name: str = "", rewind: bool = True) -> None:
         if resolved.sharing not in SHARING:
             raise ScenarioError(f"scenario: network.sharing must be one of {', '.join(SHARING)}, got {resolved.sharing!r}")
         concurrency = resolved.group_concurrency
@@ -107,6 +109,7 @@ class Simulation:
         self._net_epoch = 0  # the tick at which the fluid network's clock reads 0
         self._net_token = 0
         self._fast = fast_path
+        self._rewind = rewind
         self._ranks = [RankState(r) for r in range(n)]
         self._everyone = tuple(range(n))
         self._members: dict[tuple[int, ...] | None, tuple[int, ...]] = {None: self._everyone}
@@ -223,6 +226,11 @@ class Simulation:
         plan = self._planner.plan(op, members, nbytes)
         return self._planner.duration(plan) if plan.phases else 0.0
 
+    def down_at(self, rank: int, t: float) -> bool:
+        """Whether ``rank`` is down (failed, or a ``down`` event) at ``t`` seconds."""
+        self._cm.failures_through(rank, t)
+        return any(t0 <= t < t1 for t0, t1 in self._cm.down[rank])
+
     def was_down(self, rank: int, a: float, b: float) -> bool:
         """Whether ``rank`` was down (failed, or a ``down`` event) at any time in (a, b) seconds."""
         self._cm.failures_through(rank, b)
@@ -321,7 +329,7 @@ class Simulation:
                 start = rk.t
                 work = cm.work(r, rk.step, e)
                 if cm.windowed[r]:
-                    _, pieces = cm.run(r, rk.step, seconds(start), work, rk.since_work)
+                    _, pieces = cm.run(r, rk.step, seconds(start), work, rk.since_work if self._rewind else None)
                     end = start
                     for a, b, what in pieces:
                         if what == FAILED:

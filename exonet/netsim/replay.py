@@ -32,7 +32,7 @@ def simulate(trace: Trace, scenario: object, *, history: Sequence[float] | None 
         chosen = Scenario.coerce(scenario)
         resolved, name = chosen.resolve(trace.num_nodes), chosen.name
         _warn_if_decided_elsewhere(trace, chosen)
-    sim = Simulation(resolved, fast_path=fast_path, name=name)
+    sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
     sim.feed_trace(trace)
     return sim.result(history)
 

@@ -47,10 +47,11 @@ class SimClock:
         trainers: ranks 0 .. trainers−1 train (the rest serve).
         synchronous: decide for every node at once (else for each trainer on its own).
         what: the fit argument that needs the clock, for errors.
+        rewind: whether a failure makes the replay redo the work since the last sync (not for elastic runs).
     """
 
     def __init__(self, scenario: Scenario, world: int, limit_s: float, max_steps: int, *, trainers: int | None = None,
-                 synchronous: bool = True, what: str = "max_sim_time_s") -> None:
+                 synchronous: bool = True, what: str = "max_sim_time_s", rewind: bool = True) -> None:
         resolved = scenario.resolve(world)
         if resolved.compute_mode != "flops":
             raise ValueError(f"fit: {what} needs deterministic compute: scenario {scenario.name!r} has "
@@ -58,7 +59,7 @@ class SimClock:
         self.limit_s, self.max_steps, self.synchronous = limit_s, max_steps, synchronous
         self.gated = math.isfinite(limit_s)  # nodes wait for step decisions only under a limit
         self.speeds = tuple(resolved.speed)
-        self.sim = Simulation(resolved, name=scenario.name)
+        self.sim = Simulation(resolved, name=scenario.name, rewind=rewind)
         self._trainers = range(world if trainers is None else trainers)
         self._decided = [0] * world  # per rank: the last step decided (step 0 always runs)
         self._stopped: set[int] = set()
@@ -67,8 +68,9 @@ class SimClock:
         self.stopped_at: int | None = None  # a synchronous run's first step not run
         self._rounds: dict[int, tuple[tuple[int, ...], dict[int, float]]] = {}  # deadline rounds decided
         self._opened: dict[int, float] = {0: 0.0}  # when each deadline round opened
-        self._elastic_rounds: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # (up, failed) per round
+        self._elastic_rounds: dict[int, tuple[tuple[int, ...], ...]] = {}  # (up, out, rejoin) per round
         self._elastic_arrived: dict[int, float] = {}  # each trainer's arrival at the latest elastic round's end
+        self._out: set[int] = set()  # elastic trainers still down at the latest round's end
 
     def feed(self, rank: int, events: Sequence[Event]) -> None:
         """Events a node reported (a step's, those before a blocking call, or its final ones); replays them."""
@@ -158,13 +160,17 @@ class SimClock:
         self._rounds[r] = (tuple(q for q in sorted(finished) if finished[q] <= close), finished)
         return self._answer(r)
 
-    def _elastic(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """(up, failed) of elastic round r, once every trainer has reached its end or stopped; else None.
+    def _elastic(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+        """(up, out, rejoin) of elastic round r, once every trainer has reached its end or stopped; else None.
 
         A trainer failed in the round if it was down at any time between its last sync (the end of
         its latest blocking call: the previous round's all-reduce, or the state it received; at least
-        its arrival at the previous round's end) and its arrival at this round's end; the others are
-        up. Trainers that stopped are neither.
+        its arrival at the previous round's end) and its arrival at this round's end. The others,
+        except those still out from earlier rounds, are up: they average, and the round ends at
+        their latest arrival T. A failed or out trainer that is up again at T rejoins (it receives
+        the state); one still down at T stays out, doing no traced work, until a round whose T
+        finds it up. If nobody is up, nobody averages and every trainer is back in for the next
+        round (which waits for them all). Trainers that stopped are in none of the three.
         """
         if r in self._elastic_rounds:
             return self._elastic_rounds[r]
@@ -179,8 +185,16 @@ class SimClock:
             elif self.sim.is_open(q) or self.sim.settled(q) is None:
                 return None
         since = {q: max(synced, self._elastic_arrived.get(q, 0.0)) for q, (_, synced) in arrived.items()}
-        failed = tuple(q for q in sorted(arrived) if self.sim.was_down(q, since[q], arrived[q][0]))
-        answer = tuple(q for q in sorted(arrived) if q not in failed), failed
+        up = tuple(q for q in sorted(arrived)
+                   if q not in self._out and not self.sim.was_down(q, since[q], arrived[q][0]))
+        rest = [q for q in sorted(arrived) if q not in up]
+        if up:
+            end = max(arrived[q][0] for q in up)
+            out = tuple(q for q in rest if self.sim.down_at(q, end))
+        else:
+            out = ()
+        answer = up, out, tuple(q for q in rest if q not in out)
+        self._out = set(out)
         self._elastic_arrived.update({q: t for q, (t, _) in arrived.items()})
         self._elastic_rounds[r] = answer
         return answer
