@@ -284,3 +284,15 @@ def test_elastic_needs_the_clock_and_excludes_deadlines():
     trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4))
     with pytest.raises(ValueError, match="scenario"):
         trainer.fit(DDPStrategy(elastic=True), num_nodes=2, max_steps=2, progress=False)
+
+
+def test_compare_shows_a_goodput_column_only_under_failures():
+    from exonet import compare
+
+    t = ddp_trace(3, 20, 1.0, 100_000)
+    failing = scenario(mtbf="10 s", repair="2 s", seed=2)
+    table = compare({"ddp": t}, [failing, {"name": "ok", "network": NET}])
+    with_failures, without = table.rows
+    assert with_failures["goodput"] == simulate(t, failing).goodput < with_failures["utilization"]
+    assert "goodput" not in without and "| goodput |" in table.to_markdown()
+    assert "goodput" not in compare({"ddp": t}, [{"name": "ok", "network": NET}]).to_markdown()
