@@ -202,7 +202,7 @@ class DDPStrategy(Strategy):
 
     def finish(self) -> None:
         for handle in self._hand_offs:
-            handle.wait()
+            handle.wait(traced=False)  # the sender goes on: the replay must not hold it for a node that is down
         self._hand_offs = []
 
     @staticmethod

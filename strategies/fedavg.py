@@ -184,7 +184,7 @@ class FedAvgStrategy(Strategy):
 
     def _wait_hand_offs(self) -> None:
         for handle in self._hand_offs:
-            handle.wait()
+            handle.wait(traced=False)  # the sender goes on: the replay must not hold it for a node that is down
         self._hand_offs = []
 
     def round_partition(self, round_index: int) -> list[tuple[int, ...]]:
