@@ -139,6 +139,7 @@ class Simulation:
                 self._schedule_outage(r, t0, t1)
             self._ranks[r].gate = 0 in self._cm.gated_steps[r]
         self._failing = 0  # failure calls on the agenda
+        self._stalled: dict[int, int] = {}  # rank -> its next failure, while nothing else can move
         if failing:
             for r in range(n):
                 self._schedule_failure(r, 0)
@@ -269,6 +270,8 @@ class Simulation:
     def run_until_blocked(self) -> float:
         """Replay as far as the input allows; returns the simulated seconds reached."""
         self._horizon = math.inf
+        if self._stalled:
+            self._resume_failures()
         for rk in self._ranks:
             self._advance(rk)
         self._agenda.run_before(lambda: self._horizon)  # a rank released and left without input lowers it
@@ -706,11 +709,11 @@ class Simulation:
         self._agenda.at(ticks(t1), self._outage, rank, False, order=(OUTAGE, rank))
 
     def _schedule_failure(self, rank: int, k: int) -> None:
-        """Put ``rank``'s k-th failure on the agenda (drawn now if need be): its start, its end."""
+        """Put ``rank``'s k-th failure on the agenda (drawn now if need be): its start (not before now), its end."""
         t0, t1 = self._cm.failures[rank].outage(k)
         self._cm.failures_through(rank, t0)
         self._failing += 2
-        self._agenda.at(ticks(t0), self._fail, rank, k, order=(OUTAGE, rank))
+        self._agenda.at(max(ticks(t0), self._agenda.now), self._fail, rank, k, order=(OUTAGE, rank))
         self._agenda.at(ticks(t1), self._recover, rank, order=(OUTAGE, rank))
 
     def _fail(self, t: int, rank: int, k: int) -> None:
@@ -718,8 +721,19 @@ class Simulation:
         self._failing -= 1
         self._outage(t, rank, True)
         live = self._agenda.pending > self._failing or self._active or self._lone is not None  # (paused flows schedule nothing)
-        if live or any(rk.open for rk in self._ranks):
+        if live or any(rk.open and rk.blocked is None for rk in self._ranks):
             self._schedule_failure(rank, k + 1)
+        else:  # nothing can move until more input comes: the chain waits for it (run_until_blocked resumes it)
+            self._stalled[rank] = k + 1
+
+    def _resume_failures(self) -> None:
+        """Put each stalled rank's next failure that has not ended yet back on the agenda."""
+        now = seconds(self._agenda.now)
+        for rank, k in self._stalled.items():
+            while self._cm.failures[rank].outage(k)[1] <= now:
+                k += 1
+            self._schedule_failure(rank, k)
+        self._stalled.clear()
 
     def _recover(self, t: int, rank: int) -> None:
         self._failing -= 1
