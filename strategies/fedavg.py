@@ -162,12 +162,10 @@ class FedAvgStrategy(Strategy):
             else:
                 self.comm.discard()
                 state = self.global_state()
-                if participants and self.elastic and not self.comm.sitting_out:  # (still down: it waits to rejoin)
-                    # On the wire, but the replay does not wait for it: a node that failed can lag the others in
-                    # simulated time, and a wait for a message due after their time would hold the clock forever.
+                if participants and not self.comm.sitting_out:  # (an elastic node still down waits to rejoin)
+                    # On the wire, but the replay does not wait for it: a node that is late or failed can lag the
+                    # others in simulated time, and a wait for a message due after their time would hold the clock.
                     self.comm.recv(state, participants[0], async_op=True).wait(traced=False)
-                elif participants and not self.elastic:
-                    self.comm.recv(state, participants[0])
                 self.adopt_global_state(state)  # with no participant: back to the last global state
                 self._global = flatten(self.params)
 
