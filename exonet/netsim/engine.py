@@ -34,6 +34,10 @@ wrapper for a whole trace. How time passes:
   ``network.group_concurrency`` to let more run at once (a gloo process group has
   two worker threads). Collectives on different groups run at once and share links.
 
+* Failures (``[failures]``) are outages drawn per rank as the replay goes (exonet.netsim.failures):
+  each failure puts the next on the agenda while anything can still move, so a replay fed at
+  once and one fed step by step see the same outages (a failure's cost: exonet.netsim.compute).
+
 Incremental feeding is safe because a rank that is waiting for input (open, not
 blocked, nothing queued) holds the clock back: no event at or after its cursor is
 processed until it is fed or closed, so nothing it will do can land in the past.
