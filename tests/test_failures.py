@@ -296,3 +296,20 @@ def test_compare_shows_a_goodput_column_only_under_failures():
     assert with_failures["goodput"] == simulate(t, failing).goodput < with_failures["utilization"]
     assert "goodput" not in without and "| goodput |" in table.to_markdown()
     assert "goodput" not in compare({"ddp": t}, [{"name": "ok", "network": NET}]).to_markdown()
+
+
+@pytest.mark.slow
+def test_the_failures_study_example_tabulates_goodput_for_six_strategies(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    plot = tmp_path / "failures.png"
+    proc = subprocess.run([sys.executable, str(root / "examples" / "failures_study.py"), "--steps", "10", "--H", "5",
+                           "--deadline", "6", "--mtbf", "30", "--plot", str(plot)],
+                          capture_output=True, text=True, timeout=400, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "%" in line]
+    assert len(rows) == 6 and plot.exists()
+    goodput = {row.split(" | ")[0][2:]: float(row.split(" | ")[3].rstrip("%")) for row in rows}
+    assert goodput["elastic DDP"] > goodput["DDP (blocking)"]
