@@ -18,9 +18,10 @@ was left to hide it behind. ``overlap=False`` is one flattened all-reduce after 
 ``elastic=True`` (on the online clock: fit with a scenario) goes on without the nodes that
 failed: after backward each node asks the clock who stayed up since its last sync; those
 average their gradients (one flat all-reduce on that subgroup) and step; a node that failed
-loses its step's work and receives the parameters and optimizer state from the lowest-ranked
-node that stayed up (a message on the wire, simulated like any other), so all nodes hold the
-same state after every step. If every node failed, nobody steps.
+loses its step's work, sits out (recording no work) while it is still down at a step's end,
+and at the first step end that finds it up receives the parameters and optimizer state from the
+lowest-ranked node that stayed up (a message on the wire, simulated like any other), so every
+node taking part holds the same state after every step. If every node failed, nobody steps.
 """
 
 from __future__ import annotations

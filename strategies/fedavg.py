@@ -50,12 +50,12 @@ class FedAvgStrategy(Strategy):
     previous global state and the next round opens at the missed deadline. Every node still
     takes H steps per round; a slow node just takes them later, so it can miss every deadline.
 
-    Elastic rounds (``elastic=True``, on the online clock too): a round waits for every node,
-    but a node that was down (failed) at any time since its last sync is out of it: the nodes
-    that stayed up average among themselves, and the failed node's work of the round is lost:
-    it receives the round's result as a late node does, and trains on from it. Exactly when it
-    failed does not matter: in the replay the failure throws its work since the last sync away,
-    it redoes it after the outage, and that work is discarded too (see strategies/README.md).
+    Elastic rounds (``elastic=True``, on the online clock too): a node that was down (failed) at
+    any time since its last sync is out of the round: the nodes that stayed up average among
+    themselves without waiting for it, and its work of the round is discarded. While it is still
+    down at a round's end it stays out and records no work; at the first round end that finds it
+    up it receives the round's result as a late node does and takes part again (the clock's
+    ``("elastic", r)`` answer; see strategies/README.md, "Failures and goodput").
 
     Args:
         inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
