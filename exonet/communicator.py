@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from exonet.trace import Collective, Compute, Event, Step, Wait
+from exonet.trace import Collective, Compute, Discard, Event, Step, Wait
 
 if TYPE_CHECKING:
     from exonet.runtime.clock import ClockLink
@@ -55,11 +55,13 @@ class Handle:
         self._result: Any = None
         self._done = False
 
-    def wait(self) -> Any:
+    def wait(self, traced: bool = True) -> Any:
+        """Block until it ends; ``traced=False`` leaves the wait out of the trace (the replay does not wait for it)."""
         if not self._done:
             self._comm._flush_compute()
-            self._comm.events.append(Wait(self._cid))
-            self._comm._announce()
+            if traced:
+                self._comm.events.append(Wait(self._cid))
+                self._comm._announce()
             if self._work is not None:
                 with self._comm.blocking():
                     self._work.wait()
@@ -104,6 +106,7 @@ class Communicator:
         self._running = False
         self.blocking = blocking
         self.clock = clock
+        self.sitting_out = False  # an elastic node that is down: its work is not the run's and is not traced
         self._restart_clock()
 
     # ---------------------------------------------------------------- clock
@@ -128,7 +131,8 @@ class Communicator:
             self._sync()
         wall, cpu = time.perf_counter(), time.thread_time()
         if self._running and (wall > self._wall or self._pending_flops):
-            self.events.append(Compute(wall - self._wall, max(0.0, cpu - self._cpu), self._pending_flops))
+            if not self.sitting_out:
+                self.events.append(Compute(wall - self._wall, max(0.0, cpu - self._cpu), self._pending_flops))
             self._pending_flops = 0.0
         self._wall, self._cpu = wall, cpu
         return wall - self._t0
@@ -160,6 +164,11 @@ class Communicator:
         if self.clock is not None and self.clock.announces:
             events, self.events = self.events, []
             self.clock.announce(events)
+
+    def discard(self) -> None:
+        """Record that this node's work since its last sync is thrown away (the replay counts it as lost)."""
+        self._flush_compute()
+        self.events.append(Discard())
 
     def take_events(self) -> list[Event]:
         """Events since the last step boundary (e.g. communication a strategy finished after its last step)."""
@@ -427,6 +436,16 @@ class Communicator:
         """
         participants, late = self._ask("deadline_s", ("deadline", round_index, deadline_s))
         return tuple(participants), tuple(late)
+
+    def elastic_round(self, round_index: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(up, out, rejoin) for an elastic sync ``round_index``: who averages, who is down, who comes back.
+
+        Under ``[failures]`` (or ``down`` events) the clock answers from the replay: the up nodes
+        average among themselves, a node that is out sits the round out, and a rejoining node
+        receives the current state (exonet.runtime.clock).
+        """
+        up, out, rejoin = self._ask("elastic=True", ("elastic", round_index))
+        return tuple(up), tuple(out), tuple(rejoin)
 
     def _check_peer(self, op: str, peer: int) -> None:
         if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.world_size or peer == self.rank:

@@ -104,6 +104,7 @@ class Comparison:
         ("payload_bytes_per_server", "payload/server", "{}"),
         ("wire_bytes_per_node", "wire/node", "{}"),
         ("utilization", "compute util", "{:.1%}"),
+        ("goodput", "goodput", "{:.1%}"),
         ("divergence", "divergence", "{:.3g}"),
     )
 
@@ -121,7 +122,8 @@ class Comparison:
 
         served = any(row.get("servers") for row in self.rows)
         cols = [c for c in self.COLUMNS if (c[0] != "time_to_target_s" or self.target_loss is not None)
-                and (c[0] != "payload_bytes_per_server" or served)]
+                and (c[0] != "payload_bytes_per_server" or served)
+                and (c[0] != "goodput" or any("goodput" in row for row in self.rows))]
         header = "| " + " | ".join(title for _, title, _ in cols) + " |"
         rule = "|" + "|".join("---" for _ in cols) + "|"
         body = ["| " + " | ".join(cell(k, f, row.get(k)) for k, _, f in cols) + " |" for row in self.rows]
@@ -275,5 +277,6 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
                 "utilization": sim.utilization,
                 "divergence": evals[-1].get("divergence") if evals else None,
                 "correlation": evals[-1].get("correlation") if evals else None,
+                **({"goodput": sim.goodput} if scen.resolve(k).failures is not None else {}),
             })
     return Comparison(rows, results, loaded, target_loss, loss)

@@ -8,6 +8,8 @@ A trace holds one ordered event list per node. Events are:
   whether it was async, and the real start/end seconds when recorded).
 * ``Wait``: the node blocked until one of its own async collectives finished.
 * ``Step``: the end of a training step.
+* ``Discard``: the node's work since its last sync was thrown away (an elastic node that
+  failed adopts the others' state instead); the replay counts that compute as lost.
 
 The k-th collective a rank issues on a group matches the k-th collective of every
 other member on that group; that is how the simulator pairs them. A point-to-point
@@ -22,6 +24,7 @@ File format (line-oriented JSON, one value per line, UTF-8)::
     ["x", rank, cid, op, nbytes, group|null, async 0|1, dtype, start_s|null, end_s|null]
     ["w", rank, cid]                                                    # Wait
     ["s", rank]                                                         # Step
+    ["d", rank]                                                         # Discard
     {"end": true, "events": N}
 
 The closing line lets a reader tell a complete file from a truncated one. Reading checks
@@ -94,8 +97,14 @@ class Step:
     """End of a training step on this rank."""
 
 
-Event = Union[Compute, Collective, Wait, Step]
+@dataclass(slots=True)
+class Discard:
+    """The rank's work since its last sync is lost (it adopts the state of nodes that stayed up)."""
+
+
+Event = Union[Compute, Collective, Wait, Step, Discard]
 _STEP = Step()
+_DISCARD = Discard()
 
 
 @dataclass
@@ -172,6 +181,10 @@ class Trace:
     def add_step(self, rank: int) -> None:
         """Mark the end of a training step on ``rank``."""
         self._rank(rank).append(_STEP)
+
+    def add_discard(self, rank: int) -> None:
+        """Mark ``rank``'s compute since its last sync as thrown away."""
+        self._rank(rank).append(_DISCARD)
 
     # ---------------------------------------------------------------- queries
     def num_steps(self, rank: int = 0) -> int:
@@ -425,13 +438,15 @@ def _encode(rank: int, e: Event) -> list:
         return ["x", rank, e.cid, e.op, e.nbytes, list(e.group) if e.group else None, int(e.async_op), e.dtype, e.start_s, e.end_s]
     if isinstance(e, Wait):
         return ["w", rank, e.cid]
+    if isinstance(e, Discard):
+        return ["d", rank]
     return ["s", rank]
 
 
 class _Reader:
     """Decodes a file's event lines, keeping what the builder knows: ids issued and async ids to wait on."""
 
-    _ARITY = {"c": 5, "x": 10, "w": 3, "s": 2}
+    _ARITY = {"c": 5, "x": 10, "w": 3, "s": 2, "d": 2}
 
     def __init__(self, num_nodes: int) -> None:
         self.num_nodes = num_nodes
@@ -464,6 +479,8 @@ class _Reader:
             if cid not in self.async_cids[rank]:
                 raise ValueError(f"rank {rank} waits for collective id {cid}, which it has not issued as async")
             return rank, Wait(cid)
+        if kind == "d":
+            return rank, _DISCARD
         return rank, _STEP
 
 

@@ -14,6 +14,14 @@ launches buckets.
 The payload is exactly ``P * itemsize`` bytes per node per step either way; the
 trace shows each bucket's launch inside backward, so a replay knows how much compute
 was left to hide it behind. ``overlap=False`` is one flattened all-reduce after backward.
+
+``elastic=True`` (on the online clock: fit with a scenario) goes on without the nodes that
+failed: after backward each node asks the clock who stayed up since its last sync; those
+average their gradients (one flat all-reduce on that subgroup) and step; a node that failed
+loses its step's work, sits out (recording no work) while it is still down at a step's end,
+and at the first step end that finds it up receives the parameters and optimizer state from the
+lowest-ranked node that stayed up (a message on the wire, simulated like any other), so every
+node taking part holds the same state after every step. If every node failed, nobody steps.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ class DDPStrategy(Strategy):
         bucket_cap_mb: the largest bucket in MiB (torch DDP's default 25).
         overlap: all-reduce buckets from backward hooks as they fill (True), or one flat
             all-reduce after backward (False).
+        elastic: each step, only the nodes that stayed up average; failed nodes receive the state
+            (needs a scenario; the all-reduce is one flat buffer after backward, whatever ``overlap`` says).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the learning-rate schedule,
             as in ``Strategy``.
     """
@@ -67,6 +77,7 @@ class DDPStrategy(Strategy):
         bucket_cap_mb: float = 25,
         overlap: bool = True,
         *,
+        elastic: bool = False,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
@@ -74,14 +85,22 @@ class DDPStrategy(Strategy):
         check_range("bucket_cap_mb", bucket_cap_mb, low=0, low_open=True)
         if not isinstance(overlap, bool):
             raise TypeError(f"overlap must be True or False, got {overlap!r}")
+        if not isinstance(elastic, bool):
+            raise TypeError(f"elastic must be True or False, got {elastic!r}")
         self.bucket_cap_mb = bucket_cap_mb
-        self.overlap = overlap
+        self.overlap = overlap and not elastic
+        self.elastic = elastic
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.elastic
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         super().setup(model, comm, ctx)
         self._buckets = bucket_assignment(self.params, round(self.bucket_cap_mb * (1 << 20)))
         self._bucket_of = {i: b for b, members in enumerate(self._buckets) for i in members}
         self._armed = False
+        self._hand_offs: list[Handle] = []  # elastic: the state in flight to nodes that failed
         self._reset()
         if self.overlap:
             for i, p in enumerate(self.params):
@@ -108,7 +127,9 @@ class DDPStrategy(Strategy):
         self._launched.append((flat, self.comm.all_reduce(flat, op="avg", async_op=True)))
 
     def step(self) -> None:
-        if self.overlap:
+        if self.elastic:
+            self._elastic_step()
+        elif self.overlap:
             self._armed = False
             while len(self._launched) < len(self._buckets):
                 self._launch(len(self._launched))
@@ -120,8 +141,67 @@ class DDPStrategy(Strategy):
             flat = flatten(p.grad if p.grad is not None else p.detach().new_zeros(p.shape) for p in self.params)
             self.comm.all_reduce(flat, op="avg")
             self._write_grads(self.params, flat)
-        self.optimizer_step()
+        if not self.elastic:
+            self.optimizer_step()
         self.local_step += 1
+
+    def _elastic_step(self) -> None:
+        """The nodes that stayed up average gradients and step; the lowest of them sends the state to the failed."""
+        up, out, rejoin = self.comm.elastic_round(self.local_step)
+        self.comm.declare_groups([up])
+        self.finish()  # the previous step's hand-offs, after the question (the clock reads this step's arrivals first)
+        if self.rank in up:
+            flat = flatten(p.grad if p.grad is not None else p.detach().new_zeros(p.shape) for p in self.params)
+            if len(up) > 1:
+                self.comm.all_reduce(flat, op="avg", group=up)
+            self._write_grads(self.params, flat)
+            self.optimizer_step()
+            if self.rank == up[0] and rejoin:
+                state = self._state()
+                self._hand_offs = [self.comm.send(state, q, async_op=True) for q in rejoin]
+        else:
+            self.comm.discard()
+            self.comm.sitting_out = self.rank in out
+            if up and not self.comm.sitting_out:
+                state = self._state()
+                self.comm.recv(state, up[0], async_op=True).wait(traced=False)  # see FedAvgStrategy.deadline_round
+                self._load_state(state)
+            if self.scheduler is not None:  # the schedule goes on alike everywhere
+                self.scheduler.step()
+
+    def _optimizer_values(self) -> list[torch.Tensor]:
+        """Every tensor of the optimizer's state, per parameter in key order (created by a zero step if none yet)."""
+        if any(not self.optimizer.state[p] for p in self.params):
+            with torch.no_grad():
+                saved = [p.detach().clone() for p in self.params]
+                for p in self.params:
+                    p.grad = torch.zeros_like(p)
+                self.optimizer.step()  # creates the state's keys and shapes; the caller overwrites them
+                for p, v in zip(self.params, saved):
+                    p.copy_(v)
+        values = []
+        for p in self.params:
+            state = self.optimizer.state[p]
+            values += [state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)]
+        return values
+
+    def _state(self) -> torch.Tensor:
+        """The parameters and the optimizer's state as one flat buffer (what a node that failed receives)."""
+        values = [p.detach() for p in self.params] + self._optimizer_values()
+        return torch.cat([v.reshape(-1).to(self.params[0].dtype) for v in values])
+
+    def _load_state(self, buffer: torch.Tensor) -> None:
+        """Adopt a buffer made by ``_state`` on another node."""
+        offset = 0
+        with torch.no_grad():
+            for v in [p.data for p in self.params] + self._optimizer_values():
+                v.copy_(buffer[offset : offset + v.numel()].view_as(v))
+                offset += v.numel()
+
+    def finish(self) -> None:
+        for handle in self._hand_offs:
+            handle.wait(traced=False)  # the sender goes on: the replay must not hold it for a node that is down
+        self._hand_offs = []
 
     @staticmethod
     def _write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:

@@ -61,6 +61,8 @@ class DiLoCoStrategy(FedAvgStrategy):
         replica_size: ranks per DiLoCo worker (data-parallel inside); 1 makes every rank a worker.
         deadline_s: deadline rounds, as in ``FedAvgStrategy``: the late adopt θ_global and the outer state
             (their work is discarded).
+        elastic: rounds go on without the nodes that failed since their last sync, as in ``FedAvgStrategy``:
+            a failed node adopts θ_global and the outer state from the lowest-ranked node that stayed up.
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
@@ -80,12 +82,13 @@ class DiLoCoStrategy(FedAvgStrategy):
         island_size: int | None = None,
         replica_size: int = 1,
         deadline_s: float | None = None,
+        elastic: bool = False,
         optim_spec: OptimSpec | str | type | None = None,
         outer_optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s,
+        super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s, elastic=elastic,
                          optim_spec=optim_spec, **base_options(locals()))
         self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
         self.replica_size = check_replica_size(replica_size)

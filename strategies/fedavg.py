@@ -50,6 +50,13 @@ class FedAvgStrategy(Strategy):
     previous global state and the next round opens at the missed deadline. Every node still
     takes H steps per round; a slow node just takes them later, so it can miss every deadline.
 
+    Elastic rounds (``elastic=True``, on the online clock too): a node that was down (failed) at
+    any time since its last sync is out of the round: the nodes that stayed up average among
+    themselves without waiting for it, and its work of the round is discarded. While it is still
+    down at a round's end it stays out and records no work; at the first round end that finds it
+    up it receives the round's result as a late node does and takes part again (the clock's
+    ``("elastic", r)`` answer; see strategies/README.md, "Failures and goodput").
+
     Args:
         inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
         island_size: nodes per averaging island each round; None averages over all participants.
@@ -57,6 +64,7 @@ class FedAvgStrategy(Strategy):
         max_norm: clip the local gradient norm before each local step.
         participation: fraction of nodes taking part in each round, in (0, 1].
         deadline_s: close each round this many simulated seconds after it opens (None: wait for everyone).
+        elastic: rounds go on without the nodes that failed since their last sync (needs a scenario).
         optim_spec: alias of ``inner_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
@@ -73,11 +81,18 @@ class FedAvgStrategy(Strategy):
         *,
         participation: float = 1.0,
         deadline_s: float | None = None,
+        elastic: bool = False,
         optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        if not isinstance(elastic, bool):
+            raise TypeError(f"elastic must be True or False, got {elastic!r}")
+        if elastic and (deadline_s is not None or participation != 1 or island_size is not None):
+            raise ValueError("elastic: who takes part in a round is who stayed up; it cannot be combined with "
+                             "deadline_s, participation < 1 or island_size")
+        self.elastic = elastic
         if deadline_s is not None:
             check_range("deadline_s", deadline_s, low=0, low_open=True)
             if participation != 1 or island_size is not None:
@@ -102,13 +117,13 @@ class FedAvgStrategy(Strategy):
 
     @property
     def asynchronous(self) -> bool:
-        return self.deadline_s is not None
+        return self.deadline_s is not None or self.elastic
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         self.check_world(ctx.num_nodes)  # under torchrun no parent checked it
         super().setup(model, comm, ctx)
         self._hand_offs: list[Any] = []  # deadline rounds: the global state in flight to late nodes
-        if self.deadline_s is not None:
+        if self.asynchronous:
             with torch.no_grad():
                 self._global = flatten(self.params)
 
@@ -120,11 +135,17 @@ class FedAvgStrategy(Strategy):
         self.optimizer_step()
         self.local_step += 1
         if self.local_step % self.H == 0:
-            self.sync_round() if self.deadline_s is None else self.deadline_round()
+            self.deadline_round() if self.asynchronous else self.sync_round()
 
     def deadline_round(self) -> None:
-        """End of a deadline round: the clock says who made it; they average, the late adopt the result."""
-        participants, late = self.comm.deadline_round(self.local_step // self.H - 1, self.deadline_s)
+        """End of a deadline (or elastic) round: the clock says who made it (stayed up); they average, the rest adopt the result."""
+        r = self.local_step // self.H - 1
+        if self.elastic:
+            up, out, rejoin = self.comm.elastic_round(r)
+            participants, late = up, rejoin  # only those rejoining receive
+            self.comm.sitting_out = self.rank in out
+        else:
+            participants, late = self.comm.deadline_round(r, self.deadline_s)
         self.comm.declare_groups([participants])
         self._wait_hand_offs()  # the last round's, after the question: the clock reads this round's opening first
         with torch.no_grad():
@@ -138,9 +159,12 @@ class FedAvgStrategy(Strategy):
                     state = self.global_state()
                     self._hand_offs = [self.comm.send(state, q, async_op=True) for q in late]
             else:
+                self.comm.discard()
                 state = self.global_state()
-                if participants:
-                    self.comm.recv(state, participants[0])
+                if participants and not self.comm.sitting_out:  # (an elastic node still down waits to rejoin)
+                    # On the wire, but the replay does not wait for it: a node that is late or failed can lag the
+                    # others in simulated time, and a wait for a message due after their time would hold the clock.
+                    self.comm.recv(state, participants[0], async_op=True).wait(traced=False)
                 self.adopt_global_state(state)  # with no participant: back to the last global state
                 self._global = flatten(self.params)
 
@@ -157,7 +181,7 @@ class FedAvgStrategy(Strategy):
 
     def _wait_hand_offs(self) -> None:
         for handle in self._hand_offs:
-            handle.wait()
+            handle.wait(traced=False)  # the sender goes on: the replay must not hold it for a node that is down
         self._hand_offs = []
 
     def round_partition(self, round_index: int) -> list[tuple[int, ...]]:

@@ -46,6 +46,7 @@ class Agenda:
         self.env = simpy.Environment()
         self._slots: dict[int, list] = {}  # tick -> heap of (order, seq, fn, args) due then
         self._seq = 0
+        self.pending = 0  # calls scheduled and not yet run
 
     @property
     def now(self) -> int:
@@ -58,6 +59,7 @@ class Agenda:
             slot = self._slots[t] = []
             self.env.timeout(t - self.env.now).callbacks.append(lambda _: self._run(t))
         self._seq += 1
+        self.pending += 1
         heapq.heappush(slot, (order, self._seq, fn, args))
 
     def run_before(self, horizon: Callable[[], float]) -> None:
@@ -70,5 +72,6 @@ class Agenda:
         slot = self._slots[t]
         while slot:
             _, _, fn, args = heapq.heappop(slot)
+            self.pending -= 1
             fn(t, *args)
         del self._slots[t]

@@ -25,6 +25,12 @@ Events (``[[events]]``), each for some ranks:
   recorded, since the trace fixes who took part. (A node makes no progress while
   down, so no step can end an outage; its length has to come from the work it skips.)
 
+Failures (``[failures]``, drawn per rank by exonet.netsim.failures) are outages like
+``down`` in seconds, with one difference: a failure that strikes while the rank computes
+throws away its compute since its last sync (the end of its latest blocking collective or
+wait), and after the outage the rank redoes that work before going on. A failure while the
+rank is blocked in a collective only delays the collective (what it contributes is kept).
+
 Slowdowns affect compute only; links are the scenario's ``[network]``.
 """
 
@@ -37,6 +43,7 @@ from operator import attrgetter
 import numpy as np
 
 from exonet.errors import ScenarioError
+from exonet.netsim.failures import FailureProcess
 from exonet.scenario import EventSpec, Resolved
 from exonet.trace import Compute, Step
 
@@ -44,6 +51,8 @@ _JITTER_BLOCK = 1024
 
 # A window: (from_step, to_step, from_s, to_s, factor); factor inf means down.
 _Window = tuple[float, float, float, float, float]
+# What a piece of a compute span is: computing, down, or down after a failure that threw the work since sync away.
+UP, DOWN, FAILED = range(3)
 
 
 class ComputeModel:
@@ -67,9 +76,14 @@ class ComputeModel:
         self._timed: list[list[_Window]] = [[] for _ in range(n)]
         self.down: list[list[tuple[float, float]]] = [[] for _ in range(n)]
         self._gated: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        self.windowed = [False] * n
         for i, e in enumerate(resolved.events):
             self._add_event(i, e, n)
-        self.windowed = [bool(w) for w in self._timed]
+        spec = resolved.failures
+        self.failures = [FailureProcess(spec, r) for r in range(n)] if spec is not None else None
+        self._failed = [0] * n  # failures of each rank recorded as outages so far
+        self._fail_starts: list[set[float]] = [set() for _ in range(n)]
+        self.windowed = [bool(w) or spec is not None for w in self._timed]
         self.gated_steps = [{lo for lo, _ in g} for g in self._gated]
         self.plain = not self._jitter and not any(self._step_slow)
 
@@ -120,31 +134,51 @@ class ComputeModel:
                 w *= factor
         return w
 
-    def run(self, rank: int, step: int, start: float, work: float) -> tuple[float, list[tuple[float, float, bool]]]:
-        """When ``work`` seconds of compute begun at ``start`` end, through slow and down windows.
+    def run(self, rank: int, step: int, start: float, work: float,
+            since: float | None = 0.0) -> tuple[float, list[tuple[float, float, int]]]:
+        """When ``work`` seconds of compute begun at ``start`` end, through slow and down windows and failures.
 
-        Returns the end time and the pieces ``(t0, t1, down)`` the span splits into.
+        ``since`` is the work the rank has done since its last sync, which a failure during
+        the span throws away (the rank then redoes ``since`` + ``work`` from scratch); None: a
+        failure only pauses the span (an elastic run, whose strategy discards the work itself).
+        Returns the end time and the pieces ``(t0, t1, what)`` the span splits into, ``what``
+        one of UP, DOWN, FAILED (the outage of a failure that struck in this span).
         """
+        if self.failures is None:
+            return self._run(rank, step, start, work, since)
+        horizon = start + work
+        while True:
+            self.failures_through(rank, horizon)
+            end, pieces = self._run(rank, step, start, work, since)
+            if end <= horizon:
+                return end, pieces
+            horizon = end
+
+    def _run(self, rank: int, step: int, start: float, work: float,
+             since: float | None) -> tuple[float, list[tuple[float, float, int]]]:
         live = [(t0, t1, f) for lo, hi, t0, t1, f in self._timed[rank] if lo <= step < hi and t1 > start]
         if not live:
-            return start + work, [(start, start + work, False)]
+            return start + work, [(start, start + work, UP)]
         edges = sorted({x for t0, t1, _ in live for x in (t0, t1) if start < x < math.inf})
-        pieces: list[tuple[float, float, bool]] = []
-        t, left = start, work
+        pieces: list[tuple[float, float, int]] = []
+        t, left, fails = start, work, self._fail_starts[rank]
         for edge in [*edges, math.inf]:
             slow = 1.0
             for t0, t1, f in live:
                 if t0 <= t < t1:
                     slow *= f
             if math.isinf(slow):
-                pieces.append((t, edge, True))
+                failed = since is not None and t in fails
+                if failed:
+                    left = since + work  # the work since the last sync is lost: redo it all
+                pieces.append((t, edge, FAILED if failed else DOWN))
             elif t + left * slow <= edge:
                 end = t + left * slow
-                pieces.append((t, end, False))
+                pieces.append((t, end, UP))
                 return end, pieces
             else:
                 left -= (edge - t) / slow
-                pieces.append((t, edge, False))
+                pieces.append((t, edge, UP))
             t = edge
         raise AssertionError("unreachable: the last edge is infinite")
 
@@ -153,7 +187,22 @@ class ComputeModel:
         """Record an outage of ``rank`` over [t0, t1)."""
         self.down[rank].append((t0, t1))
         self._timed[rank].append((0, math.inf, t0, t1, math.inf))
-        self.windowed = [bool(w) for w in self._timed]
+        self.windowed[rank] = True
+
+    def failures_through(self, rank: int, t: float) -> list[tuple[float, float]]:
+        """Record as outages ``rank``'s failures that start by ``t`` and the next one; return them all."""
+        if self.failures is None:
+            return []
+        outages = self.failures[rank].through(t)
+        for t0, t1 in outages[self._failed[rank]:]:
+            self.add_down(rank, t0, t1)
+            self._fail_starts[rank].add(t0)
+        self._failed[rank] = len(outages)
+        return outages
+
+    def fail_starts(self, rank: int) -> set[float]:
+        """When ``rank``'s failures drawn so far struck."""
+        return self._fail_starts[rank]
 
     def outages_at(self, rank: int, step: int, upcoming: Iterable[object], complete: bool) -> list[float] | None:
         """Outages by step that begin as ``rank`` begins ``step``: their lengths, in seconds.
@@ -188,6 +237,7 @@ class ComputeModel:
         while moved:
             moved = False
             for r in members:
+                self.failures_through(r, t)
                 for t0, t1 in self.down[r]:
                     if t0 <= t < t1:
                         t, moved = t1, True

@@ -37,6 +37,10 @@ wrapper for a whole trace. How time passes:
   ``network.group_concurrency`` to let more run at once (a gloo process group has
   two worker threads). Collectives on different groups run at once and share links.
 
+* Failures (``[failures]``) are outages drawn per rank as the replay goes (exonet.netsim.failures):
+  each failure puts the next on the agenda while anything can still move, so a replay fed at
+  once and one fed step by step see the same outages (a failure's cost: exonet.netsim.compute).
+
 Incremental feeding is safe because a rank that is waiting for input (open, not
 blocked, nothing queued) holds the clock back: no event at or after its cursor is
 processed until it is fed or closed, so nothing it will do can land in the past.
@@ -59,7 +63,7 @@ import numpy as np
 from exonet.errors import ScenarioError, TraceError
 from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.collectives import algorithm_names
-from exonet.netsim.compute import ComputeModel
+from exonet.netsim.compute import FAILED, ComputeModel
 from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Plan, Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
@@ -68,7 +72,7 @@ from exonet.netsim.spans import COMM, COMPUTE, IDLE, Timeline
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
-from exonet.trace import P2P_OPS, Collective, Compute, Event, Step, Trace, Wait
+from exonet.trace import P2P_OPS, Collective, Compute, Discard, Event, Step, Trace, Wait
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,14 @@ class Simulation:
         resolved: the scenario made concrete for the run's node count.
         fast_path: time lone collectives analytically (exact; off only to cross-check).
         name: the scenario's name, for the result.
+        rewind: a failure during compute throws the work since the last sync away, to be redone
+            (False for an elastic run: the failed node pauses, and its strategy discards the work).
 
     Feed events with ``feed``/``feed_trace``, advance with ``run_until_blocked``, and
     collect the outcome with ``result`` (which closes the input and runs to the end).
     """
 
-    def __init__(self, resolved: Resolved, *, fast_path: bool = True, name: str = "") -> None:
+    def __init__(self, resolved: Resolved, *, fast_path: bool = True, name: str = "", rewind: bool = True) -> None:
         if resolved.sharing not in SHARING:
             raise ScenarioError(f"scenario: network.sharing must be one of {', '.join(SHARING)}, got {resolved.sharing!r}")
         concurrency = resolved.group_concurrency
@@ -115,6 +121,7 @@ class Simulation:
         self._net_epoch = 0  # the tick at which the fluid network's clock reads 0
         self._net_token = 0
         self._fast = fast_path
+        self._rewind = rewind
         self._ranks = [RankState(r) for r in range(n)]
         self._everyone = tuple(range(n))
         self._members: dict[tuple[int, ...] | None, tuple[int, ...]] = {None: self._everyone}
@@ -126,7 +133,8 @@ class Simulation:
         self._lone: Instance | None = None  # in flight on the fast path
         # handed back to the fast path mid-run: (tick its phase 0 would have begun, phase it resumed at, its links)
         self._resting: dict[Instance, tuple[int, int, frozenset[int]]] = {}
-        self._calm = not any(self._cm.gated_steps) and not any(self._cm.down)  # no outages: nothing else stops a flow
+        failing = self._cm.failures is not None
+        self._calm = not any(self._cm.gated_steps) and not any(self._cm.down) and not failing  # nothing else stops a flow
         self._taken_at = -1  # the tick of the latest take-over
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
@@ -148,6 +156,11 @@ class Simulation:
             for t0, t1 in outages:
                 self._schedule_outage(r, t0, t1)
             self._ranks[r].gate = 0 in self._cm.gated_steps[r]
+        self._failing = 0  # failure calls on the agenda
+        self._stalled: dict[int, int] = {}  # rank -> its next failure, while nothing else can move
+        if failing:
+            for r in range(n):
+                self._schedule_failure(r, 0)
 
     # ----------------------------------------------------------------- input
     def feed(self, rank: int, event: Event) -> None:
@@ -180,7 +193,7 @@ class Simulation:
     def _mirrorable(self, trace: Trace) -> bool:
         """Whether every rank's replay is rank 0's: identical events and compute, and world collectives only."""
         cm, n = self._cm, len(self._ranks)
-        if n == 1 or any(rk.queue or not rk.open for rk in self._ranks) or not cm.plain or any(cm.windowed) or self._gates or any(cm.down):
+        if n == 1 or any(rk.queue or not rk.open for rk in self._ranks) or not cm.plain or any(cm.windowed) or self._gates or any(cm.down) or cm.failures is not None:
             return False
         if len(set(cm.scale)) != 1:
             return False
@@ -232,6 +245,16 @@ class Simulation:
         plan = self._planner.plan(op, members, nbytes)
         return self._planner.duration(plan) if plan.phases else 0.0
 
+    def down_at(self, rank: int, t: float) -> bool:
+        """Whether ``rank`` is down (failed, or a ``down`` event) at ``t`` seconds."""
+        self._cm.failures_through(rank, t)
+        return any(t0 <= t < t1 for t0, t1 in self._cm.down[rank])
+
+    def was_down(self, rank: int, a: float, b: float) -> bool:
+        """Whether ``rank`` was down (failed, or a ``down`` event) at any time in (a, b) seconds."""
+        self._cm.failures_through(rank, b)
+        return any(t0 < b and t1 > a for t0, t1 in self._cm.down[rank])
+
     def is_open(self, rank: int) -> bool:
         """Whether ``rank`` may still be fed."""
         return self._ranks[rank].open
@@ -265,6 +288,8 @@ class Simulation:
     def run_until_blocked(self) -> float:
         """Replay as far as the input allows; returns the simulated seconds reached."""
         self._horizon = math.inf
+        if self._stalled:
+            self._resume_failures()
         for rk in self._ranks:
             self._advance(rk)
         self._agenda.run_before(lambda: self._horizon)  # a rank released and left without input lowers it
@@ -323,7 +348,8 @@ class Simulation:
         """The SimResult of ``ranks`` (each rank's state, in the result's order) ending at tick ``wall``."""
         if history is not None and len(history) != len(ends):
             raise ValueError(f"simulate: history has {len(history)} losses but the trace has {len(ends)} steps")
-        nodes = [NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step)
+        nodes = [NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step,
+                           seconds(rk.lost), _down(self._cm.down[rk.rank], seconds(rk.t)))
                  for r, rk in enumerate(ranks)]
         total = sum(rk.compute for rk in ranks)
         return SimResult(
@@ -340,6 +366,8 @@ class Simulation:
             links=self._links(seconds(wall)),
             collectives=[self._span(c) for c in self._ended],
             link_loads=[c.plan.load for c in self._ended],
+            failures=sum(len([t for t in self._cm.fail_starts(rk.rank) if t < seconds(rk.t)]) for rk in ranks),
+            goodput=(total - sum(rk.lost for rk in ranks)) / (len(nodes) * wall) if wall > 0 else 0.0,
         )
 
     def _links(self, wall: float) -> list[LinkLoad]:
@@ -374,11 +402,15 @@ class Simulation:
                 start = rk.t
                 work = cm.work(r, rk.step, e)
                 if cm.windowed[r]:
-                    _, pieces = cm.run(r, rk.step, seconds(start), work)
+                    _, pieces = cm.run(r, rk.step, seconds(start), work, rk.since_work if self._rewind else None)
                     end = start
-                    for a, b, down in pieces:
+                    for a, b, what in pieces:
+                        if what == FAILED:
+                            rk.lost += rk.compute - rk.mark
+                            rk.mark = rk.compute
                         a_t, end = max(end, ticks(a)), max(end, ticks(b))
-                        self._spend(rk, a_t, end, IDLE if down else COMPUTE)
+                        self._spend(rk, a_t, end, IDLE if what else COMPUTE)
+                    rk.since_work += work
                 else:
                     end = start + round(work * SCALE)
                     self._spend(rk, start, end, COMPUTE)
@@ -392,6 +424,9 @@ class Simulation:
                 if c is None:
                     raise TraceError(f"trace: rank {r} waits for collective id {e.cid}, which it never issued as async")
                 self._block(rk, c)
+            elif kind is Discard:  # it adopts others' state: a sync point whose work since the last is lost
+                rk.lost += rk.compute - rk.mark
+                rk.mark, rk.since_work = rk.compute, 0.0
             elif kind is AnyRecv:
                 rk.blocked, rk.block_t = Instance(((r,), -1), "any", (r,)), rk.t  # a placeholder until a message is taken
                 self._agenda.at(rk.t, self._claim, rk, order=(CLAIM, r))
@@ -556,6 +591,7 @@ class Simulation:
         end = max(c.end, tb)
         start = min(max(c.start - c.setup, tb), end)
         self._spend(rk, tb, start, IDLE)
+        self._cm.failures_through(rk.rank, seconds(end))
         if self._cm.down[rk.rank]:
             cursor = start
             for t0, t1 in sorted(self._cm.down[rk.rank]):
@@ -569,6 +605,7 @@ class Simulation:
             self._spend(rk, start, end, COMM)
         rk.t = rk.synced = end
         rk.blocked = None
+        rk.since_work, rk.mark = 0.0, rk.compute
 
     # ------------------------------------------------------------ collectives
     def _start(self, t: int, c: Instance) -> None:
@@ -755,6 +792,37 @@ class Simulation:
         self._agenda.at(ticks(t0), self._outage, rank, True, order=(OUTAGE, rank))
         self._agenda.at(ticks(t1), self._outage, rank, False, order=(OUTAGE, rank))
 
+    def _schedule_failure(self, rank: int, k: int) -> None:
+        """Put ``rank``'s k-th failure on the agenda (drawn now if need be): its start (not before now), its end."""
+        t0, t1 = self._cm.failures[rank].outage(k)
+        self._cm.failures_through(rank, t0)
+        self._failing += 2
+        self._agenda.at(max(ticks(t0), self._agenda.now), self._fail, rank, k, order=(OUTAGE, rank))
+        self._agenda.at(ticks(t1), self._recover, rank, order=(OUTAGE, rank))
+
+    def _fail(self, t: int, rank: int, k: int) -> None:
+        """``rank``'s k-th failure strikes; its next one goes on the agenda while the run may go on."""
+        self._failing -= 1
+        self._outage(t, rank, True)
+        live = self._agenda.pending > self._failing or self._active or self._lone is not None  # (paused flows schedule nothing)
+        if live or any(rk.open and rk.blocked is None for rk in self._ranks):
+            self._schedule_failure(rank, k + 1)
+        else:  # nothing can move until more input comes: the chain waits for it (run_until_blocked resumes it)
+            self._stalled[rank] = k + 1
+
+    def _resume_failures(self) -> None:
+        """Put each stalled rank's next failure that has not ended yet back on the agenda."""
+        now = seconds(self._agenda.now)
+        for rank, k in self._stalled.items():
+            while self._cm.failures[rank].outage(k)[1] <= now:
+                k += 1
+            self._schedule_failure(rank, k)
+        self._stalled.clear()
+
+    def _recover(self, t: int, rank: int) -> None:
+        self._failing -= 1
+        self._outage(t, rank, False)
+
     def _outage(self, t: int, rank: int, down: bool) -> None:
         """``rank`` goes down (its flows stop) or comes back."""
         lone = self._lone
@@ -763,3 +831,14 @@ class Simulation:
         self._drain(t)
         self._net.pause(rank, down)
         self._net_changed(t)
+
+
+def _down(outages: Sequence[tuple[float, float]], end: float) -> float:
+    """Seconds within [0, end) covered by ``outages`` (overlaps counted once)."""
+    total, reach = 0.0, 0.0
+    for t0, t1 in sorted(outages):
+        lo, hi = max(t0, reach), min(t1, end)
+        if hi > lo:
+            total += hi - lo
+        reach = max(reach, t1)
+    return total

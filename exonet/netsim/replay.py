@@ -52,7 +52,7 @@ def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Seque
             chosen = Scenario.coerce(scenario)
             resolved, name = chosen.resolve(trace.num_nodes, servers=trace.meta.get("servers", 0)), chosen.name
             _warn_if_decided_elsewhere(trace, chosen)
-        sim = Simulation(resolved, fast_path=fast_path, name=name)
+        sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
         sim.feed_trace(trace)
         return sim.result(history)
     return _simulate_jobs(list(trace), scenario, history, fast_path, placement)

@@ -15,6 +15,20 @@ flow moved bytes on it), ``utilization = bytes / (capacity × wall_clock_s)`` (t
 of its capacity the run used) and ``busy_fraction = busy_s / wall_clock_s`` (the share of
 the run it was in use). A link used at full rate whenever busy has the two equal; a
 shared or capped link has utilization below its busy fraction.
+
+Under failures (``[failures]``) ``compute_s`` includes work a failure threw away
+(``lost_s``: the node's compute since its last sync when the failure struck, which it
+redoes after the outage), and ``down_s`` is the part of ``idle_s`` the node spent down
+before its last event. Goodput is the useful compute over the machine time:
+
+    goodput = Σ (compute_s − lost_s) / (nodes × wall_clock_s)
+
+and the rest of the machine time, node-seconds summed over nodes, is ``SimResult.lost``:
+``lost_work`` (Σ lost_s), ``down`` (Σ down_s), ``waiting`` (Σ idle_s − down_s: for others,
+for a member to come back, for the run to end) and ``comm`` (Σ comm_s, exposed
+communication, recovery transfers included), so that
+goodput · nodes · wall_clock_s + Σ lost == nodes · wall_clock_s. Without failures goodput
+equals utilization.
 """
 
 from __future__ import annotations
@@ -39,6 +53,8 @@ class NodeTimes:
     comm_s: float
     idle_s: float
     steps: int
+    lost_s: float = 0.0  # compute thrown away by failures (included in compute_s)
+    down_s: float = 0.0  # time down (included in idle_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +99,8 @@ class SimResult:
         step_end_times: simulated time at which step i ended on its slowest node.
         wire_bytes: bytes each node sent on the wire under the chosen algorithms.
         utilization: total compute ÷ (nodes × wall clock).
+        goodput: useful compute ÷ (nodes × wall clock), compute less the work failures threw away.
+        failures: how many failures struck nodes before their last event.
         scenario_name: the scenario's name ("" when it had none).
         num_steps: how many steps the run had (the most any node took).
         events: how many trace events were replayed.
@@ -107,6 +125,19 @@ class SimResult:
     collectives: list[CollectiveSpan] = field(default_factory=list, repr=False)
     # per collective (as ``collectives``): the bytes it put on each link, by index into ``links``
     link_loads: list[Sequence[float]] = field(default_factory=list, repr=False)
+    failures: int = 0  # failures that struck nodes before their last event
+    goodput: float = 0.0  # useful compute ÷ (nodes × wall clock): compute less the work failures threw away
+
+    @property
+    def lost(self) -> dict[str, float]:
+        """Node-seconds not spent on useful compute, by cause: lost_work, down, waiting, comm."""
+        nodes = self.per_node
+        return {
+            "lost_work": sum(p.lost_s for p in nodes),
+            "down": sum(p.down_s for p in nodes),
+            "waiting": sum(p.idle_s - p.down_s for p in nodes),
+            "comm": sum(p.comm_s for p in nodes),
+        }
 
     def busiest_links(self, k: int | None = None) -> list[LinkLoad]:
         """The links by utilisation, most loaded first (ties: by busy time); the first ``k`` of them."""
@@ -173,6 +204,9 @@ class SimResult:
             f"scenario {self.scenario_name or '(unnamed)'}: {len(self.per_node)} nodes, {self.num_steps} steps, "
             f"simulated wall-clock {_duration(self.wall_clock_s)}, compute utilization {self.utilization:.1%}"
         )
+        if self.failures:
+            lost = ", ".join(f"{k} {v:.4g} s" for k, v in self.lost.items())
+            head += f"\n{self.failures} failures, goodput {self.goodput:.1%}; node-seconds lost: {lost}"
         rows = [f"{'node':>5} {'compute s':>12} {'comm s':>12} {'idle s':>12} {'wire MB':>12}"]
         for node, sent in zip(self.per_node, self.wire_bytes):
             rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} {sent / 1e6:>12.3f}")

@@ -26,9 +26,12 @@ class RankState:
         "gate",
         "idle",
         "kinds",
+        "lost",
+        "mark",
         "open",
         "queue",
         "rank",
+        "since_work",
         "span_end",
         "step",
         "step_ends",
@@ -49,6 +52,9 @@ class RankState:
         self.open = True
         self.gate = False  # an outage by step begins at this step and its length is not yet known
         self.compute = self.comm = self.idle = 0
+        self.since_work = 0.0  # seconds of work since its last sync, which a failure throws away
+        self.mark = 0  # its compute (ticks) when it last synced or failed
+        self.lost = 0  # compute (ticks) thrown away by failures
         self.times = array("d")  # span (start, end) pairs in seconds
         self.kinds = bytearray()
         self.span_end = -1  # the last span's end tick

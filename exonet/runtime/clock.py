@@ -51,11 +51,12 @@ class SimClock:
         what: the fit argument that needs the clock, for errors.
         given_compute: the compute spans are stated, not measured (``exonet.estimate``), so they are
             deterministic in any ``compute.mode``.
+        rewind: whether a failure makes the replay redo the work since the last sync (not for elastic runs).
     """
 
     def __init__(self, scenario: Scenario, world: int, limit_s: float, max_steps: int, *, trainers: int | None = None,
                  synchronous: bool = True, what: str = "max_sim_time_s", decides: bool = True,
-                 given_compute: bool = False) -> None:
+                 given_compute: bool = False, rewind: bool = True) -> None:
         resolved = scenario.resolve(world, servers=world - (world if trainers is None else trainers))
         self.decides = decides  # False: it only answers a strategy's questions ("now", "transfer"), in any compute mode
         if decides and resolved.compute_mode != "flops" and not given_compute:
@@ -64,7 +65,7 @@ class SimClock:
         self.limit_s, self.max_steps, self.synchronous = limit_s, max_steps, synchronous
         self.gated = math.isfinite(limit_s)  # nodes wait for step decisions only under a limit
         self.speeds = tuple(resolved.speed)
-        self.sim = Simulation(resolved, name=scenario.name)
+        self.sim = Simulation(resolved, name=scenario.name, rewind=rewind)
         self._trainers = range(world if trainers is None else trainers)
         self._decided = [0] * world  # per rank: the last step decided (step 0 always runs)
         self._stopped: set[int] = set()
@@ -73,6 +74,9 @@ class SimClock:
         self.stopped_at: int | None = None  # a synchronous run's first step not run
         self._rounds: dict[int, tuple[tuple[int, ...], dict[int, float]]] = {}  # deadline rounds decided
         self._opened: dict[int, float] = {0: 0.0}  # when each deadline round opened
+        self._elastic_rounds: dict[int, tuple[tuple[int, ...], ...]] = {}  # (up, out, rejoin) per round
+        self._elastic_arrived: dict[int, float] = {}  # each trainer's arrival at the latest elastic round's end
+        self._out: set[int] = set()  # elastic trainers still down at the latest round's end
 
     def feed(self, rank: int, events: Sequence[Event]) -> None:
         """Events a node reported (a step's, those before a blocking call, or its final ones); replays them."""
@@ -91,7 +95,8 @@ class SimClock:
         the asker's simulated time once its events are replayed; ``("transfer", op, nbytes, group)``,
         how long that collective or message would take on an idle network;
         ``("deadline", r, seconds)``, asked by every trainer that finished its local work of
-        round r: who finished it by the round's deadline (see ``_deadline``).
+        round r: who finished it by the round's deadline (see ``_deadline``); ``("elastic", r)``, asked
+        by every trainer at the end of elastic round r: who stayed up since its last sync (see ``_elastic``).
         """
         if rank in self._asked:
             raise RuntimeError(f"online clock: rank {rank} asked {question[0]!r} before its last question was answered")
@@ -100,7 +105,7 @@ class SimClock:
         if question[0] == "recv_any":
             self.sim.feed(rank, AnyRecv(question[2]))
             self.sim.run_until_blocked()
-        elif question[0] not in ("speeds", "deadline", "now", "transfer"):
+        elif question[0] not in ("speeds", "deadline", "elastic", "now", "transfer"):
             del self._asked[rank]
             raise ValueError(f"online clock: unknown question {question[0]!r}")
 
@@ -117,8 +122,8 @@ class SimClock:
                 if times is None:
                     continue
                 out.append((rank, question, times[0]))
-            elif question[0] == "deadline":
-                answer = self._deadline(question[1], question[2])
+            elif question[0] in ("deadline", "elastic"):
+                answer = self._deadline(question[1], question[2]) if question[0] == "deadline" else self._elastic(question[1])
                 if answer is None:
                     continue
                 out.append((rank, question, answer))
@@ -160,6 +165,45 @@ class SimClock:
         close = self._opened[r] + deadline_s
         self._rounds[r] = (tuple(q for q in sorted(finished) if finished[q] <= close), finished)
         return self._answer(r)
+
+    def _elastic(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+        """(up, out, rejoin) of elastic round r, once every trainer has reached its end or stopped; else None.
+
+        A trainer failed in the round if it was down at any time between its last sync (the end of
+        its latest blocking call: the previous round's all-reduce, or the state it received; at least
+        its arrival at the previous round's end) and its arrival at this round's end. The others,
+        except those still out from earlier rounds, are up: they average, and the round ends at
+        their latest arrival T. A failed or out trainer that is up again at T rejoins (it receives
+        the state); one still down at T stays out, doing no traced work, until a round whose T
+        finds it up. If nobody is up, nobody averages and every trainer is back in for the next
+        round (which waits for them all). Trainers that stopped are in none of the three.
+        """
+        if r in self._elastic_rounds:
+            return self._elastic_rounds[r]
+        arrived: dict[int, tuple[float, float]] = {}
+        for q in self._trainers:
+            asked = self._asked.get(q)
+            if asked is not None and asked[0][0] == "elastic" and asked[0][1] == r:
+                times = self.sim.settled(q)
+                if times is None:
+                    return None
+                arrived[q] = times
+            elif self.sim.is_open(q) or self.sim.settled(q) is None:
+                return None
+        since = {q: max(synced, self._elastic_arrived.get(q, 0.0)) for q, (_, synced) in arrived.items()}
+        up = tuple(q for q in sorted(arrived)
+                   if q not in self._out and not self.sim.was_down(q, since[q], arrived[q][0]))
+        rest = [q for q in sorted(arrived) if q not in up]
+        if up:
+            end = max(arrived[q][0] for q in up)
+            out = tuple(q for q in rest if self.sim.down_at(q, end))
+        else:
+            out = ()
+        answer = up, out, tuple(q for q in rest if q not in out)
+        self._out = set(out)
+        self._elastic_arrived.update({q: t for q, (t, _) in arrived.items()})
+        self._elastic_rounds[r] = answer
+        return answer
 
     def _answer(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         participants, finished = self._rounds[r]

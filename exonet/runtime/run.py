@@ -306,12 +306,14 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     clock = None
     if strategy.asynchronous and scenario is not None:  # the clock chooses the order in this scenario (see simulate)
         meta["decided_in"] = {"scenario": scenario.name, "fingerprint": scenario.fingerprint}
+    if getattr(strategy, "elastic", False):  # its failed nodes discard their own work (see Simulation's rewind)
+        meta["elastic"] = True
     if scenario is not None:  # a strategy may ask the clock whenever there is a scenario; these runs obey it
         decides = cfg.max_sim_time_s is not None or strategy.asynchronous
         clock = SimClock(scenario, cfg.world, math.inf if cfg.max_sim_time_s is None else cfg.max_sim_time_s,
                          cfg.max_steps, trainers=cfg.num_nodes, synchronous=not strategy.asynchronous,
                          what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__,
-                         decides=decides)
+                         decides=decides, rewind=not meta.get("elastic", False))
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
     sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
     sup.record.watch = watch

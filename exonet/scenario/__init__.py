@@ -7,7 +7,8 @@ quantities ("100 Mbit/s", "4 MiB", "30 ms"). The presets themselves are TOML fil
 ``exonet.scenarios``.
 """
 
-from exonet.scenario.scenario import EventSpec, HostSpec, LinkSpec, Resolved, Scenario, list_presets
+from exonet.scenario.scenario import EventSpec, FailureSpec, HostSpec, LinkSpec, Resolved, Scenario, list_presets
 from exonet.scenario.schema import ALGORITHMS, FAMILIES
 
-__all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "HostSpec", "LinkSpec", "Resolved", "Scenario", "list_presets"]
+__all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "FailureSpec", "HostSpec", "LinkSpec", "Resolved", "Scenario",
+           "list_presets"]

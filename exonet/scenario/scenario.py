@@ -65,7 +65,8 @@ from exonet.scenario.schema import (
 )
 
 # ALGORITHMS and FAMILIES belong to the schema; exonet.scenario (the package) re-exports them with these names.
-__all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "HostSpec", "LinkSpec", "Resolved", "Scenario", "list_presets"]
+__all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "FailureSpec", "HostSpec", "LinkSpec", "Resolved", "Scenario",
+           "list_presets"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,22 @@ class EventSpec:
 
 
 @dataclass(frozen=True)
+class FailureSpec:
+    """A failure process per rank: up for Exp(mtbf), then down for a repair (per ``distribution``) plus ``restart``."""
+
+    mtbf: float  # seconds, the mean up-time between failures
+    repair: float = 0.0  # seconds: fixed, or the mean of the exponential / lognormal draw
+    restart: float = 0.0  # seconds, fixed: reload and rejoin after the repair
+    distribution: str = "fixed"  # "fixed" | "exponential" | "lognormal" (repair times)
+    sigma: float = 0.0  # the lognormal's sigma
+    seed: int = 0
+
+    def expected_failures(self, num_nodes: int, seconds: float) -> float:
+        """Expected failures over ``seconds`` of run on ``num_nodes`` ranks: nodes × T / (mtbf + repair + restart)."""
+        return num_nodes * seconds / (self.mtbf + self.repair + self.restart)
+
+
+@dataclass(frozen=True)
 class Resolved:
     """A scenario made concrete for ``num_nodes`` ranks; every quantity in SI base units.
 
@@ -132,6 +149,7 @@ class Resolved:
         events: transient slowdowns and outages.
         hosts: None (every rank its own machine), or the hosts the ranks sit in: messages between two devices
             of one host cross only the fabric, with the fabric's latency.
+        failures: the failure process of every rank (``[failures]``), or None.
     """
 
     num_nodes: int
@@ -161,6 +179,7 @@ class Resolved:
     events: tuple[EventSpec, ...] = ()
     name: str = ""
     hosts: HostSpec | None = None
+    failures: FailureSpec | None = None
 
     def path_latency(self, src: int, dst: int) -> float:
         """One-way latency between two ranks (the fabric's within a host, the inter-region link's across regions)."""
@@ -384,6 +403,7 @@ class Scenario:
             events=events,
             name=self.name,
             hosts=hosts,
+            failures=FailureSpec(**p["failures"]) if "failures" in p else None,
         )
 
     def _collective(self) -> str:
@@ -506,6 +526,8 @@ class Scenario:
             span = f"{fmt(e.get(lo, 0))} to {fmt(e[hi]) if hi in e else 'end'}"
             what = f"slow x{e['factor']:g}" if e["kind"] == "slow" else "down"
             lines.append(f"  event       {what}, {_who(e)}, {'steps' if by_step else 'time'} {span}")
+        if "failures" in p:
+            lines.extend(_failures(FailureSpec(**p["failures"]), num_nodes))
         if num_nodes is not None:
             lines.append(f"  resolved for {num_nodes} nodes{f' ({servers} serving)' if servers else ''}:")
             lines.extend(_layout(self.resolve(num_nodes, servers)))
@@ -541,6 +563,19 @@ def _assign(table: dict[str, Any], key: str, value: Any) -> None:
         table.pop(key, None)
     else:
         table[key] = copy.deepcopy(value)
+
+
+def _failures(f: FailureSpec, num_nodes: int | None) -> list[str]:
+    """The failure process in words, with the failures a run can expect."""
+    secs = units.format_time
+    repair = {"fixed": secs(f.repair), "exponential": f"Exp(mean {secs(f.repair)})",
+              "lognormal": f"lognormal(mean {secs(f.repair)}, sigma {f.sigma:g})"}[f.distribution]
+    nodes = "nodes" if num_nodes is None else f"{num_nodes} nodes"
+    per_hour = f.expected_failures(1 if num_nodes is None else num_nodes, 3600.0)
+    cycle = secs(f.mtbf + f.repair + f.restart)
+    return [f"  failures    per node: up Exp(mtbf {secs(f.mtbf)}), then down {repair} + restart {secs(f.restart)}, seed {f.seed}",
+            f"              expected failures: {nodes} x T / {cycle} = {per_hour:.4g} per hour of run"
+            + ("" if num_nodes is not None else " per node")]
 
 
 def _round_half_up(x: Fraction) -> int:

@@ -54,6 +54,7 @@ COMPUTE_MODES = ("measured", "wall", "flops")
 JITTERS = ("none", "lognormal", "normal", "exponential")
 EVENT_KINDS = ("slow", "down")
 NICS = ("per-device", "per-host")
+REPAIRS = ("fixed", "exponential", "lognormal")
 DEFAULT_REGION = "default"
 
 # ---------------------------------------------------------------- field checks
@@ -206,7 +207,12 @@ _EVENT = {
 }
 _HOSTS = {"devices": _positive_count, "bandwidth": _rate, "latency": _time, "nic": _enum(NICS)}
 _SERVER = {"region": _string}  # where a strategy's server ranks live (they never move the trainers)
-TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS, "server": _SERVER}
+_FAILURES = {
+    "mtbf": partial(units.parse_time, allow_zero=False), "repair": _time, "restart": _time,
+    "distribution": _enum(REPAIRS), "sigma": _number(0, closed=True), "seed": _count,
+}
+TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS, "server": _SERVER,
+          "failures": _FAILURES}
 ARRAYS = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
 _TOP = _table(
     {
@@ -272,6 +278,8 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         raise ScenarioError(f"{where} stragglers.sigma is required when stragglers.jitter = {jitter!r} (e.g. sigma = 0.1)")
     if "sigma" in strag and "jitter" not in strag:
         raise ScenarioError(f"{where} stragglers.sigma needs stragglers.jitter ({', '.join(JITTERS)})")
+    if "failures" in p:
+        _check_failures(p["failures"], f"{where} failures")
     names: list[str] = []
     for i, region in enumerate(p.get("regions", [])):
         _need(region, "name", f"{where} regions[{i}]", 'name = "us"')
@@ -311,6 +319,17 @@ def _need(table: Mapping[str, Any], key: str, where: str, example: str) -> None:
 def _one_of_ranks_share(table: Mapping[str, Any], where: str) -> None:
     if ("ranks" in table) == ("share" in table):
         raise ScenarioError(f"{where}: give exactly one of `ranks` (e.g. ranks = [0, 1]) or `share` (e.g. share = 0.5)")
+
+
+def _check_failures(failures: Mapping[str, Any], where: str) -> None:
+    _need(failures, "mtbf", where, 'mtbf = "50 h"')
+    distribution = failures.get("distribution", "fixed")
+    if distribution == "lognormal" and "sigma" not in failures:
+        raise ScenarioError(f"{where}.sigma: is required when distribution = 'lognormal' (e.g. sigma = 0.5)")
+    if "sigma" in failures and distribution != "lognormal":
+        raise ScenarioError(f"{where}.sigma: applies only to distribution = 'lognormal'")
+    if distribution != "fixed" and not failures.get("repair", 0.0) > 0:
+        raise ScenarioError(f"{where}.distribution: {distribution!r} draws repair times around `repair`; set repair > 0")
 
 
 def _check_event(event: Mapping[str, Any], where: str) -> None:
