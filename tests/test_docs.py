@@ -120,16 +120,26 @@ TOML = [b for b in ALL if b.lang == "toml"]
 
 
 def commands(code: str) -> list[str]:
-    """A shell block's commands: continuations joined, comments and blank lines dropped, ``&&`` split."""
-    joined = re.sub(r"\\\n\s*", " ", code)
+    """A shell block's commands as written: continuations joined, comments and blank lines dropped, ``&&`` split."""
     out = []
-    for line in joined.splitlines():
-        words = shlex.split(line, comments=True)
-        if not words:
-            continue
-        text = shlex.join(words)
-        out.extend(part.strip() for part in text.split(" '&&' ") if part.strip())
-    return out
+    for line in re.sub(r"\s*\\\n\s*", " ", code).splitlines():
+        part, quote, i = "", None, 0
+        while i < len(line):
+            c = line[i]
+            if quote:
+                quote = None if c == quote else quote
+            elif c in "'\"":
+                quote = c
+            elif c == "#" and (not part or part[-1].isspace()):
+                break
+            elif line.startswith("&&", i):
+                out.append(part.strip())
+                part, i = "", i + 2
+                continue
+            part += c
+            i += 1
+        out.append(part.strip())
+    return [c for c in out if c]
 
 
 def small_form(command: str) -> list[str] | None:
@@ -158,7 +168,8 @@ def test_the_readmes_are_found_and_hold_code():
 
 def test_commands_split_continuations_chains_and_comments():
     code = 'pip install -e ".[examples]" && exonet quickstart   # the main job\nexonet estimate --a 1 \\\n  --b 2\n'
-    assert commands(code) == ["pip install -e '.[examples]'", "exonet quickstart", "exonet estimate --a 1 --b 2"]
+    assert commands(code) == ['pip install -e ".[examples]"', "exonet quickstart", "exonet estimate --a 1 --b 2"]
+    assert commands("printf 'a # b' > f  # write f\n") == ["printf 'a # b' > f"]
 
 
 # ---------------------------------------------------------------- Python blocks: one session per README
@@ -310,11 +321,10 @@ def test_shell_block_runs(block: Block, shell_dir: Path):
         if reason:
             skipped.append(f"{command!r}: {reason}")
             continue
-        words = shlex.split(command) + (small_form(command) or [])
-        if words[0] == "python":
-            words[0] = sys.executable
-        proc = subprocess.run(words, cwd=shell_dir, env=env, capture_output=True, text=True, timeout=SHELL_TIMEOUT_S)
-        assert proc.returncode == 0, (f"{block.id}: {shlex.join(words)} exited {proc.returncode}:\n"
+        full = " ".join([command, *map(shlex.quote, small_form(command) or [])])
+        proc = subprocess.run(["bash", "-c", full], cwd=shell_dir, env=env, capture_output=True, text=True,
+                              timeout=SHELL_TIMEOUT_S)
+        assert proc.returncode == 0, (f"{block.id}: {full} exited {proc.returncode}:\n"
                                       f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     if skipped:
         pytest.skip("; ".join(skipped))
