@@ -1,4 +1,4 @@
-"""Engine: replay per-rank events through a SimPy model, incrementally.
+"""Engine: replay per-rank events through the network model, incrementally, on a SimPy event clock.
 
 ``Simulation`` consumes each rank's events as they are fed (``feed``), so a run can be
 simulated while it is produced; ``simulate`` (exonet.netsim.replay) is the convenience

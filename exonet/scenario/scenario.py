@@ -6,7 +6,7 @@ units, which is all the simulator reads. This module loads scenarios (files, pre
 dicts), edits them (``replace``), resolves them and describes them; what a document
 may say, field by field, and its error messages live in ``exonet.scenario.schema``.
 
-Rules beyond the schema in DESIGN.md, chosen so a file means one thing:
+Rules beyond the schema (scenarios/README.md), chosen so a file means one thing:
 
 * Defaults are ideal: ``latency`` "0 s", efficiency 1, no TCP window, no packet framing
   (``mss``/``header_bytes``), no per-message overhead, no bottleneck queue, one TCP
@@ -222,7 +222,7 @@ class Scenario:
     """A validated network and compute environment; immutable (``replace`` returns a copy).
 
     Args:
-        data: the scenario as a dict with the TOML schema (see DESIGN.md).
+        data: the scenario as a dict with the TOML schema (see scenarios/README.md).
         source: where it came from, for error messages (a file path, or "<dict>").
     """
 

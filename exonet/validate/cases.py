@@ -49,7 +49,7 @@ class Case:
         kind: "collective" (one op per repetition), "burst" (``count`` ops back to back) or "train".
         nodes: K, one namespace each.
         bandwidth: every NIC's rate, bit/s, each direction.
-        op / nbytes: the collective and its payload as the trace counts it (see DESIGN.md).
+        op / nbytes: the collective and its payload as the trace counts it (``Trace.add_collective``).
         hetero: the last node's uplink runs at a quarter of ``bandwidth``.
         regions: two regions (first and second half of the ranks) joined by one link at
             ``bandwidth``; each rank i of the first half runs the op with rank i + K/2, all
