@@ -32,6 +32,7 @@ from typing import Any
 
 from exonet.netsim import SimResult, Simulation
 from exonet.netsim.engine import AnyRecv
+from exonet.runtime.messages import Answer, Events, NodeMessage, Query, StepDecision
 from exonet.scenario import Scenario
 from exonet.trace import Collective, Event, Step
 
@@ -275,7 +276,7 @@ class ClockLink:
     """A node's side of the online clock: step decisions and answers arrive on one pipe, in order.
 
     Args:
-        control: the read end of the parent's messages ``("step", k, go)`` and ``("answer", value)``.
+        control: the read end of the parent's messages (``StepDecision`` and ``Answer``).
         report: sends a message to the parent (the node's pipe).
         rank: this node.
         blocked: the heartbeat's context for waiting on others (waiting for the clock is not a hang).
@@ -283,39 +284,40 @@ class ClockLink:
         announces: report events before every blocking call (a run with a server: see the module doc).
     """
 
-    def __init__(self, control: Any, report: Callable[[tuple], None], rank: int, blocked: Callable[[], Any],
+    def __init__(self, control: Any, report: Callable[[NodeMessage], None], rank: int, blocked: Callable[[], Any],
                  gated: bool, announces: bool) -> None:
         self._control, self._report, self.rank, self._blocked = control, report, rank, blocked
         self.gated, self.announces = gated, announces
-        self._steps: deque[tuple[int, bool]] = deque()
+        self._steps: deque[StepDecision] = deque()
 
-    def _read(self, kind: str) -> Any:
+    def _read(self, want: type) -> Any:
+        """The next message of type ``want`` (StepDecision or Answer); decisions that come first are kept."""
         while True:
-            if kind == "step" and self._steps:
+            if want is StepDecision and self._steps:
                 return self._steps.popleft()
             with self._blocked():
                 msg = self._control.recv()
-            if msg[0] == kind and kind == "answer":
-                return msg[1]
-            if msg[0] != "step":
-                raise RuntimeError(f"online clock: expected a {kind}, got {msg!r}")
-            self._steps.append((msg[1], msg[2]))
+            if type(msg) is want:
+                return msg
+            if type(msg) is not StepDecision:
+                raise RuntimeError(f"online clock: expected a {want.__name__}, got {msg!r}")
+            self._steps.append(msg)
 
     def allows(self, step: int) -> bool:
         """Whether step ``step`` may run (waits for the parent's decision when the run is gated)."""
         if not self.gated:
             return True
-        k, go = self._read("step")
-        if k != step:
-            raise RuntimeError(f"online clock: expected the decision for step {step}, got one for step {k}")
-        return go
+        decision = self._read(StepDecision)
+        if decision.step != step:
+            raise RuntimeError(f"online clock: expected the decision for step {step}, got one for step {decision.step}")
+        return decision.go
 
     def announce(self, events: list[Event]) -> None:
         """Report events before a blocking call, so the clock can replay up to it."""
         if events:
-            self._report(("events", self.rank, events))
+            self._report(Events(self.rank, events))
 
     def ask(self, question: tuple, events: list[Event]) -> Any:
         """Report ``events``, ask ``question`` (see ``SimClock.ask``) and wait for the answer."""
-        self._report(("query", self.rank, events, question))
-        return self._read("answer")
+        self._report(Query(self.rank, events, question))
+        return self._read(Answer).value

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from exonet.runtime.checkpoint import load_node, save_node
 from exonet.runtime.clock import ClockLink
+from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
 from exonet.communicator import Communicator
 from exonet.seeding import shared_generator
 from exonet.strategies.base import NodeContext, Strategy
@@ -139,7 +140,7 @@ class TrainNode:
     """One rank: data, model, strategy and the step loop."""
 
     def __init__(self, rank: int, cfg: NodeConfig, model: torch.nn.Module, train_data: Any, val_data: Any,
-                 strategy: Strategy, send: Callable[[tuple], None], heartbeat: Heartbeat,
+                 strategy: Strategy, send: Callable[[NodeMessage], None], heartbeat: Heartbeat,
                  clock: ClockLink | None = None) -> None:
         self.rank, self.cfg, self.send, self.heartbeat = rank, cfg, send, heartbeat
         self.clock = clock  # the online clock: whether each step runs, who a server receives next
@@ -230,7 +231,7 @@ class TrainNode:
             loss = self._forward_backward(batch)
             self.comm.flops_done(flops)
             self.strategy.step()
-            self.send(("step", self.rank, step, loss, self.comm.mark_step()))
+            self.send(StepDone(self.rank, step, loss, self.comm.mark_step()))
             self.heartbeat.beat()
             done = step + 1
             if evaluates and (done % cfg.val_interval == 0 or done == cfg.max_steps):
@@ -243,7 +244,7 @@ class TrainNode:
         self.strategy.finish()
         tail = self.comm.take_events()
         state = None if cfg.servers else self._own_state() if alone else self._final_state()
-        self.send(("done", self.rank, tail, state))
+        self.send(NodeDone(self.rank, tail, state))
 
     def _serve(self) -> None:
         """A server's life: serve the trainers until none is left, evaluating its model every ``val_interval`` updates.
@@ -263,8 +264,8 @@ class TrainNode:
             with self.comm.bookkeeping(), torch.no_grad():
                 loss = self._eval_loss(val_loader)
             last[2] = updates
-            self.send(("eval", self.rank, updates, {"step": updates, "updates": updates, "loss": loss,
-                                                    "sim_time_s": sim_time_s}))
+            self.send(Evaluated(self.rank, updates, {"step": updates, "updates": updates, "loss": loss,
+                                                   "sim_time_s": sim_time_s}))
 
         def updated(updates: int, sim_time_s: float) -> None:
             self.heartbeat.beat()
@@ -276,7 +277,7 @@ class TrainNode:
         if val_loader is not None and cfg.val_interval and last[0] != last[2]:  # the final model, at its final time
             evaluate(last[0], last[1])
         tail = self.comm.take_events()
-        self.send(("done", self.rank, tail, self._own_state()))
+        self.send(NodeDone(self.rank, tail, self._own_state()))
 
     def _forward_backward(self, batch: Any, sync: bool = True) -> float:
         """Forward and backward over the batch's micro-batches; ``sync`` lets the last backward start communication."""
@@ -344,7 +345,7 @@ class TrainNode:
         """Write this node's checkpoint and report it; the parent commits it once all K have."""
         with self.comm.bookkeeping():
             save_node(Path(self.cfg.checkpoint_dir), step, self.rank, self.model, self.strategy)
-        self.send(("checkpoint", self.rank, step))
+        self.send(Checkpointed(self.rank, step))
         self.heartbeat.beat()
 
     def _float_tensors(self) -> list[torch.Tensor]:
@@ -392,8 +393,8 @@ class TrainNode:
             self._load_flat(avg)
             loss = self._eval_loss(val_loader)
             self._load_flat(saved)
-            self.send(("eval", 0, step, {"step": step, "loss": loss, "local_loss": local_loss,
-                                         "divergence": divergence, "correlation": correlation}))
+            self.send(Evaluated(0, step, {"step": step, "loss": loss, "local_loss": local_loss,
+                                        "divergence": divergence, "correlation": correlation}))
 
     def _load_flat(self, flat: torch.Tensor) -> None:
         offset = 0
@@ -440,7 +441,7 @@ class TrainNode:
             return
         with self.comm.bookkeeping(), torch.no_grad():
             loss = self._eval_loss(val_loader)
-        self.send(("eval", 0, step, {"step": step, "loss": loss, "local_loss": loss}))
+        self.send(Evaluated(0, step, {"step": step, "loss": loss, "local_loss": loss}))
 
 
 def _explain_forward_error(model: torch.nn.Module, batch: Any, exc: Exception) -> None:
@@ -535,7 +536,7 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
                                                        gated=cfg.max_sim_time_s is not None, announces=strategy.asynchronous)
         TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock).run()
     except BaseException:
-        pipe.send(("error", rank, traceback.format_exc(), time.monotonic()))
+        pipe.send(NodeError(rank, traceback.format_exc(), time.monotonic()))
         code = 1
     finally:
         if dist.is_initialized():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from exonet.runtime.messages import Evaluated, Events, NodeDone, NodeMessage, Query, StepDone
 from exonet.trace import Collective, Event, Step, Trace, Wait
 
 if TYPE_CHECKING:
@@ -79,30 +80,29 @@ class RunRecord:
             self._bar = tqdm(total=max_steps, initial=start_step, desc=f"exonet K={num_nodes}", unit="step",
                              leave=False)
 
-    def handle(self, msg: tuple) -> None:
-        """Take a "step", "eval", "done", "events" or "query" message."""
-        kind, rank = msg[0], msg[1]
-        if kind == "step":
-            _, _, step, loss, events = msg
-            self.events[rank].extend(_shift_cids(events, self._cid_offset[rank]))
-            self._losses.setdefault(step, {})[rank] = loss
+    def handle(self, msg: NodeMessage) -> None:
+        """Take a StepDone, Evaluated, NodeDone, Events or Query message."""
+        kind, rank = type(msg), msg.rank
+        if kind is StepDone:
+            self.events[rank].extend(_shift_cids(msg.events, self._cid_offset[rank]))
+            self._losses.setdefault(msg.step, {})[rank] = msg.loss
             if self.watch is not None:
-                self.watch.check(rank, step, loss)
+                self.watch.check(rank, msg.step, msg.loss)
             self._flush_losses()
-        elif kind == "eval":
-            self.history["eval"].append(msg[3])
+        elif kind is Evaluated:
+            self.history["eval"].append(msg.entry)
             if self.logger is not None:
-                self.logger.log_eval(msg[3])
-        elif kind in ("events", "query"):  # reported before a blocking call (exonet.runtime.clock)
-            self.events[rank].extend(msg[2])
-        elif kind == "done":
-            self.events[rank].extend(_shift_cids(msg[2], self._cid_offset[rank]))
-            if msg[3] is not None:
-                self.state = msg[3]
+                self.logger.log_eval(msg.entry)
+        elif kind is Events or kind is Query:  # reported before a blocking call (exonet.runtime.clock)
+            self.events[rank].extend(msg.events)
+        elif kind is NodeDone:
+            self.events[rank].extend(_shift_cids(msg.events, self._cid_offset[rank]))
+            if msg.state is not None:
+                self.state = msg.state
             self.done.add(rank)
             self._flush_losses()
         else:
-            raise ValueError(f"RunRecord: unexpected message kind {kind!r}")
+            raise ValueError(f"RunRecord: unexpected message {msg!r}")
 
     def _flush_losses(self) -> None:
         nxt = len(self.history["train_loss"])

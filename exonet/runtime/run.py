@@ -1,14 +1,10 @@
 """Run supervision: start the node processes, collect what they report, stop them all on failure.
 
-This is the parent's side of a fit. Messages from nodes (one pipe per node, never
-collectives; a send is complete once it returns, so a node killed right after a
-report has still delivered it):
-
-* ``("step", rank, step, loss, events)``: a finished step with that step's trace events;
-* ``("eval", 0, step, {...})``: an evaluation from rank 0;
-* ``("checkpoint", rank, step)``: the node wrote its checkpoint file for ``step``;
-* ``("done", rank, events, state)``: trailing events, and on rank 0 the averaged model;
-* ``("error", rank, traceback_text, monotonic_time)``: the node raised.
+This is the parent's side of a fit. Nodes report on one pipe each (never collectives), in the
+records of exonet.runtime.messages: StepDone (a step's loss and trace events), Evaluated,
+Checkpointed, NodeDone (trailing events and, on one rank, the final model), NodeError (the
+node raised), and under the online clock Events and Query; the parent answers on each
+node's control pipe with StepDecision and Answer.
 
 Besides the pipes the parent watches the processes (one that dies reports its signal)
 and the progress array (exonet.runtime.watchdog: one that hangs is named). A node's error may
@@ -43,6 +39,7 @@ from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
 from exonet.runtime.forkserver import context
 from exonet.runtime.job import Job
+from exonet.runtime.messages import Answer, Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, Query, StepDecision
 from exonet.errors import NodeFailure
 from exonet.runtime.node import NodeConfig, node_main
 from exonet.fit_result import FitResult
@@ -164,19 +161,17 @@ class Supervisor:
         if msg is not None:
             self._handle(msg)
 
-    def _handle(self, msg: tuple) -> None:
-        kind, rank = msg[0], msg[1]
-        if kind == "checkpoint":
-            step = msg[2]
-            if self.book is not None and self.book.report(rank, step):
-                self.book.commit(step, *self.record.snapshot(step))
-        elif kind == "error":
+    def _handle(self, msg: NodeMessage) -> None:
+        kind, rank = type(msg), msg.rank
+        if kind is Checkpointed:
+            if self.book is not None and self.book.report(rank, msg.step):
+                self.book.commit(msg.step, *self.record.snapshot(msg.step))
+        elif kind is NodeError:
             raise self._blame(msg)
         else:
             self.record.handle(msg)
-            if self.clock is not None and kind in ("step", "done", "events", "query"):
-                self._tick(rank, msg[4] if kind == "step" else msg[2], done=kind == "done",
-                           question=msg[3] if kind == "query" else None)
+            if self.clock is not None and kind is not Evaluated:
+                self._tick(rank, msg.events, done=kind is NodeDone, question=msg.question if kind is Query else None)
 
     def _tick(self, rank: int, events: list, done: bool, question: tuple | None) -> None:
         """Advance the online clock with a node's report; send every node the decisions and answers it allows."""
@@ -190,27 +185,27 @@ class Supervisor:
         for asker, asked, answer in clock.answers():
             if answer is not None and asked[0] == "recv_any":
                 self.record.events[asker].append(received_event(asker, asked, answer))
-            self.controls[asker].send(("answer", answer))
+            self.controls[asker].send(Answer(answer))
         for who, step, go in clock.decisions():
             for pipe in self.controls if who is None else [self.controls[who]]:
-                pipe.send(("step", step, go))
+                pipe.send(StepDecision(step, go))
 
-    def _blame(self, error: tuple) -> NodeFailure:
+    def _blame(self, error: NodeError) -> NodeFailure:
         """The failure to report for a node's error: a peer killed by a signal, else the earliest error."""
         first = error
         deadline = time.monotonic() + ECHO_S
         while time.monotonic() < deadline:
             for rank, p in enumerate(self.procs):
                 if p.exitcode is not None and p.exitcode < 0:
-                    return NodeFailure(rank, f"{_exit_reason(p.exitcode)} (node {error[1]} then failed with: "
-                                             f"{error[2].rstrip().splitlines()[-1]})")
+                    return NodeFailure(rank, f"{_exit_reason(p.exitcode)} (node {error.rank} then failed with: "
+                                             f"{error.traceback.rstrip().splitlines()[-1]})")
             for rank in self._ready(0.02):
                 msg = self._next(rank)
-                if msg is not None and msg[0] == "error":
-                    first = min(first, msg, key=lambda m: m[3])
+                if type(msg) is NodeError:
+                    first = min(first, msg, key=lambda m: m.at)
                 elif msg is not None:
                     self._handle(msg)
-        return NodeFailure(first[1], first[2].rstrip())
+        return NodeFailure(first.rank, first.traceback.rstrip())
 
     def _check_alive(self) -> None:
         for rank, p in enumerate(self.procs):

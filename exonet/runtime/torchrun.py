@@ -22,6 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from exonet.runtime.job import Job
+from exonet.runtime.messages import NodeMessage
 from exonet.runtime.node import TrainNode
 from exonet.runtime.record import RunRecord
 from exonet.runtime.watchdog import Heartbeat
@@ -54,7 +55,7 @@ def train_under_torchrun(job: Job, meta: dict[str, Any], progress: bool, logger:
         raise ValueError(f"fit: num_nodes={cfg.num_nodes} but torchrun started WORLD_SIZE={world} processes")
     if cfg.device_type == "cuda":  # one GPU per process: this host's LOCAL_RANK-th
         cfg = replace(cfg, devices=(int(os.environ.get("LOCAL_RANK", 0)),))
-    messages: list[tuple] = []
+    messages: list[NodeMessage] = []
     t0 = time.perf_counter()
     dist.init_process_group(cfg.backend, store=_store(rank, world, cfg.timeout_s), rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_s))
