@@ -13,8 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, inner_spec,
-                                    shared_generator, unflatten_into)
+from exonet.strategies.base import (
+    NodeContext,
+    OptimSpec,
+    Strategy,
+    base_options,
+    check_range,
+    flatten,
+    inner_spec,
+    shared_generator,
+    unflatten_into,
+)
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator

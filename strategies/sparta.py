@@ -17,8 +17,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, inner_spec,
-                                    shared_generator)
+from exonet.strategies.base import (
+    NodeContext,
+    OptimSpec,
+    Strategy,
+    base_options,
+    check_range,
+    inner_spec,
+    shared_generator,
+)
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator

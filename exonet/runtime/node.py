@@ -25,12 +25,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from exonet.communicator import Communicator
 from exonet.runtime.checkpoint import load_node, save_node
 from exonet.runtime.clock import ClockLink
-from exonet.communicator import Communicator
+from exonet.runtime.watchdog import Heartbeat
 from exonet.seeding import shared_generator
 from exonet.strategies.base import NodeContext, Strategy
-from exonet.runtime.watchdog import Heartbeat
 
 
 @dataclass(frozen=True)

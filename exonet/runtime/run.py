@@ -39,19 +39,18 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from exonet.errors import NodeFailure
+from exonet.fit_result import FitResult
+from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
 from exonet.runtime.forkserver import context
 from exonet.runtime.job import Job
-from exonet.errors import NodeFailure
 from exonet.runtime.node import NodeConfig, node_main
-from exonet.fit_result import FitResult
-from exonet.rundir import create_run, read_json, reopen_run, write_run
-from exonet.strategies.base import Strategy
 from exonet.runtime.record import RunRecord
-from exonet.runtime.transport import (ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value,
-                                      shared_bytes)
+from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value, shared_bytes
 from exonet.runtime.watchdog import SLOTS, Watchdog
+from exonet.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
 

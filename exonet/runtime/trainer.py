@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from exonet.arguments import check_range, one_of
+from exonet.fit_result import FitResult
 from exonet.runtime.job import Job
 from exonet.runtime.node import NodeConfig, is_factory, resolve_dataset
-from exonet.fit_result import FitResult
-from exonet.arguments import check_range, one_of
 from exonet.strategies.base import Strategy
 
 DEVICES = ("cpu", "cuda", "mps")
