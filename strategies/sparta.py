@@ -120,7 +120,8 @@ class SparseAverager:
             return
         with torch.no_grad():
             sizes = [len(i) for i in exchange.local]
-            for p, i, avg, sent in zip(self.params, exchange.local, exchange.average.split(sizes), exchange.sent.split(sizes)):
+            for p, i, avg, sent in zip(self.params, exchange.local, exchange.average.split(sizes),
+                                       exchange.sent.split(sizes)):
                 p.put_(i, (avg - sent).to(p.dtype), accumulate=True)
 
 

@@ -7,7 +7,8 @@ replay fed event by event. Modules: ``topology`` (NICs, regions, hosts, paths),
 their closed forms), ``compute`` (speed, jitter, slowdowns, outages), ``fastpath``
 (lone collectives timed without events), ``agenda`` (integer ticks, same-instant
 order), ``state`` (the replay's records), ``engine`` (the SimPy replay), ``replay``
-(``simulate``, a whole trace or several jobs), ``diagnose`` (why a replay cannot finish), ``result``, ``chrome`` (the Chrome/Perfetto trace).
+(``simulate``, a whole trace or several jobs), ``diagnose`` (why a replay cannot finish), ``result``,
+``chrome`` (the Chrome/Perfetto trace).
 """
 
 from exonet.netsim.engine import Simulation

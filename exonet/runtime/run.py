@@ -90,7 +90,8 @@ class Supervisor:
         self.beats = self.ctx.Array("d", SLOTS * cfg.world, lock=False)
         self.watchdog: Watchdog | None = None
         self.procs: list[Any] = []
-        self.record = RunRecord(cfg.world, cfg.max_steps, meta, resume, progress, cfg.start_step, trainers=cfg.num_nodes)
+        self.record = RunRecord(cfg.world, cfg.max_steps, meta, resume, progress, cfg.start_step,
+                                trainers=cfg.num_nodes)
 
     def start(self, model_bytes: bytes, train: Any, val: Any, strategy: Strategy) -> None:
         if self.progress_timeout_s is not None:
@@ -283,7 +284,8 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     if dist.is_torchelastic_launched():
         from exonet.runtime.torchrun import train_under_torchrun
 
-        if resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None or strategy.asynchronous:
+        if (resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None
+                or strategy.asynchronous):
             raise ValueError("fit: checkpoint_interval, resume_from, max_sim_time_s and asynchronous strategies are "
                              "not supported under torchrun yet")
         is_zero = os.environ.get("RANK") == "0"
@@ -377,7 +379,8 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
         _final_eval_at_end(result.history["eval"], result.sim.wall_clock_s)
         if decided and clock.gated:
             _say_who_stopped_early(clock, result.trace, config["num_nodes"], config["max_steps"])
-        log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
+        log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s,
+                 real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
             print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
                   f"in scenario {scenario.name!r}")
