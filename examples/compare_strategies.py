@@ -30,8 +30,17 @@ from torch.utils.data import TensorDataset
 
 from exonet import FitResult, LocalTrainer, Scenario, compare
 from exonet.comparison import Comparison
-from exonet.strategies import (DDPStrategy, DeMoStrategy, DiLoCoStrategy, FedAvgStrategy, OptimSpec,
-                               SPARTADiLoCoStrategy, SPARTAStrategy, StreamingDiLoCoStrategy, Strategy)
+from exonet.strategies import (
+    DDPStrategy,
+    DeMoStrategy,
+    DiLoCoStrategy,
+    FedAvgStrategy,
+    OptimSpec,
+    SPARTADiLoCoStrategy,
+    SPARTAStrategy,
+    Strategy,
+    StreamingDiLoCoStrategy,
+)
 from exonet.toy import digits, digits_mlp
 from exonet.units import format_bytes, format_time
 

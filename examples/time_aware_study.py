@@ -25,8 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/ is not a p
 from char_lm import CharGPT, CharWindows, stdlib_text  # noqa: E402
 
 from exonet import LocalTrainer, Scenario, compare  # noqa: E402
-from exonet.strategies import (AsyncDiLoCoStrategy, DDPStrategy, DiLoCoStrategy, OptimSpec,  # noqa: E402
-                               StreamingDiLoCoStrategy)
+from exonet.strategies import AsyncDiLoCoStrategy, DDPStrategy, DiLoCoStrategy, OptimSpec, StreamingDiLoCoStrategy  # noqa: E402
 
 
 def two_regions(tflops: float) -> Scenario:

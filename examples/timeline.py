@@ -29,7 +29,8 @@ def main() -> None:
     parser.add_argument("--strategy", choices=["streaming", "ddp"], default="streaming")
     parser.add_argument("--steps", type=int, default=24)
     args = parser.parse_args()
-    strategy = (StreamingDiLoCoStrategy(OptimSpec("adamw", lr=1e-3), H=6, num_fragments=3) if args.strategy == "streaming"
+    strategy = (StreamingDiLoCoStrategy(OptimSpec("adamw", lr=1e-3), H=6, num_fragments=3)
+                if args.strategy == "streaming"
                 else DDPStrategy(OptimSpec("sgd", lr=0.05), bucket_cap_mb=1))
     trainer = LocalTrainer(digits_mlp(hidden=1024), digits(), digits(train=False))
     with tempfile.TemporaryDirectory() as tmp:

@@ -111,7 +111,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                    dtype=args.dtype, layers=args.layers, model=args.model, scenario=args.scenario[0])
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
                     "solve_for": args.solve_for,
-                    "assumptions": est.assumptions, "payload_bytes_per_node": est.trace.payload_bytes(0), "scenarios": []}
+                    "assumptions": est.assumptions, "payload_bytes_per_node": est.trace.payload_bytes(0),
+                    "scenarios": []}
     if args.hosts is not None:
         from exonet.estimate import with_hosts
 
@@ -139,7 +140,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     print(f"payload per node: {format_bytes(report['payload_bytes_per_node'])}")
     for row in report["scenarios"]:
         print(f"{row['scenario']}: simulated wall-clock {format_time(row['wall_clock_s'])}, "
-              f"compute utilisation {row['utilization']:.1%}, wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
+              f"compute utilisation {row['utilization']:.1%}, "
+              f"wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
         for u, bw in row.get("bandwidth_for_utilization", {}).items():
             where = {"nic": "per NIC", "link": "on the inter-region link"}.get(
                 args.solve_for, f"on the {args.solve_for.removeprefix('link:')} link")
@@ -155,10 +157,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="exonet", description="Low-communication distributed training, simulated networks.")
+    parser = argparse.ArgumentParser(prog="exonet",
+                                     description="Low-communication distributed training, simulated networks.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("quickstart", help="train DDP, DiLoCo, SPARTA and DeMo on digits (K=4) and compare them on three networks")
+    p = sub.add_parser("quickstart",
+                       help="train DDP, DiLoCo, SPARTA and DeMo on digits (K=4) and compare them on three networks")
     p.add_argument("--out", default="exonet_quickstart", help="folder for the runs, plot and traces")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--nodes", type=int, default=4)
@@ -166,14 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_quickstart)
 
     p = sub.add_parser("simulate", help="replay a run directory or trace file in a scenario")
-    p.add_argument("run", help="run directory, trace.jsonl, or the folder given to fit(run_dir=...) (its complete runs)")
+    p.add_argument("run",
+                   help="run directory, trace.jsonl, or the folder given to fit(run_dir=...) (its complete runs)")
     p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
     p.add_argument("--chrome-trace", help="also write a Perfetto/chrome://tracing JSON here")
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("timeline", help="draw a run's replay as a Gantt chart (compute, comm, idle, async "
                                         "collectives, busiest links) and print it as text")
-    p.add_argument("run", help="run directory, trace.jsonl, or the folder given to fit(run_dir=...) (its complete runs)")
+    p.add_argument("run",
+                   help="run directory, trace.jsonl, or the folder given to fit(run_dir=...) (its complete runs)")
     p.add_argument("--scenario", required=True, help="preset name or TOML path")
     p.add_argument("--out", default="timeline.png", help="image to write (default timeline.png; one per run when "
                                                          "the folder holds several)")

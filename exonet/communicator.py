@@ -462,7 +462,8 @@ class Communicator:
                          lambda a: dist.all_to_all_single(out, buf, group=pg, async_op=a),
                          lambda: out.to(tensor.device))
 
-    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", group: GroupArg = None, async_op: bool = False) -> Any:
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", group: GroupArg = None,
+                       async_op: bool = False) -> Any:
         """Reduce ``tensor`` across the group; member j receives the j-th of n equal chunks along dim 0.
 
         On gloo it runs as an all-to-all plus a local sum (the same bytes on the wire as a

@@ -41,7 +41,8 @@ class Run:
                 _, history, trace = load_run(path)
                 return cls(name, trace, history)
             return cls(name, Trace.load(path))
-        raise TypeError(f"compare: run {name!r} must be a FitResult, a Trace or a run directory, got {type(obj).__name__}")
+        raise TypeError(f"compare: run {name!r} must be a FitResult, a Trace or a run directory, "
+                        f"got {type(obj).__name__}")
 
 
 def expand_runs(name: str, obj: Any) -> tuple[dict[str, Any], list[str]]:

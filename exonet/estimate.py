@@ -53,7 +53,8 @@ class RecordingCommunicator(Communicator):
     """A Communicator that records collectives and returns correctly shaped results, without a network."""
 
     def declare_groups(self, groups: Any) -> None:
-        """No process groups exist without a network; remember whether the strategy uses subgroups (then ranks differ)."""
+        """No process groups exist without a network; remember whether the strategy uses subgroups
+        (then ranks differ)."""
         if any(len(set(group)) < self.world_size for group in groups):
             self.uses_groups = True
 
@@ -271,8 +272,8 @@ def _fire_grad_hooks(p: torch.nn.Parameter) -> None:
         hook(p)
 
 
-def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], rank: int, nodes: int, steps: int, step_time: float,
-              flops: float, hub: OnlineHub | None = None) -> tuple[list, bool]:
+def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], rank: int, nodes: int, steps: int,
+              step_time: float, flops: float, hub: OnlineHub | None = None) -> tuple[list, bool]:
     """One rank's events, and whether its strategy declared subgroups (then ranks differ).
 
     With ``hub`` (an asynchronous strategy) each step's events are reported to the online clock
@@ -435,7 +436,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
     assumptions = [
         f"model: {real_params:,} parameters ({dtype}): {described}",
         f"compute: {step_time:.4g} s per step on every node"
-        + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g})" if tokens_per_step and tflops else "")
+        + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g})"
+           if tokens_per_step and tflops else "")
         + "; forward a third, backward two thirds, in reverse parameter order, each tensor's share by its size",
         "compute inside strategy.step() (e.g. transforms, quantisation) is not counted; a scenario's [compute] "
         "device is replaced by this compute (its per-node speeds and jitter still apply)",
@@ -480,12 +482,14 @@ def link_between(scenario: Any, solve_for: str) -> tuple[str, str]:
     pair = tuple(sorted(part.strip() for part in wanted.split("/")))
     if len(pair) != 2 or pair not in links:
         raise ScenarioError(f"--solve-for {solve_for}: scenario {chosen.name!r} has no link between "
-                            f"{' and '.join(pair)}{did_you_mean('/'.join(pair), names)}; its links: {', '.join(names) or 'none'}")
+                            f"{' and '.join(pair)}{did_you_mean('/'.join(pair), names)}; "
+                            f"its links: {', '.join(names) or 'none'}")
     return pair  # type: ignore[return-value]
 
 
 def with_bandwidth(scenario: Any, bandwidth: float, solve_for: str = "nic") -> Any:
-    """``scenario`` with every NIC (``solve_for="nic"``) or one inter-region link (``"link:A/B"``) at ``bandwidth`` bit/s."""
+    """``scenario`` with every NIC (``solve_for="nic"``) or one inter-region link (``"link:A/B"``)
+    at ``bandwidth`` bit/s."""
     from exonet.scenario import Scenario
 
     chosen = Scenario.coerce(scenario)
@@ -515,7 +519,8 @@ def simulate_estimate(trace: Trace | Estimate, scenario: Any, bandwidth: float |
 
 
 def utilization_at(trace: Trace | Estimate, scenario: Any, bandwidth: float, solve_for: str = "nic") -> float:
-    """Compute utilisation of an estimate in ``scenario`` with every NIC (or the link ``solve_for``) at ``bandwidth`` bit/s."""
+    """Compute utilisation of an estimate in ``scenario`` with every NIC (or the link ``solve_for``)
+    at ``bandwidth`` bit/s."""
     return simulate_estimate(trace, scenario, bandwidth, solve_for).utilization
 
 

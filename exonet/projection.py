@@ -17,8 +17,8 @@ from typing import Any
 
 from exonet.estimate import estimate, simulate_estimate
 from exonet.scenario import Scenario
-from exonet.units import format_bytes, format_time
 from exonet.strategies.base import Strategy
+from exonet.units import format_bytes, format_time
 
 
 @dataclass(frozen=True)

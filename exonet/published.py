@@ -112,7 +112,8 @@ class LayerDAG:
                     pending[(layer, s + self.delay)] = cid
                     cid += 1
             events.append(Step())
-        return Trace(nodes, {"published": "streaming-diloco-table4", "method": self.method}, [list(events) for _ in range(nodes)])
+        return Trace(nodes, {"published": "streaming-diloco-table4", "method": self.method},
+                     [list(events) for _ in range(nodes)])
 
     def utilization(self, gbps: float, trace: Trace | None = None) -> float:
         """Steady-state compute utilisation at ``gbps`` Gbit/s per NIC (steps H+1..2H+1; DP: 10..H+1)."""
@@ -173,7 +174,8 @@ def distro_example(peers: int = 32, payload: float = 2.8e6) -> tuple[float, floa
     for r in range(peers):
         down.add_collective(r, "all_gather", round(payload))
         down.add_step(r)
-    fan_in = {"name": "distro-down", "network": {"downlink": "100 Mbit/s", "uplink": "100 Gbit/s", "collective": "direct"}}
+    fan_in = {"name": "distro-down",
+              "network": {"downlink": "100 Mbit/s", "uplink": "100 Gbit/s", "collective": "direct"}}
     up = Trace(2)
     for r in range(2):
         up.add_collective(r, "broadcast", round(payload))

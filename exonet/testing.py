@@ -77,7 +77,8 @@ class ProbeStrategy(Strategy):
 
 
 class RingPassStrategy(Strategy):
-    """Each step, every rank sends ``numel`` floats filled with its rank to the next rank and receives from the previous.
+    """Each step, every rank sends ``numel`` floats filled with its rank to the next rank and receives
+    from the previous.
 
     Exercises ``send``/``recv`` (for tests): the send is async, the receive blocks, and the
     received values are checked.

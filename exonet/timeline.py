@@ -54,7 +54,8 @@ def text(result: SimResult, *, width: int = 64, links: int = 3) -> str:
             for start, length in items:
                 _spread(fill, kind, start, length, cell)
         bar = "".join(GLYPHS[max(range(3), key=column.__getitem__)] for column in fill)
-        rows.append(f"{f'node {rank}':<{label}} {bar}  compute {node.compute_s / wall:4.0%} comm {node.comm_s / wall:4.0%} "
+        rows.append(f"{f'node {rank}':<{label}} {bar}  compute {node.compute_s / wall:4.0%} "
+                    f"comm {node.comm_s / wall:4.0%} "
                     f"idle {node.idle_s / wall:4.0%}")
         overlap = async_spans(result, rank)
         if overlap:
@@ -67,7 +68,8 @@ def text(result: SimResult, *, width: int = 64, links: int = 3) -> str:
         _, series = result.link_series(width, [index[id(link)] for link in top])
         for link, row in zip(top, series):
             spark = "".join(LEVELS[min(len(LEVELS) - 1, int(round(u * (len(LEVELS) - 1))))] for u in row)
-            rows.append(f"{link.name:<{label}} {spark}  utilization {link.utilization:4.0%} busy {link.busy_fraction:4.0%}")
+            rows.append(f"{link.name:<{label}} {spark}  utilization {link.utilization:4.0%} "
+                        f"busy {link.busy_fraction:4.0%}")
     rows.append(f"legend: {GLYPHS[COMPUTE]} compute  {GLYPHS[COMM]} comm  {GLYPHS[IDLE]} idle  ~ async collective "
                 f"in flight  link: utilisation {LEVELS[1]} (low) .. {LEVELS[-1]} (full)")
     return "\n".join(rows)
@@ -111,8 +113,8 @@ def draw(result: SimResult, path: str | os.PathLike, *, links: int = 3, title: s
               Patch(color=COLORS[IDLE], label="idle")]
     if any_async:
         legend.append(Patch(color=ASYNC_COLOR, label="async collective in flight"))
-    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(legend), fontsize=8, frameon=False,
-              borderaxespad=-1.8)
+    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(legend), fontsize=8,
+              frameon=False, borderaxespad=-1.8)
     ax.set_title(title or f"{result.scenario_name or 'simulation'}: {n} nodes, {result.num_steps} steps, "
                           f"{result.wall_clock_s:.4g} s simulated", pad=24)
     if top:

@@ -271,11 +271,13 @@ class Trace:
             for r, seq in seqs.items():
                 if len(seq) != len(first):
                     raise TraceError(
-                        f"trace: rank {r} issued {len(seq)} collectives on group {grp}, rank {grp[0]} issued {len(first)}"
+                        f"trace: rank {r} issued {len(seq)} collectives on group {grp}, "
+                        f"rank {grp[0]} issued {len(first)}"
                     )
                 for k, (a, b) in enumerate(zip(first, seq)):
                     if a != b:
-                        raise TraceError(f"trace: collective #{k} on group {grp} is {a} on rank {grp[0]} but {b} on rank {r}")
+                        raise TraceError(f"trace: collective #{k} on group {grp} is {a} on rank {grp[0]} "
+                                         f"but {b} on rank {r}")
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike) -> Path:
@@ -285,7 +287,8 @@ class Trace:
         n = 0
         try:
             with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps({"format": FORMAT, "version": VERSION, "num_nodes": self.num_nodes, "meta": self.meta}) + "\n")
+                f.write(json.dumps({"format": FORMAT, "version": VERSION, "num_nodes": self.num_nodes,
+                                    "meta": self.meta}) + "\n")
                 for rank, evs in enumerate(self.events):
                     for e in evs:
                         f.write(json.dumps(_encode(rank, e), separators=(",", ":")) + "\n")
@@ -425,7 +428,8 @@ def _normalise_group(group: Any, num_nodes: int) -> tuple[int, ...] | None:
     grp = tuple(sorted(int(r) for r in group))
     twice = [a for a, b in zip(grp, grp[1:]) if a == b]
     outside = [r for r in grp if not 0 <= r < num_nodes]
-    problems = ["it is empty"] if not grp else [f"rank {r} twice" for r in twice[:1]] + [f"rank {r} is outside" for r in outside[:1]]
+    problems = (["it is empty"] if not grp
+                else [f"rank {r} twice" for r in twice[:1]] + [f"rank {r} is outside" for r in outside[:1]])
     if problems:
         raise ValueError(f"group must be distinct ranks in [0, {num_nodes}), got {list(group)} ({', '.join(problems)})")
     return None if len(grp) == num_nodes else grp
@@ -435,7 +439,8 @@ def _encode(rank: int, e: Event) -> list:
     if isinstance(e, Compute):
         return ["c", rank, e.wall_s, e.cpu_s, e.flops]
     if isinstance(e, Collective):
-        return ["x", rank, e.cid, e.op, e.nbytes, list(e.group) if e.group else None, int(e.async_op), e.dtype, e.start_s, e.end_s]
+        return ["x", rank, e.cid, e.op, e.nbytes, list(e.group) if e.group else None, int(e.async_op), e.dtype,
+                e.start_s, e.end_s]
     if isinstance(e, Wait):
         return ["w", rank, e.cid]
     if isinstance(e, Discard):

@@ -77,13 +77,15 @@ def _parse(text: object, where: str, kind: str, units: dict[str, Decimal], allow
         raise ScenarioError(f"{where}: {text!r} has no unit; write a {kind} as a string such as {examples}")
     match = _QUANTITY.fullmatch(text)
     if match is None:
-        raise ScenarioError(f"{where}: cannot read {text!r} as a {kind}; expected a number and a unit such as {examples}")
+        raise ScenarioError(f"{where}: cannot read {text!r} as a {kind}; "
+                            f"expected a number and a unit such as {examples}")
     number, unit = match.group(1), re.sub(r"\s+", "", match.group(2))
     if not unit:
         raise ScenarioError(f"{where}: {text!r} has no unit; write a {kind} such as {examples}")
     if unit not in units:
         hint = _suggest(unit, units)
-        raise ScenarioError(f"{where}: unknown {kind} unit {unit!r} in {text!r}{hint}; expected a {kind} such as {examples}")
+        raise ScenarioError(f"{where}: unknown {kind} unit {unit!r} in {text!r}{hint}; "
+                            f"expected a {kind} such as {examples}")
     value = float(_CONTEXT.multiply(Decimal(number), units[unit]))
     if not math.isfinite(value):
         raise ScenarioError(f"{where}: {text!r} is too large to be a {kind}")

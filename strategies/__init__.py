@@ -30,5 +30,6 @@ STRATEGIES: dict[str, type[Strategy]] = {
 __all__ = [
     "AllReduceStrategy", "AsyncDiLoCoStrategy", "DDPStrategy", "DeMoStrategy", "DiLoCoStrategy", "FedAvgStrategy",
     "FedBuffStrategy", "NodeContext",
-    "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "SimpleReduceStrategy", "StreamingDiLoCoStrategy", "Strategy",
+    "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "SimpleReduceStrategy",
+    "StreamingDiLoCoStrategy", "Strategy",
 ]

@@ -64,13 +64,15 @@ class OptimSpec:
         elif isinstance(cls_or_name, type) and issubclass(cls_or_name, torch.optim.Optimizer):
             cls = cls_or_name
         else:
-            raise TypeError(f"OptimSpec: expected an optimizer name or torch.optim.Optimizer subclass, got {cls_or_name!r}")
+            raise TypeError("OptimSpec: expected an optimizer name or torch.optim.Optimizer subclass, "
+                            f"got {cls_or_name!r}")
         params = inspect.signature(cls.__init__).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             unknown = sorted(set(kwargs) - set(params) - {"self", "params"})
             if unknown:
                 valid = [p for p in params if p not in ("self", "params")]
-                raise TypeError(f"OptimSpec: {cls.__name__} has no argument {', '.join(unknown)}; valid: {', '.join(valid)}")
+                raise TypeError(f"OptimSpec: {cls.__name__} has no argument {', '.join(unknown)}; "
+                                f"valid: {', '.join(valid)}")
         # torch checks its arguments when built: do it here, not in a node (on a CPU tensor, so not for the
         # arguments some torch versions accept only with device tensors)
         if cls.__module__.startswith("torch.optim") and not {"fused", "capturable"} & set(kwargs):
@@ -137,7 +139,8 @@ def inner_spec(inner_optim: OptimSpec | str | type | None, optim_spec: OptimSpec
     return OptimSpec.coerce(one_of(inner_optim=inner_optim, optim_spec=optim_spec), "inner_optim", _default_inner())
 
 
-def outer_spec(outer_optim: OptimSpec | str | type | None, outer_optim_spec: OptimSpec | str | type | None) -> OptimSpec:
+def outer_spec(outer_optim: OptimSpec | str | type | None,
+               outer_optim_spec: OptimSpec | str | type | None) -> OptimSpec:
     """DiLoCo's outer optimizer, given as ``outer_optim`` or its seed-gym alias ``outer_optim_spec``.
 
     The default is the DiLoCo paper's SGD lr 0.7, momentum 0.9, Nesterov. Errors name ``outer_optim``.
@@ -179,7 +182,8 @@ class Strategy(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        accept_gym_spellings(cls, OptimSpec.coerce)  # the older gym's shared arguments and aliases (exonet.strategies.compat)
+        # the older gym's shared arguments and aliases (exonet.strategies.compat)
+        accept_gym_spellings(cls, OptimSpec.coerce)
 
     def __init__(
         self,

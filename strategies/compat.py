@@ -33,7 +33,8 @@ def _did_you_mean(name: str, choices: set[str]) -> str | None:
     return close[0] if close else None
 
 
-def _gym_optim_spec_for_demo(cls_name: str, names: set[str], kwargs: dict[str, Any], coerce: Callable[..., Any]) -> None:
+def _gym_optim_spec_for_demo(cls_name: str, names: set[str], kwargs: dict[str, Any],
+                             coerce: Callable[..., Any]) -> None:
     """DeMo's ``optim_spec=`` (the gym's): DeMo's update is its own sign-SGD, so take the spec's lr and weight decay.
 
     ``coerce`` is ``OptimSpec.coerce``, handed in by the strategies' base (which this module sits below).

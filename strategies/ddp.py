@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 FIRST_BUCKET_BYTES = 1 << 20  # torch DDP's first bucket: small, so communication starts early
 
 
-def bucket_assignment(params: list[torch.Tensor], cap_bytes: int, first_bytes: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
+def bucket_assignment(params: list[torch.Tensor], cap_bytes: int,
+                      first_bytes: int = FIRST_BUCKET_BYTES) -> list[list[int]]:
     """Parameter indices per bucket, in launch order: reverse parameter order, closed once a bucket reaches its cap."""
     buckets: list[list[int]] = [[]]
     size, limit = 0, min(first_bytes, cap_bytes)

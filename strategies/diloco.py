@@ -88,8 +88,8 @@ class DiLoCoStrategy(FedAvgStrategy):
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s, elastic=elastic,
-                         optim_spec=optim_spec, **base_options(locals()))
+        super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s,
+                         elastic=elastic, optim_spec=optim_spec, **base_options(locals()))
         self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
         self.replica_size = check_replica_size(replica_size)
         if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None):
@@ -169,7 +169,8 @@ class DiLoCoStrategy(FedAvgStrategy):
     def _global_state(self) -> torch.Tensor:
         """θ_global followed by every outer-optimizer state value, as one buffer of θ_global's dtype."""
         theta = self.global_params.detach()
-        values = [torch.as_tensor(v, device=theta.device).reshape(-1).to(theta.dtype) for v in self._outer_state().values()]
+        values = [torch.as_tensor(v, device=theta.device).reshape(-1).to(theta.dtype)
+                  for v in self._outer_state().values()]
         return torch.cat([theta.reshape(-1), *values])
 
     def _load_global_state(self, buffer: torch.Tensor) -> None:

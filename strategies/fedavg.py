@@ -13,8 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, inner_spec,
-                                    shared_generator, unflatten_into)
+from exonet.strategies.base import (
+    NodeContext,
+    OptimSpec,
+    Strategy,
+    base_options,
+    check_range,
+    flatten,
+    inner_spec,
+    shared_generator,
+    unflatten_into,
+)
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -138,7 +147,8 @@ class FedAvgStrategy(Strategy):
             self.deadline_round() if self.asynchronous else self.sync_round()
 
     def deadline_round(self) -> None:
-        """End of a deadline (or elastic) round: the clock says who made it (stayed up); they average, the rest adopt the result."""
+        """End of a deadline (or elastic) round: the clock says who made it (stayed up); they average,
+        the rest adopt the result."""
         r = self.local_step // self.H - 1
         if self.elastic:
             up, out, rejoin = self.comm.elastic_round(r)

@@ -21,8 +21,16 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, inner_spec,
-                                    unflatten_into)
+from exonet.strategies.base import (
+    NodeContext,
+    OptimSpec,
+    Strategy,
+    base_options,
+    check_range,
+    flatten,
+    inner_spec,
+    unflatten_into,
+)
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator

@@ -17,8 +17,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, inner_spec,
-                                    shared_generator)
+from exonet.strategies.base import (
+    NodeContext,
+    OptimSpec,
+    Strategy,
+    base_options,
+    check_range,
+    inner_spec,
+    shared_generator,
+)
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -113,7 +120,8 @@ class SparseAverager:
             return
         with torch.no_grad():
             sizes = [len(i) for i in exchange.local]
-            for p, i, avg, sent in zip(self.params, exchange.local, exchange.average.split(sizes), exchange.sent.split(sizes)):
+            for p, i, avg, sent in zip(self.params, exchange.local, exchange.average.split(sizes),
+                                       exchange.sent.split(sizes)):
                 p.put_(i, (avg - sent).to(p.dtype), accumulate=True)
 
 

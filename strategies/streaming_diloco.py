@@ -50,8 +50,17 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from exonet.strategies.base import (NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, inner_spec,
-                                    outer_spec, unflatten_into)
+from exonet.strategies.base import (
+    NodeContext,
+    OptimSpec,
+    Strategy,
+    base_options,
+    check_range,
+    flatten,
+    inner_spec,
+    outer_spec,
+    unflatten_into,
+)
 from exonet.strategies.quantize import BITS, QuantizedAllReduce
 from exonet.strategies.replica import ReplicaGroups, ShardedMean, check_replica_size, check_replica_world
 

@@ -83,18 +83,21 @@ def overlap_trace(steps: int, nodes: int, nbytes: int, seed: int = 0, parity: bo
 
     With ``parity`` the second all-reduce is on the ranks of the rank's parity instead (even or odd ranks).
 
-    Ranks of one region share their event objects (nothing changes an event once built), so a 10,000-step trace stays small.
+    Ranks of one region share their event objects (nothing changes an event once built), so a 10,000-step
+    trace stays small.
     """
     rng = np.random.default_rng(seed)
     per_rank = 0.25 * (1.0 + 0.02 * rng.uniform(-1.0, 1.0, nodes))
     half = nodes // 2
     step = Step()
     tails = []
-    groups = (tuple(range(0, nodes, 2)), tuple(range(1, nodes, 2))) if parity else (tuple(range(half)), tuple(range(half, nodes)))
+    groups = ((tuple(range(0, nodes, 2)), tuple(range(1, nodes, 2))) if parity
+              else (tuple(range(half)), tuple(range(half, nodes))))
     for region in groups:
         tail: list = []
         for k in range(steps):
-            tail.append((Collective(2 * k, "all_reduce", nbytes, None, True), Collective(2 * k + 1, "all_reduce", nbytes, region, True),
+            tail.append((Collective(2 * k, "all_reduce", nbytes, None, True),
+                         Collective(2 * k + 1, "all_reduce", nbytes, region, True),
                          Wait(2 * k), Wait(2 * k + 1), step))
         tails.append(tail)
     events = []
@@ -133,10 +136,13 @@ def overlap(args: argparse.Namespace) -> int:
     t0, c0 = time.perf_counter(), time.process_time()
     result = simulate(trace, two_regions(args.nodes))
     replay, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(f"trace: {args.steps} steps x {args.nodes} nodes, per step two concurrent async all_reduces of {args.mbytes:g} MB "
-          f"(all ranks, and the rank's {'parity' if args.parity else 'region'} of {args.nodes // 2}), built in {built:.2f} s")
-    print(f"replay: {result.events} events in {replay:.2f} s ({cpu:.2f} s CPU) = {replay / args.steps * 1e3:.3f} ms per step")
-    print(f"simulated wall-clock {result.wall_clock_s:.1f} s, step {result.wall_clock_s / max(1, result.num_steps):.4f} s, "
+    print(f"trace: {args.steps} steps x {args.nodes} nodes, per step two concurrent async all_reduces "
+          f"of {args.mbytes:g} MB (all ranks, and the rank's {'parity' if args.parity else 'region'} "
+          f"of {args.nodes // 2}), built in {built:.2f} s")
+    print(f"replay: {result.events} events in {replay:.2f} s ({cpu:.2f} s CPU) "
+          f"= {replay / args.steps * 1e3:.3f} ms per step")
+    print(f"simulated wall-clock {result.wall_clock_s:.1f} s, "
+          f"step {result.wall_clock_s / max(1, result.num_steps):.4f} s, "
           f"utilization {result.utilization:.1%}")
     r = min(args.reference_steps, args.steps)
     if r > 0:
@@ -210,17 +216,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--mbytes", type=float, default=100.0)
-    parser.add_argument("--buckets", type=int, default=1, help="overlapped DDP: async all-reduces per step (default 1, blocking)")
+    parser.add_argument("--buckets", type=int, default=1,
+                        help="overlapped DDP: async all-reduces per step (default 1, blocking)")
     parser.add_argument("--identical", action="store_true",
                         help="every rank the same events and no jitter, as an estimate (replayed once for all ranks)")
     parser.add_argument("--event-path", action="store_true", help="disable the fast path (every flow as events)")
     parser.add_argument("--overlap", action="store_true",
-                        help="two concurrent async all-reduces per step, on all ranks and on each region (flows share links)")
+                        help="two concurrent async all-reduces per step, on all ranks and on each region "
+                             "(flows share links)")
     parser.add_argument("--parity", action="store_true",
                         help="with --overlap: the second all-reduce on even/odd ranks (both cross the shared link)")
     parser.add_argument("--reference-steps", type=int, default=100,
-                        help="with --overlap: steps replayed side by side on the event path alone (default 100; 0 skips)")
-    parser.add_argument("--fit", action="store_true", help="with --overlap: fit the growth exponents in nodes and in steps")
+                        help="with --overlap: steps replayed side by side on the event path alone "
+                             "(default 100; 0 skips)")
+    parser.add_argument("--fit", action="store_true",
+                        help="with --overlap: fit the growth exponents in nodes and in steps")
     parser.add_argument("--estimate", action="store_true",
                         help="the hierarchical estimate: 1B bf16 on --hosts x --devices, cross-region, --steps steps")
     parser.add_argument("--hosts", type=int, default=128, help="with --estimate: hosts (default 128)")
@@ -244,6 +254,7 @@ def main(argv: list[str]) -> int:
     print(f"trace: {args.steps} steps x {args.nodes} nodes, all_reduce {args.mbytes:g} MB/step in {args.buckets} "
           f"bucket(s), built in {built:.2f} s")
     print(f"replay: {result.events} events in {replay:.2f} s = {result.events / replay:,.0f} events/s")
-    print(f"simulated wall-clock {result.wall_clock_s:.1f} s, step {result.wall_clock_s / max(1, result.num_steps):.4f} s, "
+    print(f"simulated wall-clock {result.wall_clock_s:.1f} s, "
+          f"step {result.wall_clock_s / max(1, result.num_steps):.4f} s, "
           f"utilization {result.utilization:.1%}, wire {result.wire_bytes[0] / 1e9:.1f} GB per node")
     return 0

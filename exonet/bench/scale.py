@@ -172,8 +172,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--startup-nodes", type=int, default=8, help="K for the start-up comparison (0: skip)")
     parser.add_argument("--repeat", type=int, default=3, help="start-up runs per side (medians)")
     parser.add_argument("--setup-s", type=float, default=0.0,
-                        help="CPU seconds of set-up after exonet.warm_up() and the script's imports, before its first fit "
-                             "(prepared start-up)")
+                        help="CPU seconds of set-up after exonet.warm_up() and the script's imports, "
+                             "before its first fit (prepared start-up)")
     parser.add_argument("--cold", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cold:

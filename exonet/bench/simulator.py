@@ -1,4 +1,5 @@
-"""``python -m exonet.bench simulator``: the network simulator's benchmark under its suite name (exonet.bench.netsim)."""
+"""``python -m exonet.bench simulator``: the network simulator's benchmark under its suite name
+(exonet.bench.netsim)."""
 
 from exonet.bench.netsim import main
 

@@ -120,7 +120,8 @@ def _demo_part(rank: int, k: int, comm: Communicator, rounds: int, calls: int, c
     t_ours: list[float] = []
     t_ref: list[float] = []
     for i in range(rounds * calls):  # step by step, alternating which side goes first
-        for fn, out in ((step_ours, t_ours), (step_ref, t_ref)) if i % 2 == 0 else ((step_ref, t_ref), (step_ours, t_ours)):
+        for fn, out in (((step_ours, t_ours), (step_ref, t_ref)) if i % 2 == 0
+                        else ((step_ref, t_ref), (step_ours, t_ours))):
             t0 = time.perf_counter()
             fn()
             out.append(time.perf_counter() - t0)

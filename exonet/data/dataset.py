@@ -54,7 +54,8 @@ class S3Dataset(Dataset):
         on_s3 = urlparse(os.fspath(url)).scheme == "s3"
         self.store = open_store(url, retries=retries, **s3_options) if on_s3 else open_store(url, **s3_options)
         self.index = parse_index(self.store.read(INDEX), f"{self.store.url}/{INDEX}")
-        self.cache_bytes = cache_bytes if isinstance(cache_bytes, int) else int(parse_size(cache_bytes, "S3Dataset: cache_bytes"))
+        self.cache_bytes = (cache_bytes if isinstance(cache_bytes, int)
+                            else int(parse_size(cache_bytes, "S3Dataset: cache_bytes")))
         if isinstance(cache_bytes, bool) or self.cache_bytes < 0:
             raise ValueError(f"S3Dataset: cache_bytes must be a size >= 0, got {cache_bytes!r}")
         self.cache_dir = cache_dir

@@ -77,7 +77,8 @@ def write_shards(dataset: Any, url: str | os.PathLike, shard_size: int = 4096, *
               for name, t in zip(names, first)]
     shards = []
     for s, start in enumerate(range(0, n, shard_size)):
-        rows = [first if i == 0 else _fields(dataset[i], f"sample {i}")[2] for i in range(start, min(n, start + shard_size))]
+        rows = [first if i == 0 else _fields(dataset[i], f"sample {i}")[2]
+                for i in range(start, min(n, start + shard_size))]
         for i, row in enumerate(rows, start=start):
             for field, t in zip(fields, row):
                 if str(t.dtype).removeprefix("torch.") != field["dtype"] or list(t.shape) != field["shape"]:
@@ -107,7 +108,8 @@ def parse_index(data: bytes, where: str) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{where}: not a shard index ({exc})") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise ValueError(f"{where}: not an {FORMAT} index (format is {index.get('format') if isinstance(index, dict) else index!r})")
+        raise ValueError(f"{where}: not an {FORMAT} index "
+                         f"(format is {index.get('format') if isinstance(index, dict) else index!r})")
     if index.get("version") != VERSION:
         raise ValueError(f"{where}: version {index.get('version')!r} is not supported (this exonet reads {VERSION})")
     for field in index["fields"]:

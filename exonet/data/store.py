@@ -97,13 +97,15 @@ class S3Store:
                 import boto3
                 from botocore.config import Config
             except ImportError:
-                raise ImportError("S3 (s3:// datasets, fit(upload_to=...)) needs boto3: pip install 'exonet[s3]'") from None
+                raise ImportError("S3 (s3:// datasets, fit(upload_to=...)) needs boto3: "
+                                  "pip install 'exonet[s3]'") from None
             config = Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=60)
             self._client = boto3.session.Session().client("s3", config=config, **self.options)
         return self._client
 
     def read(self, name: str) -> bytes:
-        return self._retry(name, lambda: self.client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read())
+        return self._retry(name,
+                           lambda: self.client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read())
 
     def download(self, name: str, dest: Path) -> None:
         """Stream one object to ``dest`` (through a temporary file: a broken transfer leaves nothing)."""

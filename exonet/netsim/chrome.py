@@ -76,13 +76,15 @@ def _collectives(result: Any, n: int) -> Iterator[str]:
             name = f"{c.op} (async)" if c.async_op else c.op
             sides = [(rank, name) for rank in c.group]
         for rank, name in sides:
-            common = f'"cat": "collective", "pid": {rank}, "tid": {rank}, "id": {i * n + rank}, "name": {json.dumps(name)}'
+            common = (f'"cat": "collective", "pid": {rank}, "tid": {rank}, "id": {i * n + rank}, '
+                      f'"name": {json.dumps(name)}')
             yield f'{{"ph": "b", {common}, "ts": {start}, "args": {json.dumps(args)}}}'
             yield f'{{"ph": "e", {common}, "ts": {end}}}'
         if c.op == "send":
-            yield f'{{"ph": "s", "cat": "message", "name": "message", "id": {i}, "pid": {src}, "tid": {src}, "ts": {start}}}'
-            yield (f'{{"ph": "f", "bp": "e", "cat": "message", "name": "message", "id": {i}, "pid": {dst}, "tid": {dst}, '
-                   f'"ts": {end}}}')
+            yield (f'{{"ph": "s", "cat": "message", "name": "message", "id": {i}, "pid": {src}, "tid": {src}, '
+                   f'"ts": {start}}}')
+            yield (f'{{"ph": "f", "bp": "e", "cat": "message", "name": "message", "id": {i}, '
+                   f'"pid": {dst}, "tid": {dst}, "ts": {end}}}')
 
 
 def _links(result: Any, n: int) -> Iterator[str]:
@@ -95,7 +97,8 @@ def _links(result: Any, n: int) -> Iterator[str]:
     for row, i in zip(series, used):
         name = json.dumps(result.links[i].name)
         for t, value in zip(edges, [*row.tolist(), 0.0]):
-            yield f'{{"ph": "C", "pid": {n}, "tid": 0, "name": {name}, "ts": {_us(float(t), -1)}, "args": {{"utilization": {value!r}}}}}'
+            yield (f'{{"ph": "C", "pid": {n}, "tid": 0, "name": {name}, "ts": {_us(float(t), -1)}, '
+                   f'"args": {{"utilization": {value!r}}}}}')
 
 
 def _meta(kind: str, pid: int, tid: int, name: str) -> str:
@@ -107,5 +110,6 @@ def _us(seconds: float, rank: int) -> str:
     us = seconds * 1e6
     if not math.isfinite(us):
         where = "the network" if rank < 0 else f"node {rank}"
-        raise ValueError(f"SimResult.to_chrome_trace: {where} has a span of {seconds!r} s; a Chrome trace needs finite times")
+        raise ValueError(f"SimResult.to_chrome_trace: {where} has a span of {seconds!r} s; "
+                         "a Chrome trace needs finite times")
     return repr(us)

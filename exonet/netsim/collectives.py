@@ -396,7 +396,8 @@ def choose(algorithms: dict[str, str]) -> dict[str, Builder]:
     for op, name in algorithm_names(algorithms).items():
         table = BUILDERS[op]
         if name not in table:
-            raise ScenarioError(f"scenario: algorithm {name!r} is not offered for {op}; choose one of {', '.join(table)}")
+            raise ScenarioError(f"scenario: algorithm {name!r} is not offered for {op}; "
+                                f"choose one of {', '.join(table)}")
         out[op] = table[name]
     return out
 

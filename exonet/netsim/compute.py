@@ -96,7 +96,8 @@ class ComputeModel:
             raise ScenarioError(f"{where}.ranks: rank {bad[0]} is out of range for {n} nodes")
         by_step = e.from_step is not None or e.to_step is not None
         if by_step and (e.from_s is not None or e.to_s is not None):
-            raise ScenarioError(f"{where}: give a window in steps (from_step/to_step) or in seconds (from_s/to_s), not both")
+            raise ScenarioError(f"{where}: give a window in steps (from_step/to_step) "
+                                "or in seconds (from_s/to_s), not both")
         lo_step, hi_step = e.from_step or 0, math.inf if e.to_step is None else e.to_step
         lo_s, hi_s = e.from_s or 0.0, math.inf if e.to_s is None else e.to_s
         if hi_step <= lo_step or hi_s <= lo_s:
@@ -253,7 +254,8 @@ def _base(resolved: Resolved):
         return attrgetter("wall_s")
     if mode == "flops":
         if not resolved.tflops or not resolved.tflops > 0 or not resolved.mfu > 0:
-            raise ScenarioError(f"scenario: compute.mode 'flops' needs tflops > 0 and mfu > 0, got {resolved.tflops!r}, {resolved.mfu!r}")
+            raise ScenarioError("scenario: compute.mode 'flops' needs tflops > 0 and mfu > 0, "
+                                f"got {resolved.tflops!r}, {resolved.mfu!r}")
         rate = resolved.tflops * 1e12 * resolved.mfu
         return lambda span: span.flops / rate
     raise ScenarioError(f"scenario: compute.mode must be 'measured', 'wall' or 'flops', got {mode!r}")

@@ -105,7 +105,8 @@ class Simulation:
 
     def __init__(self, resolved: Resolved, *, fast_path: bool = True, name: str = "", rewind: bool = True) -> None:
         if resolved.sharing not in SHARING:
-            raise ScenarioError(f"scenario: network.sharing must be one of {', '.join(SHARING)}, got {resolved.sharing!r}")
+            raise ScenarioError(f"scenario: network.sharing must be one of {', '.join(SHARING)}, "
+                                f"got {resolved.sharing!r}")
         concurrency = resolved.group_concurrency
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise ScenarioError(f"scenario: network.group_concurrency must be an integer >= 1, got {concurrency!r}")
@@ -134,7 +135,8 @@ class Simulation:
         # handed back to the fast path mid-run: (tick its phase 0 would have begun, phase it resumed at, its links)
         self._resting: dict[Instance, tuple[int, int, frozenset[int]]] = {}
         failing = self._cm.failures is not None
-        self._calm = not any(self._cm.gated_steps) and not any(self._cm.down) and not failing  # nothing else stops a flow
+        # nothing else stops a flow
+        self._calm = not any(self._cm.gated_steps) and not any(self._cm.down) and not failing
         self._taken_at = -1  # the tick of the latest take-over
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
@@ -193,7 +195,8 @@ class Simulation:
     def _mirrorable(self, trace: Trace) -> bool:
         """Whether every rank's replay is rank 0's: identical events and compute, and world collectives only."""
         cm, n = self._cm, len(self._ranks)
-        if n == 1 or any(rk.queue or not rk.open for rk in self._ranks) or not cm.plain or any(cm.windowed) or self._gates or any(cm.down) or cm.failures is not None:
+        if (n == 1 or any(rk.queue or not rk.open for rk in self._ranks) or not cm.plain or any(cm.windowed)
+                or self._gates or any(cm.down) or cm.failures is not None):
             return False
         if len(set(cm.scale)) != 1:
             return False
@@ -329,7 +332,8 @@ class Simulation:
         return self._outcome(states, max(last, *(rk.t for rk in states)), ends, wire, events, history)
 
     def link_loads(self, jobs: Sequence[Sequence[int]]) -> list[LinkLoad]:
-        """Every link that carried bytes, in all and per job (each job a list of global ranks), once ``result`` has run."""
+        """Every link that carried bytes, in all and per job (each job a list of global ranks),
+        once ``result`` has run."""
         owner = {r: j for j, ranks in enumerate(jobs) for r in ranks}
         carried: dict[int, list[float]] = {}
         for plan, count in self._carried.items():
@@ -374,7 +378,8 @@ class Simulation:
         """Each link's bytes, busy time and utilisation over a run of ``wall`` seconds."""
         topo = self._topo
         load = sum((count * plan.load for plan, count in self._carried.items()), np.zeros(len(topo.capacity)))
-        busy = sum((count * self._planner.busy(plan) for plan, count in self._alone.items()), self._busy + self._net.busy_s)
+        busy = sum((count * self._planner.busy(plan) for plan, count in self._alone.items()),
+                   self._busy + self._net.busy_s)
         return [LinkLoad(topo.link_name(i), cap, float(load[i]), (float(load[i]),),
                          float(load[i]) / (cap * wall) if wall > 0 else 0.0, float(busy[i]),
                          float(busy[i]) / wall if wall > 0 else 0.0)
@@ -428,7 +433,8 @@ class Simulation:
                 rk.lost += rk.compute - rk.mark
                 rk.mark, rk.since_work = rk.compute, 0.0
             elif kind is AnyRecv:
-                rk.blocked, rk.block_t = Instance(((r,), -1), "any", (r,)), rk.t  # a placeholder until a message is taken
+                # a placeholder until a message is taken
+                rk.blocked, rk.block_t = Instance(((r,), -1), "any", (r,)), rk.t
                 self._agenda.at(rk.t, self._claim, rk, order=(CLAIM, r))
             else:
                 raise TraceError(f"trace: rank {r}: unknown event {e!r}")
@@ -694,7 +700,8 @@ class Simulation:
         c.phase = p
         if self._fast and self._calm and t != self._taken_at and self._lone is None:
             links = self._topo.reach(plan.phases)
-            if links.isdisjoint(self._net.busy()) and all(links.isdisjoint(other[2]) for other in self._resting.values()):
+            if (links.isdisjoint(self._net.busy())
+                    and all(links.isdisjoint(other[2]) for other in self._resting.values())):
                 self._planner.duration(plan)
                 assert plan.offsets is not None
                 origin = t - ticks(plan.offsets[p])
@@ -804,7 +811,8 @@ class Simulation:
         """``rank``'s k-th failure strikes; its next one goes on the agenda while the run may go on."""
         self._failing -= 1
         self._outage(t, rank, True)
-        live = self._agenda.pending > self._failing or self._active or self._lone is not None  # (paused flows schedule nothing)
+        # (paused flows schedule nothing)
+        live = self._agenda.pending > self._failing or self._active or self._lone is not None
         if live or any(rk.open and rk.blocked is None for rk in self._ranks):
             self._schedule_failure(rank, k + 1)
         else:  # nothing can move until more input comes: the chain waits for it (run_until_blocked resumes it)

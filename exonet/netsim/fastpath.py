@@ -105,7 +105,8 @@ class Planner:
         """
         if plan.busy is None:
             self.duration(plan)
-            plan.busy = sum((self._solo(phase)[0].busy() for phase in plan.phases), np.zeros(len(self._topo.capacity) + 1))
+            plan.busy = sum((self._solo(phase)[0].busy() for phase in plan.phases),
+                            np.zeros(len(self._topo.capacity) + 1))
         offsets = plan.offsets
         assert offsets is not None
         if tau >= offsets[-1]:
@@ -135,7 +136,8 @@ class Planner:
             hit = self._solos[phase] = (solo, t)
         return hit
 
-    def state_at(self, plan: Plan, tau: float, tag: object) -> tuple[int, float, list[tuple[Batch, np.ndarray, float]], list[Batch]]:
+    def state_at(self, plan: Plan, tau: float,
+                 tag: object) -> tuple[int, float, list[tuple[Batch, np.ndarray, float]], list[Batch]]:
         """Where a lone ``plan`` stands ``tau`` seconds after it started.
 
         Returns the current phase index, that phase's start (relative), the messages

@@ -54,7 +54,8 @@ class Shape:
     so a caller converts a handful of latencies, not one per message.
     """
 
-    __slots__ = ("cap", "dst", "id", "latencies", "latency", "latency_of", "links", "paths", "reach", "src", "still", "unset")
+    __slots__ = ("cap", "dst", "id", "latencies", "latency", "latency_of", "links", "paths", "reach", "src", "still",
+                 "unset")
 
     def __init__(self, paths: Sequence[tuple[int, ...]], src: Sequence[int], dst: Sequence[int],
                  cap: Sequence[float], latency: Sequence[float], pad: int) -> None:
@@ -296,8 +297,10 @@ class FluidNetwork:
             # a row is done within REL_TOL of its size, or of rounding: 2·REL_TOL·size/rate bounds both
             b.span = 2.0 * REL_TOL * b.biggest / low
 
-    def _solve(self, batches: list[Batch], masks: list[np.ndarray] | None) -> list[tuple[np.ndarray, np.ndarray, float]]:
-        """Allocate rates to the live (and not paused) rows of ``batches``: per batch (rate, rate or nan, lowest rate > 0)."""
+    def _solve(self, batches: list[Batch],
+               masks: list[np.ndarray] | None) -> list[tuple[np.ndarray, np.ndarray, float]]:
+        """Allocate rates to the live (and not paused) rows of ``batches``: per batch
+        (rate, rate or nan, lowest rate > 0)."""
         if masks is None:
             masks = [b.live for b in batches]
         rows = [np.flatnonzero(m) for m in masks]
@@ -392,7 +395,8 @@ class Solo:
             finished = [rows for _, rows in net.update()]
             self.times.append(net.now)
             self._busy.append(net.busy_s.copy())
-            self._points.append((finished, batch.remaining.copy(), batch.live.copy(), batch.left, batch.key, batch.rate))
+            self._points.append((finished, batch.remaining.copy(), batch.live.copy(), batch.left, batch.key,
+                                 batch.rate))
             t = net.next_finish()
             if t == math.inf:
                 return
@@ -411,7 +415,8 @@ class Solo:
         return busy
 
     def state(self, until: float, tag: object) -> tuple[list[tuple[Batch, np.ndarray, float]], list[Batch]]:
-        """(batch, rows, time) of the rows finished by ``until``, and the batch in transit then (none if all are done)."""
+        """(batch, rows, time) of the rows finished by ``until``, and the batch in transit then
+        (none if all are done)."""
         k = bisect.bisect_right(self.times, until) - 1
         batch = Batch(self.shape, self.size, tag)
         _, remaining, live, left, key, rate = self._points[k]

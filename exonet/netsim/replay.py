@@ -64,7 +64,8 @@ def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any]
     if not traces or not all(isinstance(t, Trace) for t in traces):
         raise TypeError("simulate: expected a Trace or a non-empty list of Traces")
     if history is not None and len(history) != len(traces):
-        raise ValueError(f"simulate: history has {len(history)} entries for {len(traces)} jobs; give one list (or None) per job")
+        raise ValueError(f"simulate: history has {len(history)} entries for {len(traces)} jobs; "
+                         "give one list (or None) per job")
     if isinstance(scenario, Resolved):
         chosen, devices = None, scenario.hosts.devices if scenario.hosts else 1
     else:
@@ -76,7 +77,8 @@ def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any]
     if isinstance(scenario, Resolved):
         resolved, name = scenario, scenario.name
         if resolved.num_nodes < n:
-            raise ScenarioError(f"simulate: the placement uses {n} ranks but the scenario was resolved for {resolved.num_nodes}")
+            raise ScenarioError(f"simulate: the placement uses {n} ranks "
+                                f"but the scenario was resolved for {resolved.num_nodes}")
         n = resolved.num_nodes
     else:
         resolved, name = chosen.resolve(n), chosen.name
@@ -122,7 +124,8 @@ def _place(traces: list[Trace], placement: Sequence[Any] | None, devices: int) -
             raise ValueError(f"simulate: placement[{j}] gives {len(ranks)} ranks but trace {j} has {t.num_nodes} nodes")
         for r in ranks:
             if r in owner:
-                raise ValueError(f"simulate: placement[{j}] and placement[{owner[r]}] both hold rank {r}; jobs need their own ranks")
+                raise ValueError(f"simulate: placement[{j}] and placement[{owner[r]}] both hold rank {r}; "
+                                 "jobs need their own ranks")
             owner[r] = j
         jobs.append(ranks)
     return jobs

@@ -106,7 +106,8 @@ class SimResult:
         events: how many trace events were replayed.
         jobs: with several traces (``simulate([a, b], ...)``), each job's own result, its ranks numbered as
             in its trace; empty otherwise.
-        links: per link (with several traces: every link that carried bytes, and each job's share), its bytes, busy time and utilisation (see the module's docstring).
+        links: per link (with several traces: every link that carried bytes, and each job's share), its bytes,
+            busy time and utilisation (see the module's docstring).
         collectives: every collective and message, in the order they ended.
     """
 
@@ -209,7 +210,8 @@ class SimResult:
             head += f"\n{self.failures} failures, goodput {self.goodput:.1%}; node-seconds lost: {lost}"
         rows = [f"{'node':>5} {'compute s':>12} {'comm s':>12} {'idle s':>12} {'wire MB':>12}"]
         for node, sent in zip(self.per_node, self.wire_bytes):
-            rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} {sent / 1e6:>12.3f}")
+            rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} "
+                        f"{sent / 1e6:>12.3f}")
         top = self.busiest_links(1)
         if top and top[0].bytes > 0:
             link = top[0]

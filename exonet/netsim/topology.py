@@ -88,7 +88,8 @@ class Topology:
                 raise ScenarioError(f"scenario: {name} lists {len(rates)} ranks, expected num_nodes={n}")
             bad = [r for r, x in enumerate(rates) if not x > 0 or math.isinf(x)]
             if bad:
-                raise ScenarioError(f"scenario: {name} of rank {bad[0]} must be a positive finite rate, got {rates[bad[0]]!r}")
+                raise ScenarioError(f"scenario: {name} of rank {bad[0]} must be a positive finite rate, "
+                                    f"got {rates[bad[0]]!r}")
         if len(resolved.region) != n:
             raise ScenarioError(f"scenario: region lists {len(resolved.region)} ranks, expected num_nodes={n}")
         if resolved.tcp_window is not None and not resolved.tcp_window > 0:
@@ -99,7 +100,8 @@ class Topology:
         self._link_ids: dict[tuple[str, str], int] = {}
         for (a, b), spec in sorted(resolved.links.items()):
             if not spec.bandwidth > 0:
-                raise ScenarioError(f"scenario: link between {a!r} and {b!r} needs a positive bandwidth, got {spec.bandwidth!r}")
+                raise ScenarioError(f"scenario: link between {a!r} and {b!r} needs a positive bandwidth, "
+                                    f"got {spec.bandwidth!r}")
             for direction in ((a, b), (b, a)):
                 self._link_ids[direction] = len(self.capacity)
                 self.capacity.append(spec.bandwidth)
@@ -107,7 +109,8 @@ class Topology:
         self._fabric = len(self.capacity)
         if hosts is not None:
             if not hosts.bandwidth > 0 or math.isinf(hosts.bandwidth):
-                raise ScenarioError(f"scenario: hosts.bandwidth must be a positive finite rate, got {hosts.bandwidth!r}")
+                raise ScenarioError("scenario: hosts.bandwidth must be a positive finite rate, "
+                                    f"got {hosts.bandwidth!r}")
             self.capacity.extend([hosts.bandwidth] * (2 * n))
         self._paths: dict[tuple[int, int], Path] = {}
         self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # by the phase's (src, dst) pairs
@@ -161,7 +164,8 @@ class Topology:
             link = self._link_ids.get((a, b))
             if link is None:
                 raise ScenarioError(
-                    f"scenario: ranks {src} ({a!r}) and {dst} ({b!r}) exchange data but no link joins regions {a!r} and {b!r}"
+                    f"scenario: ranks {src} ({a!r}) and {dst} ({b!r}) exchange data "
+                    f"but no link joins regions {a!r} and {b!r}"
                 )
             links = (nic_src, link, n + nic_dst)
         latency = r.path_latency(src, dst)
@@ -279,4 +283,5 @@ class Topology:
             first = next((link for link in p.links if full[link]), None)
             if first is not None and flow < cap * (1.0 - REL_TOL):
                 excess[first] = excess.get(first, 0.0) + window - flow * 2.0 * r.path_latency(src, dst)
-        return {link: min(r.queue_delay(self.capacity[link]), extra / self.capacity[link]) for link, extra in excess.items()}
+        return {link: min(r.queue_delay(self.capacity[link]), extra / self.capacity[link])
+                for link, extra in excess.items()}

@@ -135,7 +135,8 @@ def load_latest(run_path: Path, num_nodes: int) -> Resume:
         raise TraceError(f"resume_from: {latest} is missing: {run_path} holds no complete checkpoint "
                          "(was it run with checkpoint_interval?)")
     record = read_json(latest)
-    if not isinstance(record, dict) or not isinstance(record.get("step"), int) or not isinstance(record.get("dir"), str):
+    if (not isinstance(record, dict) or not isinstance(record.get("step"), int)
+            or not isinstance(record.get("dir"), str)):
         raise TraceError(f"{latest}: expected {{'step': int, 'dir': str}}, got {record!r}")
     folder = latest.parent / record["dir"]
     for rank in range(num_nodes):
@@ -144,5 +145,6 @@ def load_latest(run_path: Path, num_nodes: int) -> Resume:
                              f"per node, num_nodes={num_nodes})")
     trace = Trace.load(folder / "trace.jsonl")
     if trace.num_nodes != num_nodes:
-        raise ValueError(f"resume_from: the checkpoint holds {trace.num_nodes} nodes, this fit has num_nodes={num_nodes}")
+        raise ValueError(f"resume_from: the checkpoint holds {trace.num_nodes} nodes, "
+                         f"this fit has num_nodes={num_nodes}")
     return Resume(record["step"], folder, read_metrics(folder / "metrics.jsonl"), trace)

@@ -62,7 +62,8 @@ class SimClock:
         self.decides = decides  # False: it only answers a strategy's questions ("now", "transfer"), in any compute mode
         if decides and resolved.compute_mode != "flops" and not given_compute:
             raise ValueError(f"fit: {what} needs deterministic compute: scenario {scenario.name!r} has "
-                             f"compute.mode {resolved.compute_mode!r}; set [compute] mode = \"flops\" with tflops and mfu")
+                             f"compute.mode {resolved.compute_mode!r}; "
+                             "set [compute] mode = \"flops\" with tflops and mfu")
         self.limit_s, self.max_steps, self.synchronous = limit_s, max_steps, synchronous
         self.gated = math.isfinite(limit_s)  # nodes wait for step decisions only under a limit
         self.speeds = tuple(resolved.speed)
@@ -124,7 +125,8 @@ class SimClock:
                     continue
                 out.append((rank, question, times[0]))
             elif question[0] in ("deadline", "elastic"):
-                answer = self._deadline(question[1], question[2]) if question[0] == "deadline" else self._elastic(question[1])
+                answer = (self._deadline(question[1], question[2]) if question[0] == "deadline"
+                          else self._elastic(question[1]))
                 if answer is None:
                     continue
                 out.append((rank, question, answer))

@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from exonet.communicator import Communicator
 from exonet.runtime.checkpoint import load_node, save_node
 from exonet.runtime.clock import ClockLink
 from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
-from exonet.communicator import Communicator
+from exonet.runtime.watchdog import Heartbeat
 from exonet.seeding import shared_generator
 from exonet.strategies.base import NodeContext, Strategy
-from exonet.runtime.watchdog import Heartbeat
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,8 @@ def split_batch(batch: Any, size: int) -> list[tuple[Any, int]]:
         cols = {k: split_batch(v, size) for k, v in batch.items()}
         first = next(iter(cols.values()))
         return [({k: v[i][0] for k, v in cols.items()}, first[i][1]) for i in range(len(first))]
-    raise TypeError(f"minibatch_size: cannot split a batch of type {type(batch).__name__}; use tensors, tuples or dicts")
+    raise TypeError(f"minibatch_size: cannot split a batch of type {type(batch).__name__}; "
+                    "use tensors, tuples or dicts")
 
 
 class TrainNode:
@@ -210,7 +211,8 @@ class TrainNode:
         if cfg.count_flops:  # the FLOP profile's hooks, before the strategy's own, so spans split first
             for i, p in enumerate(self._grad_params()):
                 p.register_post_accumulate_grad_hook(lambda _, i=i: self._grad_ready(i))
-        self.strategy.setup(self.model, self.comm, NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
+        self.strategy.setup(self.model, self.comm,
+                            NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
         first = next(batches)
         flops, self._flops_at = self._count_flops(first) if cfg.count_flops else (0.0, [])
         if cfg.resume_dir is not None:
@@ -218,7 +220,8 @@ class TrainNode:
         self.heartbeat.started()
         self.comm.begin()
 
-        evaluates = bool(cfg.val_interval) and self.val_data is not None and not cfg.servers  # a server evaluates itself
+        # a server evaluates itself
+        evaluates = bool(cfg.val_interval) and self.val_data is not None and not cfg.servers
         # Asynchronous trainers stop at different steps: rank 0 evaluates its own model, without a collective.
         alone = self.strategy.asynchronous
         done = cfg.start_step
@@ -238,7 +241,8 @@ class TrainNode:
                 self._evaluate_own(done, val_loader) if alone else self._evaluate(done, val_loader)
             if cfg.checkpoint_dir is not None and done % cfg.checkpoint_interval == 0 and done < cfg.max_steps:
                 self._checkpoint(done)
-        if evaluates and done % cfg.val_interval and done < cfg.max_steps:  # the clock ended the run between evaluations
+        # the clock ended the run between evaluations
+        if evaluates and done % cfg.val_interval and done < cfg.max_steps:
             self._evaluate_own(done, val_loader) if alone else self._evaluate(done, val_loader)
 
         self.strategy.finish()
@@ -254,7 +258,8 @@ class TrainNode:
         """
         cfg = self.cfg
         val_loader = self._val_loader()
-        self.strategy.setup(self.model, self.comm, NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
+        self.strategy.setup(self.model, self.comm,
+                            NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
         self.heartbeat.started()
         self.comm.begin()
 
@@ -445,7 +450,8 @@ class TrainNode:
 
 
 def _explain_forward_error(model: torch.nn.Module, batch: Any, exc: Exception) -> None:
-    """Raise a TypeError saying what exonet passes, when ``model(batch)`` failed on a forward that takes the batch apart.
+    """Raise a TypeError saying what exonet passes, when ``model(batch)`` failed on a forward
+    that takes the batch apart.
 
     A forward such as nanoGPT's ``forward(idx, targets=None)`` receives the whole batch as ``idx`` and
     fails deep inside (``'list' object has no attribute 'device'``); nothing is added to other errors.
@@ -533,7 +539,8 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
                                     timeout=timedelta(seconds=cfg.timeout_s))
         model = torch.load(io.BytesIO(model_bytes), weights_only=False)
         clock = None if control is None else ClockLink(control, pipe.send, rank, heartbeat.blocked,
-                                                       gated=cfg.max_sim_time_s is not None, announces=strategy.asynchronous)
+                                                       gated=cfg.max_sim_time_s is not None,
+                                                       announces=strategy.asynchronous)
         TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock).run()
     except BaseException:
         pipe.send(NodeError(rank, traceback.format_exc(), time.monotonic()))

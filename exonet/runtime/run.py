@@ -35,20 +35,28 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from exonet.errors import NodeFailure
+from exonet.fit_result import FitResult
+from exonet.rundir import create_run, read_json, reopen_run, write_run
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
 from exonet.runtime.forkserver import context
 from exonet.runtime.job import Job
-from exonet.runtime.messages import Answer, Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, Query, StepDecision
-from exonet.errors import NodeFailure
+from exonet.runtime.messages import (
+    Answer,
+    Checkpointed,
+    Evaluated,
+    NodeDone,
+    NodeError,
+    NodeMessage,
+    Query,
+    StepDecision,
+)
 from exonet.runtime.node import NodeConfig, node_main
-from exonet.fit_result import FitResult
-from exonet.rundir import create_run, read_json, reopen_run, write_run
-from exonet.strategies.base import Strategy
 from exonet.runtime.record import RunRecord
-from exonet.runtime.transport import (ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value,
-                                      shared_bytes)
+from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value, shared_bytes
 from exonet.runtime.watchdog import SLOTS, Watchdog
+from exonet.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +96,8 @@ class Supervisor:
         self.beats = self.ctx.Array("d", SLOTS * cfg.world, lock=False)
         self.watchdog: Watchdog | None = None
         self.procs: list[Any] = []
-        self.record = RunRecord(cfg.world, cfg.max_steps, meta, resume, progress, cfg.start_step, trainers=cfg.num_nodes)
+        self.record = RunRecord(cfg.world, cfg.max_steps, meta, resume, progress, cfg.start_step,
+                                trainers=cfg.num_nodes)
 
     def start(self, model_bytes: bytes, train: Any, val: Any, strategy: Strategy) -> None:
         if self.progress_timeout_s is not None:
@@ -279,7 +288,8 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     if dist.is_torchelastic_launched():
         from exonet.runtime.torchrun import train_under_torchrun
 
-        if resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None or strategy.asynchronous:
+        if (resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None
+                or strategy.asynchronous):
             raise ValueError("fit: checkpoint_interval, resume_from, max_sim_time_s and asynchronous strategies are "
                              "not supported under torchrun yet")
         is_zero = os.environ.get("RANK") == "0"
@@ -373,7 +383,8 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
         _final_eval_at_end(result.history["eval"], result.sim.wall_clock_s)
         if decided and clock.gated:
             _say_who_stopped_early(clock, result.trace, config["num_nodes"], config["max_steps"])
-        log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s, real_time)
+        log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s,
+                 real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
             print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
                   f"in scenario {scenario.name!r}")

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from exonet.arguments import check_range, one_of
+from exonet.fit_result import FitResult
 from exonet.runtime.job import Job
 from exonet.runtime.node import NodeConfig, is_factory, resolve_dataset
-from exonet.fit_result import FitResult
-from exonet.arguments import check_range, one_of
 from exonet.strategies.base import Strategy
 
 DEVICES = ("cpu", "cuda", "mps")
@@ -181,7 +181,8 @@ class LocalTrainer:
         for name in sorted(set(legacy) & set(IGNORED)):
             warnings.warn(f"fit: {name} is ignored: {IGNORED[name]}", stacklevel=2)
         if not isinstance(strategy, Strategy):
-            raise TypeError(f"fit: strategy must be an exonet.strategies.Strategy instance, got {type(strategy).__name__}")
+            raise TypeError("fit: strategy must be an exonet.strategies.Strategy instance, "
+                            f"got {type(strategy).__name__}")
         k = _check_int("num_nodes", num_nodes, 1)
         strategy.check_world(k)
         batch_size = _check_int("batch_size", batch_size, 1)
@@ -253,11 +254,13 @@ class LocalTrainer:
 
     # ------------------------------------------------------------ resolution
     @staticmethod
-    def _resolve_device(device: str | None, devices: list[int] | None, k: int) -> tuple[str, str, tuple[int, ...] | None]:
+    def _resolve_device(device: str | None, devices: list[int] | None,
+                        k: int) -> tuple[str, str, tuple[int, ...] | None]:
         if device is None or device == "":  # "" is the older gym's default: auto-detect, as it did
             device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
         if device not in DEVICES:
-            raise ValueError(f"fit: device must be one of {', '.join(DEVICES)} (or None to auto-detect), got {device!r}")
+            raise ValueError(f"fit: device must be one of {', '.join(DEVICES)} "
+                             f"(or None to auto-detect), got {device!r}")
         if device == "cuda":
             if not torch.cuda.is_available():
                 raise ValueError("fit: device='cuda' but CUDA is not available on this machine")

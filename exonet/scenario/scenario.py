@@ -515,7 +515,8 @@ class Scenario:
             a, b = link["between"]
             lines.append(f"  link        {a} <-> {b}: {rate(link['bandwidth'])}, latency {lat}")
         for node in p.get("nodes", []):
-            sets = [f"{k} {f'{v:g}' if k == 'speed' else rate(v)}" for k, v in node.items() if k not in ("ranks", "share")]
+            sets = [f"{k} {f'{v:g}' if k == 'speed' else rate(v)}"
+                    for k, v in node.items() if k not in ("ranks", "share")]
             lines.append(f"  nodes       {_who(node)}: {', '.join(sets)}")
         if strag.get("jitter", "none") != "none":
             jitter, sigma, seed = strag["jitter"], strag["sigma"], strag.get("seed", 0)
@@ -573,7 +574,8 @@ def _failures(f: FailureSpec, num_nodes: int | None) -> list[str]:
     nodes = "nodes" if num_nodes is None else f"{num_nodes} nodes"
     per_hour = f.expected_failures(1 if num_nodes is None else num_nodes, 3600.0)
     cycle = secs(f.mtbf + f.repair + f.restart)
-    return [f"  failures    per node: up Exp(mtbf {secs(f.mtbf)}), then down {repair} + restart {secs(f.restart)}, seed {f.seed}",
+    return [f"  failures    per node: up Exp(mtbf {secs(f.mtbf)}), then down {repair} + restart {secs(f.restart)}, "
+            f"seed {f.seed}",
             f"              expected failures: {nodes} x T / {cycle} = {per_hour:.4g} per hour of run"
             + ("" if num_nodes is not None else " per node")]
 

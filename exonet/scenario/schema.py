@@ -198,7 +198,8 @@ _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0
 _REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
 _LINK = {"between": _between, "bandwidth": _rate, "latency": _time}
 _NODE = {
-    "ranks": _ranks, "share": _number(0, 1), "speed": _number(0), "bandwidth": _rate, "uplink": _rate, "downlink": _rate,
+    "ranks": _ranks, "share": _number(0, 1), "speed": _number(0), "bandwidth": _rate, "uplink": _rate,
+    "downlink": _rate,
 }
 _STRAGGLERS = {"jitter": _enum(JITTERS), "sigma": _number(0, closed=True), "seed": _count}
 _EVENT = {
@@ -239,13 +240,16 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         raise ScenarioError(f'{where} missing required table [network] (e.g. [network] bandwidth = "1 Gbit/s")')
     if "bandwidth" not in net and not ("uplink" in net and "downlink" in net):
         raise ScenarioError(
-            f'{where} network.bandwidth is required (e.g. bandwidth = "1 Gbit/s") unless both uplink and downlink are given'
+            f'{where} network.bandwidth is required (e.g. bandwidth = "1 Gbit/s") '
+            "unless both uplink and downlink are given"
         )
     if "host_cores" in net and "message_overhead" not in net:
         raise ScenarioError(f"{where} network.host_cores only scales network.message_overhead; set message_overhead")
     if "header_bytes" in net and "mss" not in net:
-        raise ScenarioError(f"{where} network.header_bytes only applies with network.mss (TCP payload bytes per packet)")
-    if "tcp_window" in net and not (net.get("latency", 0.0) > 0 or any(l.get("latency", 0.0) > 0 for l in p.get("links", []))):
+        raise ScenarioError(f"{where} network.header_bytes only applies with network.mss "
+                            "(TCP payload bytes per packet)")
+    if "tcp_window" in net and not (net.get("latency", 0.0) > 0
+                                    or any(l.get("latency", 0.0) > 0 for l in p.get("links", []))):
         raise ScenarioError(
             f"{where} network.tcp_window: has no effect, because every latency is 0: a window caps a flow at "
             "window / (2 · latency), so a zero round trip never binds; set network.latency (or a link's latency) "
@@ -275,7 +279,8 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
     strag = p.get("stragglers", {})
     if strag.get("jitter", "none") != "none" and "sigma" not in strag:
         jitter = strag["jitter"]
-        raise ScenarioError(f"{where} stragglers.sigma is required when stragglers.jitter = {jitter!r} (e.g. sigma = 0.1)")
+        raise ScenarioError(f"{where} stragglers.sigma is required when stragglers.jitter = {jitter!r} "
+                            "(e.g. sigma = 0.1)")
     if "sigma" in strag and "jitter" not in strag:
         raise ScenarioError(f"{where} stragglers.sigma needs stragglers.jitter ({', '.join(JITTERS)})")
     if "failures" in p:
@@ -329,7 +334,8 @@ def _check_failures(failures: Mapping[str, Any], where: str) -> None:
     if "sigma" in failures and distribution != "lognormal":
         raise ScenarioError(f"{where}.sigma: applies only to distribution = 'lognormal'")
     if distribution != "fixed" and not failures.get("repair", 0.0) > 0:
-        raise ScenarioError(f"{where}.distribution: {distribution!r} draws repair times around `repair`; set repair > 0")
+        raise ScenarioError(f"{where}.distribution: {distribution!r} draws repair times around `repair`; "
+                            "set repair > 0")
 
 
 def _check_event(event: Mapping[str, Any], where: str) -> None:

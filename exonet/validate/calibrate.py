@@ -21,8 +21,9 @@ race: 1 to 2x the modelled time). ``covered`` names those cases; they are shown,
 fitted, and left out of the error bounds.
 
 The fit minimises the absolute log-ratio of simulated to real time over the fitting
-half (the median's loss, so a few cases the model misses cannot drag it) (a pattern search on the two parameters, no SciPy). Halves alternate in matrix
-order, so both hold every kind of case.
+half (the median's loss, so a few cases the model misses cannot drag it) (a pattern search
+on the two parameters, no SciPy). Halves alternate in matrix order, so both hold every kind
+of case.
 
 A user's own measurements (``exonet validate --calibrate --measurements FILE.csv``) are a
 CSV with a header and one row per measured case::
@@ -153,7 +154,8 @@ class Calibration:
                 out.append(f"{label}, {which}: " + "; ".join(parts))
         p = self.params
         cores = f", host_cores = {p['host_cores']:g}" if p.get("host_cores") is not None else ""
-        out.append(f"{'parameters of ' + self.source if self.source else 'fitted'}: efficiency = {p['efficiency']:.4f}, message_overhead = {p['message_overhead'] * 1e6:.1f} us "
+        out.append(f"{'parameters of ' + self.source if self.source else 'fitted'}: "
+                   f"efficiency = {p['efficiency']:.4f}, message_overhead = {p['message_overhead'] * 1e6:.1f} us "
                    f"(with mss = {TCP_FRAMING['mss']}, header_bytes = {TCP_FRAMING['header_bytes']}{cores})")
         return "\n".join(out)
 
@@ -166,7 +168,8 @@ class Calibration:
         cores = f"host_cores = {p['host_cores']:g}\n" if p.get("host_cores") is not None else ""
         return (f'name = "{name}"\ndescription = "{desc}"\n\n[network]\nbandwidth = "1 Gbit/s"\n'
                 f"mss = {TCP_FRAMING['mss']}\nheader_bytes = {TCP_FRAMING['header_bytes']}\n"
-                f"efficiency = {p['efficiency']:.4f}\nmessage_overhead = \"{p['message_overhead'] * 1e6:.1f} us\"\n{cores}\n"
+                f"efficiency = {p['efficiency']:.4f}\n"
+                f"message_overhead = \"{p['message_overhead'] * 1e6:.1f} us\"\n{cores}\n"
                 f"[network.algorithms]\n{algos}\n")
 
 

@@ -200,7 +200,8 @@ def run_cases(cases: Sequence[Case], log: Callable[[str], None] = print) -> list
             comm_cases = [c for c in members if c.kind != "train"]
             if comm_cases:
                 log(f"network K={first.nodes} {first.bandwidth / 1e6:g} Mbit/s: {len(comm_cases)} collective case(s)")
-                for case, m in zip(comm_cases, _launch(net, first.nodes, {"cases": [asdict(c) for c in comm_cases]}, port)):
+                for case, m in zip(comm_cases,
+                                   _launch(net, first.nodes, {"cases": [asdict(c) for c in comm_cases]}, port)):
                     out[case] = m
                     log(f"  {case.name}: real {m.real:.4f} s (repetitions {', '.join(f'{t:.4f}' for t in m.real_s)})")
                 port += 1
@@ -233,13 +234,15 @@ def _launch(net: Network, k: int, job: dict[str, Any], port: int) -> list[Measur
                 bad = [r for r, (p, _) in enumerate(procs) if p.poll() not in (None, 0)]
                 if bad or time.monotonic() > deadline:
                     rank = bad[0] if bad else 0
-                    why = f"exited with {procs[rank][0].returncode}" if bad else f"timed out after {WORKER_TIMEOUT_S:g} s"
+                    why = (f"exited with {procs[rank][0].returncode}" if bad
+                           else f"timed out after {WORKER_TIMEOUT_S:g} s")
                     tail = (Path(tmp) / f"rank{rank}.err").read_text()[-3000:]
                     raise RuntimeError(f"validate: node {rank} {why}:\n{tail}")
                 time.sleep(0.05)
             bad = [r for r, (p, _) in enumerate(procs) if p.returncode]
             if bad:
-                raise RuntimeError(f"validate: node {bad[0]} failed:\n{(Path(tmp) / f'rank{bad[0]}.err').read_text()[-3000:]}")
+                raise RuntimeError(f"validate: node {bad[0]} failed:\n"
+                                   f"{(Path(tmp) / f'rank{bad[0]}.err').read_text()[-3000:]}")
         finally:
             for p, err in procs:
                 if p.poll() is None:

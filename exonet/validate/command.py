@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         result = cal.calibrate(measurements, None if args.measurements else os.cpu_count())
         if args.measurements:
             toml = result.to_toml(name=Path(args.out).stem,
-                                  description=f"fitted by exonet validate --calibrate to {Path(args.measurements).name}")
+                                  description="fitted by exonet validate --calibrate to "
+                                              f"{Path(args.measurements).name}")
         else:
             toml = result.to_toml()
         Path(args.out).write_text(toml)

@@ -52,7 +52,8 @@ def privilege() -> str | None:
     except FileNotFoundError:
         return "exonet validate needs the `ip` tool (iproute2), which is not installed"
     if proc.returncode:
-        return f"exonet validate needs to create network namespaces (run as root): {proc.stderr.strip() or 'ip netns add failed'}"
+        return ("exonet validate needs to create network namespaces (run as root): "
+                f"{proc.stderr.strip() or 'ip netns add failed'}")
     _sh("ip", "netns", "del", name, check=False)
     for tool in ("tc",):
         if _sh("sh", "-c", f"command -v {tool}", check=False).returncode:
@@ -161,7 +162,8 @@ class Network:
         self.nodes = list(nodes)
         self.region = list(region) if region is not None else [0] * len(self.nodes)
         if len(self.region) != len(self.nodes) or not set(self.region) <= {0, 1}:
-            raise ValueError(f"Network: region must give 0 or 1 for each of the {len(self.nodes)} ranks, got {region!r}")
+            raise ValueError(f"Network: region must give 0 or 1 for each of the {len(self.nodes)} ranks, "
+                             f"got {region!r}")
         if len(set(self.region)) == 2 and link is None:
             raise ValueError("Network: two regions need the inter-region link's rate (link=)")
         self.link = link
