@@ -1,4 +1,4 @@
-"""Two network rules that were silent (issue 11, items 5 and 6): the TCP window at zero latency, and
+"""Two network rules that must not pass silently: the TCP window at zero latency, and
 what strict no-overtaking FIFO does to the closed forms (the figures the README states)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def one(scenario: Resolved, op: str, nbytes: int) -> float:
     return simulate(t, scenario).wall_clock_s
 
 
-# ------------------------------------------------------------------ item 5: tcp_window at latency 0
+# ------------------------------------------------------------------ tcp_window at latency 0
 def test_a_window_with_every_latency_zero_is_an_error_naming_the_file_and_field():
     with pytest.raises(ScenarioError, match=r"lan\.toml: network\.tcp_window: has no effect.*every latency is 0"):
         Scenario.from_toml('name = "lan"\n[network]\nbandwidth = "1 Gbit/s"\ntcp_window = "4 MiB"\n', "lan.toml")
@@ -50,7 +50,7 @@ def test_a_window_binds_only_on_paths_with_latency():
         assert simulate(t, scenario).wall_clock_s == pytest.approx(expected, **exact)
 
 
-# ------------------------------------------------------------------ item 6: FIFO against the closed forms
+# ------------------------------------------------------------------ FIFO against the closed forms
 @pytest.mark.parametrize("n", [3, 4, 8, 16])
 def test_fifo_makes_an_all_pairs_phase_take_2n_minus_3_messages(n):
     """Direct all_gather: α + (n−1)s/B under max-min, α + (2n−3)s/B under FIFO (1.5× at 3, 1.93× at 16)."""

@@ -1,9 +1,9 @@
 """Trace input is checked where it enters (files and the builder), and the Chrome export is strict JSON.
 
-Each case is an audit reproducer (issue 11, item 1): the file loaded before, and then the
-simulator accounted nonsense (a compute of -5 s; NaN in per-node times and a bare ``nan``
-in the Chrome trace) or refused a valid trace ("collectives must match" for a full group
-spelt out, or a group listed in another order).
+Bad files are refused with the file and field named, rather than accounted as nonsense (a
+compute of -5 s; NaN in per-node times and a bare ``nan`` in the Chrome trace), and valid
+traces load ("collectives must match" is not raised for a full group spelt out, or a group
+listed in another order).
 """
 
 from __future__ import annotations
