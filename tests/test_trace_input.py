@@ -113,11 +113,14 @@ def test_a_negative_compute_no_longer_reaches_the_simulator(tmp_path):
         Trace.load(path)
 
 
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_the_builder_refuses_compute_seconds_that_are_negative_or_not_finite(bad):
+    with pytest.raises(ValueError, match="Trace.add_compute: seconds, cpu_s and flops must be >= 0 and finite; seconds must be finite"):
+        Trace(3).add_compute(0, bad)
+
+
 def test_the_builder_applies_the_file_rules():
     t = Trace(3)
-    for bad in (-1.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match="Trace.add_compute: seconds, cpu_s and flops must be >= 0 and finite; seconds must be finite"):
-            t.add_compute(0, bad)
     with pytest.raises(ValueError, match="cpu_s must be finite"):
         t.add_compute(0, 1.0, cpu_s=math.nan)
     with pytest.raises(ValueError, match="Trace.add_collective: nbytes must be a non-negative integer"):
