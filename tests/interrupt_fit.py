@@ -1,6 +1,6 @@
 """A long fit for the Ctrl-C test to interrupt (run as ``python tests/interrupt_fit.py RUN_ROOT``).
 
-Not a test module: tests/test_reliability_faults.py starts it in a subprocess, waits for its
+Not a test module: tests/test_runtime_faults.py starts it in a subprocess, waits for its
 first committed checkpoint (training is then under way) and sends it SIGINT.
 """
 

@@ -1,4 +1,4 @@
-"""The scale and memory benchmarks run end to end at tiny sizes and print their figures and ratios (not timed)."""
+"""The scale and memory benchmarks run end to end at tiny sizes and return their figures and ratios (not timed)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,33 @@ from exonet.bench import memory, scale
 
 
 @pytest.mark.slow
-def test_scale_bench_reports_startup_against_spawn_step_time_and_memory_per_node(capsys):
-    assert scale.main(["--nodes", "2,3", "--steps", "3", "--models", "mlp,cnn", "--startup-nodes", "2",
-                       "--repeat", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "ratio spawn/exonet: cold" in out and "prepared" in out and "warm" in out
-    assert out.count("per additional node:") == 2 and "time per step ~ K^" in out
-    assert "scale bench: cnn" in out and "K=  3" in out
+def test_scale_bench_returns_startup_against_spawn_step_time_and_memory_per_node(capsys):
+    figures = scale.main(["--nodes", "2,3", "--steps", "3", "--models", "mlp,cnn", "--startup-nodes", "2",
+                          "--repeat", "1"])
+    assert set(figures["startup"]) == {"cold", "prepared", "warm", "spawn"}
+    assert all(s > 0 for s in figures["startup"].values())
+    assert list(figures["models"]) == ["mlp", "cnn"]
+    for model in figures["models"].values():  # one process-heavy run: its two models, not two runs
+        rows = model["rows"]
+        assert [r["k"] for r in rows] == [2, 3] and all(r["step_s"] > 0 and r["pss"] > 0 for r in rows)
+        assert model["pss_per_node"] == pytest.approx(rows[1]["pss"] - rows[0]["pss"])  # slope through two points
+        assert model["step_exponent"] == pytest.approx(scale.exponent([2, 3], [r["step_s"] for r in rows]))
+    assert "ratio spawn/exonet: cold" in capsys.readouterr().out  # and prints them
 
 
 @pytest.mark.slow
-def test_memory_bench_reports_the_extra_pss_of_a_dataset_against_a_tiny_one(capsys):
-    assert memory.main(["--nodes", "2", "--gib", "0.004", "--tiny-rows", "256", "--steps", "3",
-                        "--kinds", "tensor,numpy,memmap"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("x the dataset (K copies: 2x)") == 6 and "memmap" in out
+def test_memory_bench_returns_the_extra_pss_of_a_dataset_against_a_tiny_one(capsys):
+    figures = memory.main(["--nodes", "2", "--gib", "0.004", "--tiny-rows", "256", "--steps", "3",
+                           "--kinds", "tensor,numpy,memmap"])
+    size = figures["dataset_bytes"]
+    assert size == int(0.004 * 2**30 / memory.ROW_BYTES) * memory.ROW_BYTES
+    assert list(figures["kinds"]) == ["tensor", "numpy", "memmap"]
+    for levels in figures["kinds"].values():
+        assert list(levels) == ["peak", "steady"]
+        for f in levels.values():
+            assert f["tiny_bytes"] > 0
+            assert f["extra_ratio"] == pytest.approx((f["large_bytes"] - f["tiny_bytes"]) / size)
+    assert "x the dataset (K copies: 2x)" in capsys.readouterr().out
 
 
 def test_scale_exponent_and_slope_are_least_squares_fits():

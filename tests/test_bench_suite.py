@@ -1,39 +1,68 @@
-"""Smoke tests of the benchmark suite: each benchmark runs end to end at a tiny size and prints its ratio (not timed)."""
+"""Smoke tests of the benchmark suite: each benchmark runs end to end at a tiny size and returns its figures
+(not timed), and the dispatcher turns them into the exit status."""
 
 from __future__ import annotations
 
-import re
+import math
 
 import pytest
 
 from exonet.bench import communicator, strategies
+from exonet.bench.__main__ import exit_status
 from exonet.bench.__main__ import main as dispatch
 
+BENCHMARKS = ("communicator", "memory", "netsim", "runtime", "scale", "simulator", "strategies")
+STRATEGIES = ("bare torch", "DDP", "FedAvg", "DiLoCo", "SPARTA", "DeMo")
 
-def test_the_dispatcher_lists_every_benchmark_and_refuses_an_unknown_name(capsys):
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_the_dispatcher_lists_every_benchmark_when_refusing_an_unknown_name(capsys, name):
     assert dispatch(["no-such-bench"]) == 2
-    listed = capsys.readouterr().err
-    for name in ("communicator", "strategies", "simulator", "runtime", "netsim"):
-        assert name in listed
+    assert name in capsys.readouterr().err
 
 
-def test_communicator_bench_reports_both_sides_and_their_ratio(capsys):
-    assert communicator.main(["--quick"]) == 0
-    out = capsys.readouterr().out
-    assert "bookkeeping alone, 1 gloo process" in out and "K=2 gloo processes" in out
-    row = (r"4 KiB +raw dist.all_reduce +[\d.]+ us +exonet Communicator +[\d.]+ us +overhead [+-][\d.]+ us "
-           r"\[[+-][\d.]+, [+-][\d.]+\] +ratio exonet/raw [\d.]+ \(paired\)")
-    assert len(re.findall(row, out)) == 2  # one process, then K
-    assert re.search(r"4 KiB: exonet's bookkeeping \([\d.]+ us\) is [\d.]+% of a K=2 all-reduce", out)
+@pytest.mark.parametrize(("result", "status"), [({"x": 1.0}, 0), ({"ok": True}, 0), ({"ok": False, "x": 1.0}, 1),
+                                                (0, 0), (1, 1), (None, 0)])
+def test_figures_exit_zero_unless_a_check_failed_and_statuses_pass_through(result, status):
+    assert exit_status(result) == status
+
+
+def positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def test_communicator_bench_returns_both_sides_and_their_ratio_per_size(capsys):
+    figures = communicator.main(["--quick"])
+    assert figures["nodes"] == 2 and "ok" not in figures
+    for side in ("alone", "k_nodes"):
+        (row,) = figures[side].values()
+        assert list(figures[side]) == [4096]
+        assert all(positive(row[key]) for key in ("raw", "ours", "raw_cpu", "ours_cpu"))
+        assert row["low"] <= row["paired"] <= row["high"]
+        assert row["ratio"] == pytest.approx(1 + row["paired"] / row["raw"])
+    assert figures["bookkeeping_share"][4096] == pytest.approx(figures["alone"][4096]["paired"]
+                                                               / figures["k_nodes"][4096]["raw"])
+    assert "K=2 gloo processes" in capsys.readouterr().out  # and prints them
 
 
 def test_strategies_bench_checks_demo_against_the_reference_and_times_every_strategy(capsys):
-    assert strategies.main(["--quick", "--steps", "5"]) == 0  # nonzero when DeMo and the reference disagree
-    out = capsys.readouterr().out
-    match = re.search(r"speed-up ([\d.]+)x +largest difference after 2 steps ([\d.e+-]+)", out)
-    assert match and float(match.group(2)) <= 1e-6
-    for name in ("bare torch", "DDP", "FedAvg", "DiLoCo", "SPARTA", "DeMo"):
-        assert re.search(rf"{name} +[\d.]+ ms/step +ratio to bare torch [\d.]+", out), name
+    figures = strategies.main(["--quick", "--steps", "5"])
+    assert figures["ok"] is True and figures["demo"]["max_diff"] <= 1e-6  # ok is False when they disagree
+    demo = figures["demo"]
+    assert positive(demo["exonet_s"]) and demo["speedup"] == pytest.approx(demo["reference_s"] / demo["exonet_s"])
+    assert list(figures["step_s"]) == list(STRATEGIES)
+    assert all(positive(t) for t in figures["step_s"].values()) and figures["ratio_to_bare"]["bare torch"] == 1.0
+    steps = figures["step_s"]
+    assert figures["ratio_to_bare"]["DeMo"] == pytest.approx(steps["DeMo"] / steps["bare torch"])
+    assert "ratio to bare torch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("max_diff", "status"), [(1e-6, 0), (2e-6, 1)])
+def test_the_strategies_bench_exits_nonzero_when_demo_and_the_reference_disagree(monkeypatch, max_diff, status):
+    measured = {"demo": 0.001, "reference": 0.003, "max_diff": max_diff}
+    monkeypatch.setattr(strategies, "measure", lambda k, **args: (measured, {"bare torch": 0.002, "DDP": 0.004}))
+    assert dispatch(["strategies", "--quick"]) == status
+    assert strategies.main(["--quick"])["ratio_to_bare"] == {"bare torch": 1.0, "DDP": 2.0}
 
 
 def test_simulator_is_the_netsim_benchmark_under_its_suite_name(capsys):

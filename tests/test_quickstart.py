@@ -12,9 +12,12 @@ from exonet.quickstart import DEFAULT_SCENARIOS, compute_model, quickstart, quic
 SMALL = Scale(params=2e5, steps=4, per_steps=1000)
 
 
-def test_every_default_scenario_times_compute_from_flops():
-    for name in DEFAULT_SCENARIOS:
-        assert compute_model(name, 4).startswith("counted FLOPs / (")
+@pytest.mark.parametrize("name", DEFAULT_SCENARIOS)
+def test_every_default_scenario_times_compute_from_flops(name):
+    assert compute_model(name, 4).startswith("counted FLOPs / (")
+
+
+def test_a_scenario_without_device_flops_times_compute_by_this_machines_cpu():
     assert compute_model("cross-continent", 4).startswith("this machine's thread-CPU seconds")
 
 

@@ -187,13 +187,12 @@ def test_region_shares_are_blocks_in_listing_order(n: int, expected: str) -> Non
     assert "".join(Scenario.from_dict(d).resolve(n).region) == expected
 
 
-def test_region_shares_partition_exactly_for_thirds() -> None:
-    s = Scenario.load("cross-continent")
-    for n in range(1, 65):
-        region = s.resolve(n).region
-        counts = [region.count(name) for name in ("americas", "europe", "asia")]
-        assert sum(counts) == n and max(counts) - min(counts) <= 1
-        assert list(region) == sorted(region, key=["americas", "europe", "asia"].index)
+@pytest.mark.parametrize("n", range(1, 65))
+def test_region_shares_partition_exactly_for_thirds(n: int) -> None:
+    region = Scenario.load("cross-continent").resolve(n).region
+    counts = [region.count(name) for name in ("americas", "europe", "asia")]
+    assert sum(counts) == n and max(counts) - min(counts) <= 1
+    assert list(region) == sorted(region, key=["americas", "europe", "asia"].index)
 
 
 def test_ranks_left_over_by_shares_are_default_and_need_links() -> None:
@@ -375,10 +374,10 @@ def test_resolve_rejects_bad_node_counts(bad: Any) -> None:
         Scenario.from_dict(minimal()).resolve(bad)
 
 
-def test_from_dict_rejects_non_tables() -> None:
-    for value in (None, [], "name", 3):
-        with pytest.raises(ScenarioError, match="<dict>: expected a table"):
-            Scenario.from_dict(value)  # type: ignore[arg-type]
+@pytest.mark.parametrize("value", [None, [], "name", 3])
+def test_from_dict_rejects_non_tables(value: object) -> None:
+    with pytest.raises(ScenarioError, match="<dict>: expected a table"):
+        Scenario.from_dict(value)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- property-based

@@ -30,7 +30,7 @@ import math
 import pstats
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -105,6 +105,10 @@ class Overhead:
         """The paired overhead as a fraction of the raw call."""
         return self.paired / self.raw
 
+    def figures(self) -> dict[str, float]:
+        """The fields (seconds per call) and ``ratio``, exonet over raw by the paired overhead."""
+        return {**asdict(self), "ratio": 1 + self.share}
+
 
 def median_ranks(n: int) -> tuple[int, int]:
     """0-based ranks (lo, hi) of the distribution-free 95% interval of the median of n sorted values.
@@ -153,7 +157,9 @@ def _size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB" if n >= 2**10 else f"{n} B"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> dict[str, Any]:
+    """Print the figures and return them: per buffer size in bytes, ``alone`` (1 process) and ``k_nodes``
+    (K processes) as ``Overhead.figures()``, and ``bookkeeping_share`` (alone's overhead over K's raw call)."""
     parser = argparse.ArgumentParser(prog="python -m exonet.bench communicator", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--sizes", default="4096,1048576", help="buffer sizes in bytes, comma-separated")
@@ -180,9 +186,11 @@ def main(argv: list[str]) -> int:
                   f"{o.ours * 1e6:9.1f} us   overhead {o.paired * 1e6:+.1f} us [{o.low * 1e6:+.1f}, "
                   f"{o.high * 1e6:+.1f}]   ratio exonet/raw {1 + o.share:.3f} (paired)  (calling-thread CPU "
                   f"{o.raw_cpu * 1e6:.1f} vs {o.ours_cpu * 1e6:.1f} us)")
-    for nbytes in sizes:
+    shares = {nbytes: alone[nbytes].paired / results[nbytes].raw for nbytes in sizes}
+    for nbytes, share in shares.items():
         print(f"  {_size(nbytes)}: exonet's bookkeeping ({alone[nbytes].paired * 1e6:.1f} us) is "
-              f"{alone[nbytes].paired / results[nbytes].raw:.1%} of a K={args.nodes} all-reduce")
+              f"{share:.1%} of a K={args.nodes} all-reduce")
     for text in profiles:
         print(text)
-    return 0
+    return {"nodes": args.nodes, "alone": {n: o.figures() for n, o in alone.items()},
+            "k_nodes": {n: o.figures() for n, o in results.items()}, "bookkeeping_share": shares}

@@ -93,7 +93,10 @@ def measure_fresh(kind: str, rows: int, nodes: int, steps: int) -> dict[str, Any
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> dict[str, Any]:
+    """Print the figures and return them: ``dataset_bytes``, and per kind and level (``peak``, ``steady``) the
+    summed PSS in bytes with the tiny and the large dataset and ``extra_ratio``, the extra over the dataset's
+    size; with ``--measure``, that one run's ``measure`` figures."""
     parser = argparse.ArgumentParser(prog="python -m exonet.bench memory", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--gib", type=float, default=1.0, help="size of the large dataset, GiB")
@@ -103,17 +106,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--measure", nargs=2, metavar=("KIND", "ROWS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
-        print(json.dumps(measure(args.measure[0], int(args.measure[1]), args.nodes, args.steps)))
-        return 0
+        one = measure(args.measure[0], int(args.measure[1]), args.nodes, args.steps)
+        print(json.dumps(one))
+        return one
     rows = int(args.gib * 2**30 / ROW_BYTES)
     size = rows * ROW_BYTES
     print(f"memory bench: K={args.nodes}, DDP on the bench MLP, {args.steps} steps; dataset {size / MIB:.0f} MiB "
           f"({rows} rows) against {args.tiny_rows} rows; summed PSS of parent, forkserver and nodes")
+    figures: dict[str, Any] = {"nodes": args.nodes, "dataset_bytes": size, "kinds": {}}
     for kind in args.kinds.split(","):
         tiny = measure_fresh(kind, args.tiny_rows, args.nodes, args.steps)
         big = measure_fresh(kind, rows, args.nodes, args.steps)
+        figures["kinds"][kind] = {}
         for level in ("peak", "steady"):
             extra = big[level] - tiny[level]
+            figures["kinds"][kind][level] = {"tiny_bytes": tiny[level], "large_bytes": big[level],
+                                             "extra_ratio": extra / size}
             print(f"  {kind:6s} {level:6s}  tiny {tiny[level] / MIB:7.0f} MiB  large {big[level] / MIB:7.0f} MiB  "
                   f"extra {extra / MIB:7.0f} MiB = {extra / size:.2f}x the dataset (K copies: {args.nodes}x)")
-    return 0
+    return figures

@@ -14,6 +14,7 @@ import argparse
 import os
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,7 +71,10 @@ def run_exonet(k: int, steps: int, batch: int) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> dict[str, Any]:
+    """Print the figures and return them: ``exonet_s`` and ``floor_s`` (medians of whole runs, seconds),
+    their ``ratio`` and every run's seconds (``exonet_runs``, ``floor_runs``); with ``--only``, that side's
+    ``exonet_s`` or ``floor_s`` alone."""
     parser = argparse.ArgumentParser(prog="python -m exonet.bench runtime", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
@@ -80,8 +84,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.only:
         run = run_exonet if args.only == "exonet" else run_floor
-        print(f"{args.only}: {run(args.nodes, args.steps, args.batch):.2f} s")
-        return 0
+        seconds = run(args.nodes, args.steps, args.batch)
+        print(f"{args.only}: {seconds:.2f} s")
+        return {f"{args.only}_s": seconds}
     ours, floor = [], []
     for _ in range(args.repeat):
         ours.append(run_exonet(args.nodes, args.steps, args.batch))
@@ -91,4 +96,5 @@ def main(argv: list[str]) -> int:
     print(f"  exonet DDP        {med(ours):7.2f} s   (runs: {', '.join(f'{t:.2f}' for t in ours)})")
     print(f"  bare-torch floor  {med(floor):7.2f} s   (runs: {', '.join(f'{t:.2f}' for t in floor)})")
     print(f"  ratio exonet/floor {med(ours) / med(floor):.2f}")
-    return 0
+    return {"exonet_s": med(ours), "floor_s": med(floor), "ratio": med(ours) / med(floor), "exonet_runs": ours,
+            "floor_runs": floor}

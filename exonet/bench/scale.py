@@ -130,7 +130,7 @@ def _fresh(args: list[str], warm_up: bool = False) -> float:
     """The seconds a fit in a fresh interpreter printed; with ``warm_up``, the script's first line is
     ``exonet.warm_up()``, before torch is imported."""
     first = "import exonet; exonet.warm_up(); " if warm_up else ""
-    script = f"import sys; {first}from exonet.bench.scale import main; sys.exit(main(sys.argv[1:]))"
+    script = f"import sys; {first}from exonet.bench.__main__ import main; sys.exit(main(['scale', *sys.argv[1:]]))"
     out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"scale bench: {' '.join(args)} failed:\n{out.stderr}")
@@ -152,19 +152,27 @@ def scale(name: str, ks: list[int], steps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def report(name: str, rows: list[dict[str, Any]], steps: int, out: Callable[[str], None] = print) -> None:
+def report(name: str, rows: list[dict[str, Any]], steps: int, out: Callable[[str], None] = print) -> dict[str, Any]:
+    """Print one model's rows and return them with the fits over K (``pss_per_node``, bytes; ``step_exponent``
+    and ``startup_exponent``; present with two K values or more)."""
     ks = [r["k"] for r in rows]
+    figures: dict[str, Any] = {"rows": rows}
     out(f"scale bench: {name}, DDP AdamW batch 32, {steps} steps; summed PSS of parent, forkserver and nodes")
     for r in rows:
         out(f"  K={r['k']:3d}  start-up {r['startup_s']:6.2f} s  per step {r['step_s'] * 1e3:8.2f} ms  "
             f"PSS {r['pss'] / MIB:7.0f} MiB (peak {r['peak'] / MIB:.0f})")
     if len(rows) > 1:
-        out(f"  per additional node: {slope(ks, [r['pss'] for r in rows]) / MIB:.1f} MiB PSS; "
-            f"time per step ~ K^{exponent(ks, [r['step_s'] for r in rows]):.2f}, "
-            f"start-up ~ K^{exponent(ks, [r['startup_s'] for r in rows]):.2f}")
+        figures.update(pss_per_node=slope(ks, [r["pss"] for r in rows]),
+                       step_exponent=exponent(ks, [r["step_s"] for r in rows]),
+                       startup_exponent=exponent(ks, [r["startup_s"] for r in rows]))
+        out(f"  per additional node: {figures['pss_per_node'] / MIB:.1f} MiB PSS; "
+            f"time per step ~ K^{figures['step_exponent']:.2f}, start-up ~ K^{figures['startup_exponent']:.2f}")
+    return figures
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> dict[str, Any]:
+    """Print the figures and return them: ``startup`` (seconds: ``cold``, ``prepared``, ``warm``, ``spawn``;
+    absent with ``--startup-nodes 0``) and ``models``, ``report``'s figures per model name."""
     parser = argparse.ArgumentParser(prog="python -m exonet.bench scale", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="8,16,32", help="comma-separated K values")
     parser.add_argument("--steps", type=int, default=40)
@@ -179,10 +187,12 @@ def main(argv: list[str]) -> int:
     if args.cold:
         busy(args.setup_s)
         model, data = workload("mlp")
-        print(json.dumps(timed_fit(model, data, args.cold, 1)))
-        return 0
+        seconds = timed_fit(model, data, args.cold, 1)
+        print(json.dumps(seconds))
+        return {"cold_s": seconds}
+    figures: dict[str, Any] = {}
     if args.startup_nodes:
-        s = startup(args.startup_nodes, args.repeat, args.setup_s)
+        s = figures["startup"] = startup(args.startup_nodes, args.repeat, args.setup_s)
         print(f"start-up bench: K={args.startup_nodes}, a whole 1-step exonet fit against mp.spawn of "
               f"{args.startup_nodes} processes that import torch (medians of {args.repeat}; prepared: the first fit "
               f"{args.setup_s:g} CPU s after exonet.warm_up())")
@@ -191,6 +201,5 @@ def main(argv: list[str]) -> int:
         print(f"  ratio spawn/exonet: cold {s['spawn'] / s['cold']:.1f}x, prepared {s['spawn'] / s['prepared']:.1f}x, "
               f"warm {s['spawn'] / s['warm']:.1f}x")
     ks = [int(k) for k in args.nodes.split(",")]
-    for name in args.models.split(","):
-        report(name, scale(name, ks, args.steps), args.steps)
-    return 0
+    figures["models"] = {name: report(name, scale(name, ks, args.steps), args.steps) for name in args.models.split(",")}
+    return figures

@@ -215,7 +215,10 @@ def measure(k: int, **args: int) -> tuple[dict[str, float], dict[str, float]]:
     return demo, steps
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> dict[str, Any]:
+    """Print the figures and return them: ``demo`` (``exonet_s`` and ``reference_s`` per step, ``speedup``,
+    ``max_diff``; absent with ``--only strategies``), ``step_s`` and ``ratio_to_bare`` per strategy name, and
+    ``ok``: False when DeMo and the reference disagree by more than 1e-6."""
     parser = argparse.ArgumentParser(prog="python -m exonet.bench strategies", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="alternating blocks per side (medians over them)")
@@ -231,11 +234,17 @@ def main(argv: list[str]) -> int:
                           check_steps=args.check_steps, demo=args.only != "strategies", strategies=args.only != "demo")
     print(f"strategies bench: K={args.nodes} gloo processes, bench MLP, batch {BATCH}, 1 thread each, "
           f"median per step over {args.rounds} rounds (slowest rank)")
+    figures: dict[str, Any] = {"nodes": args.nodes, "ok": not demo or demo["max_diff"] <= 1e-6}
     if demo:
+        figures["demo"] = {"exonet_s": demo["demo"], "reference_s": demo["reference"],
+                           "speedup": demo["reference"] / demo["demo"], "max_diff": demo["max_diff"]}
         print(f"  DeMo compression step (topk {DEMO['compression_topk']}, chunk {DEMO['compression_chunk']}): "
               f"exonet {demo['demo'] * 1e3:.2f} ms   per-tensor reference {demo['reference'] * 1e3:.2f} ms   "
-              f"speed-up {demo['reference'] / demo['demo']:.2f}x   largest difference after {args.check_steps} steps "
+              f"speed-up {figures['demo']['speedup']:.2f}x   largest difference after {args.check_steps} steps "
               f"{demo['max_diff']:.1e}")
+    if steps:
+        figures["step_s"] = steps
+        figures["ratio_to_bare"] = {name: t / steps["bare torch"] for name, t in steps.items()}
     for name, t in steps.items():
-        print(f"  {name:10s} {t * 1e3:7.2f} ms/step   ratio to bare torch {t / steps['bare torch']:.2f}")
-    return 0 if not demo or demo["max_diff"] <= 1e-6 else 1
+        print(f"  {name:10s} {t * 1e3:7.2f} ms/step   ratio to bare torch {figures['ratio_to_bare'][name]:.2f}")
+    return figures

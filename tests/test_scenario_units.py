@@ -185,10 +185,13 @@ def test_formatted_values_parse_back_to_three_digits(value: float) -> None:
     assert parse_time(format_time(value)) == pytest.approx(value, rel=5e-3)
 
 
-def test_a_rate_below_1_bit_per_second_is_too_small_and_zero_is_not_positive():
-    for tiny in ("5e-324 b/s", "1e-320 b/s", "1e-300 b/s", "0.5 bit/s"):  # rounds to zero; 1/rate overflows; ...
-        with pytest.raises(ScenarioError, match=rf"network.bandwidth: '{tiny}' is too small to be a rate \(the least"):
-            parse_rate(tiny, "network.bandwidth")
+@pytest.mark.parametrize("tiny", ["5e-324 b/s", "1e-320 b/s", "1e-300 b/s", "0.5 bit/s"])  # rounds to 0; 1/rate overflows
+def test_a_rate_below_1_bit_per_second_is_too_small(tiny):
+    with pytest.raises(ScenarioError, match=rf"network.bandwidth: '{tiny}' is too small to be a rate \(the least"):
+        parse_rate(tiny, "network.bandwidth")
+
+
+def test_1_bit_per_second_is_a_rate_and_zero_is_not_positive():
     assert parse_rate("1 bit/s", "x") == 0.125
     with pytest.raises(ScenarioError, match=r"'0 b/s' must be positive"):
         parse_rate("0 b/s", "network.bandwidth")

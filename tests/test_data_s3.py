@@ -183,11 +183,15 @@ def test_upload_run_goes_through_the_same_retrying_client(s3, tmp_path, monkeypa
         upload_run(run, "bucket/prefix")
 
 
-def test_a_local_folder_reads_the_same(tmp_path):
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_a_local_folder_reads_the_same(tmp_path, scheme):
     write_shards(DATA, tmp_path / "digits", shard_size=10)
-    for url in (str(tmp_path / "digits"), f"file://{tmp_path / 'digits'}"):
-        ds = S3Dataset(url)
-        assert len(ds) == 96 and all(_same(ds[i], DATA[i]) for i in range(96)) and len(ds.fetched) == 10
+    ds = S3Dataset(f"{scheme}{tmp_path / 'digits'}")
+    assert len(ds) == 96 and all(_same(ds[i], DATA[i]) for i in range(96)) and len(ds.fetched) == 10
+
+
+def test_a_missing_local_folder_or_an_endpoint_for_one_is_an_error(tmp_path):
+    write_shards(DATA, tmp_path / "digits", shard_size=10)
     with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'none' / 'index.json'}: no such folder"):
         S3Dataset(tmp_path / "none")
     with pytest.raises(TypeError, match=r"endpoint_url: only for s3:// URLs"):

@@ -155,26 +155,31 @@ def test_seed_style_snippet_runs_as_written():
     assert Trainer is LocalTrainer
 
 
-def test_bad_arguments_name_the_argument():
+@pytest.mark.parametrize(("kwargs", "exc", "text"), [
+    (dict(num_nodes=0), ValueError, "num_nodes"),
+    (dict(batch_size=0), ValueError, "batch_size"),
+    (dict(batch_size=8, minibatch_size=16), ValueError, "minibatch_size"),
+    (dict(device="tpu"), ValueError, "device"),
+    (dict(batch_size=64, num_nodes=2), ValueError, "fewer than one batch"),
+    (dict(max_steps=0), ValueError, "max_steps"),
+    (dict(bogus=1), TypeError, "bogus"),
+])
+def test_bad_arguments_name_the_argument(kwargs, exc, text):
     trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, dim=8, classes=4))
-    cases = [
-        (dict(num_nodes=0), ValueError, "num_nodes"),
-        (dict(batch_size=0), ValueError, "batch_size"),
-        (dict(batch_size=8, minibatch_size=16), ValueError, "minibatch_size"),
-        (dict(device="tpu"), ValueError, "device"),
-        (dict(batch_size=64, num_nodes=2), ValueError, "fewer than one batch"),
-        (dict(max_steps=0), ValueError, "max_steps"),
-        (dict(bogus=1), TypeError, "bogus"),
-    ]
-    for kwargs, exc, text in cases:
-        with pytest.raises(exc, match=text):
-            trainer.fit(DDPStrategy(), progress=False, **kwargs)
+    with pytest.raises(exc, match=text):
+        trainer.fit(DDPStrategy(), progress=False, **kwargs)
+
+
+def test_bad_optimizer_specs_name_the_optimizer_and_the_option():
     with pytest.raises(ValueError, match="unknown optimizer 'adamm'.*adamw"):
         OptimSpec("adamm")
     with pytest.raises(TypeError, match="momentumm"):
         OptimSpec("sgd", lr=0.1, momentumm=0.9)
+
+
+def test_a_strategy_that_is_not_one_is_a_type_error_naming_strategy():
     with pytest.raises(TypeError, match="strategy"):
-        trainer.fit("ddp")
+        LocalTrainer(tiny_mlp(), synthetic_classification(64, dim=8, classes=4)).fit("ddp")
 
 
 def test_start_port_is_accepted_with_a_warning():

@@ -1,9 +1,9 @@
 """Trace input is checked where it enters (files and the builder), and the Chrome export is strict JSON.
 
-Each case is an audit reproducer (issue 11, item 1): the file loaded before, and then the
-simulator accounted nonsense (a compute of -5 s; NaN in per-node times and a bare ``nan``
-in the Chrome trace) or refused a valid trace ("collectives must match" for a full group
-spelt out, or a group listed in another order).
+Bad files are refused with the file and field named, rather than accounted as nonsense (a
+compute of -5 s; NaN in per-node times and a bare ``nan`` in the Chrome trace), and valid
+traces load ("collectives must match" is not raised for a full group spelt out, or a group
+listed in another order).
 """
 
 from __future__ import annotations
@@ -114,11 +114,14 @@ def test_a_negative_compute_no_longer_reaches_the_simulator(tmp_path):
         Trace.load(path)
 
 
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_the_builder_refuses_compute_seconds_that_are_negative_or_not_finite(bad):
+    with pytest.raises(ValueError, match="Trace.add_compute: seconds, cpu_s and flops must be >= 0 and finite; seconds must be finite"):
+        Trace(3).add_compute(0, bad)
+
+
 def test_the_builder_applies_the_file_rules():
     t = Trace(3)
-    for bad in (-1.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match="Trace.add_compute: seconds, cpu_s and flops must be >= 0 and finite; seconds must be finite"):
-            t.add_compute(0, bad)
     with pytest.raises(ValueError, match="cpu_s must be finite"):
         t.add_compute(0, 1.0, cpu_s=math.nan)
     with pytest.raises(ValueError, match="Trace.add_collective: nbytes must be a non-negative integer"):
