@@ -8,11 +8,11 @@ import sys
 import time
 
 import pytest
-from exonet.strategies import DDPStrategy, OptimSpec
 
 from exonet import LocalTrainer, Trace, compare, simulate
 from exonet.comparison import time_to_loss
 from exonet.scenario import Scenario, list_presets
+from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.toy import synthetic_classification, tiny_mlp
 
 

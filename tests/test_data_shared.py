@@ -14,9 +14,9 @@ from exonet import LocalTrainer
 from exonet.bench import memory
 from exonet.data.shared import BIG, Shipment
 from exonet.runtime.node import epoch_indices
+from exonet.runtime.transport import ByValue, pickle_model, shared_by_value, shared_bytes
 from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.toy import tiny_mlp
-from exonet.runtime.transport import ByValue, pickle_model, shared_by_value, shared_bytes
 
 
 def roundtrip(*objs: object) -> list:

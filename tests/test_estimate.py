@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from exonet.estimate import LayerStack, estimate, simulate_estimate
-from exonet.trace import Collective, Compute, Step, Wait
 from exonet.toy import bench_mlp
+from exonet.trace import Collective, Compute, Step, Wait
 
 BENCH_P = sum(p.numel() for p in bench_mlp().parameters())
 

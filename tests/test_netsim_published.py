@@ -8,8 +8,17 @@ import sys
 
 import pytest
 
-from exonet.published import (GRID_STEP, INTELLECT1, METHODS, TABLE4_1B, TARGETS, LayerDAG, distro_example, intellect1,
-                              streaming_diloco_table4)
+from exonet.published import (
+    GRID_STEP,
+    INTELLECT1,
+    METHODS,
+    TABLE4_1B,
+    TARGETS,
+    LayerDAG,
+    distro_example,
+    intellect1,
+    streaming_diloco_table4,
+)
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from exonet import LocalTrainer, NodeFailure, TraceError
-from exonet.runtime.node import epoch_indices
 from exonet.rundir import load_run, run_status
+from exonet.runtime.node import epoch_indices
 from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.testing import FailingModel
 from exonet.toy import synthetic_classification

@@ -14,10 +14,10 @@ import pytest
 
 from exonet import LocalTrainer, NodeFailure
 from exonet.rundir import load_run, run_status
+from exonet.runtime.watchdog import SLOTS, Watchdog
 from exonet.strategies import DDPStrategy
 from exonet.testing import DyingStrategy, FailingModel, SlowEvalModel
 from exonet.toy import synthetic_classification, tiny_mlp
-from exonet.runtime.watchdog import SLOTS, Watchdog
 
 DATA = synthetic_classification(256, dim=8, classes=4)
 

@@ -13,7 +13,14 @@ from exonet import LocalTrainer, NodeFailure, Trainer
 from exonet.rundir import load_run
 from exonet.strategies import AllReduceStrategy, DDPStrategy, OptimSpec
 from exonet.testing import FailingModel, ProbeStrategy
-from exonet.toy import ShardFactory, bench_mlp, linear_regressor, synthetic_classification, synthetic_regression, tiny_mlp
+from exonet.toy import (
+    ShardFactory,
+    bench_mlp,
+    linear_regressor,
+    synthetic_classification,
+    synthetic_regression,
+    tiny_mlp,
+)
 from exonet.trace import Wait
 
 

@@ -12,8 +12,16 @@ from hypothesis import strategies as st
 from torch import nn
 
 from exonet import LocalTrainer
-from exonet.strategies.demo import (ChunkedDCT, DeMoStrategy, _block_groups, compress, dct_basis, decompress,
-                                   largest_divisor, matrix_shape)
+from exonet.strategies.demo import (
+    ChunkedDCT,
+    DeMoStrategy,
+    _block_groups,
+    compress,
+    dct_basis,
+    decompress,
+    largest_divisor,
+    matrix_shape,
+)
 from exonet.toy import Classifier, Regressor, ShardFactory, synthetic_regression
 
 K = 2

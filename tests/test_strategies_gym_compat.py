@@ -20,11 +20,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from exonet import FitResult, LocalTrainer, Trace
-from exonet import Trainer  # the gym: from exogym.trainer import Trainer
+from exonet import (
+    FitResult,
+    LocalTrainer,
+    Trace,
+    Trainer,  # the gym: from exogym.trainer import Trainer
+)
 from exonet.gymlog import TRAIN_COLUMNS, VALIDATION_COLUMNS, write_gym_csv
-from exonet.strategies import (DeMoStrategy, DiLoCoStrategy, FedAvgStrategy, OptimSpec, SimpleReduceStrategy,
-                               SPARTADiLoCoStrategy, SPARTAStrategy)
+from exonet.strategies import (
+    DeMoStrategy,
+    DiLoCoStrategy,
+    FedAvgStrategy,
+    OptimSpec,
+    SimpleReduceStrategy,
+    SPARTADiLoCoStrategy,
+    SPARTAStrategy,
+)
 from exonet.toy import synthetic_classification, tiny_mlp
 
 
