@@ -23,14 +23,16 @@ def test_the_overlap_trace_matches_its_description():
     trace = netsim.overlap_trace(3, 6, 1000)
     world, region = trace.events[4][1:3]
     assert (world.group, world.async_op) == (None, True) and region.group == (3, 4, 5)
-    assert [type(e).__name__ for e in trace.events[0][:6]] == ["Compute", "Collective", "Collective", "Wait", "Wait", "Step"]
+    assert [type(e).__name__ for e in trace.events[0][:6]] == ["Compute", "Collective", "Collective", "Wait", "Wait",
+                                                               "Step"]
     assert all(len(row) == 3 * 6 for row in trace.events)
 
 
 def test_the_parity_overlap_puts_the_second_all_reduce_on_even_or_odd_ranks(capsys):
     trace = netsim.overlap_trace(3, 6, 1000, parity=True)
     assert trace.events[4][2].group == (0, 2, 4) and trace.events[3][2].group == (1, 3, 5)
-    assert netsim.main(["--overlap", "--parity", "--steps", "4", "--nodes", "8", "--mbytes", "1", "--reference-steps", "2"]) == 0
+    assert netsim.main(["--overlap", "--parity", "--steps", "4", "--nodes", "8", "--mbytes", "1",
+                        "--reference-steps", "2"]) == 0
     assert "the rank's parity of 4" in capsys.readouterr().out
 
 

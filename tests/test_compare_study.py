@@ -124,7 +124,8 @@ def test_estimate_7b_diloco_is_fast_small_and_sends_4P_per_sync():
 
 def test_cli_estimate_states_its_assumptions():
     out = exonet_cli("estimate", "--model-params", "1e9", "--strategy", "diloco:H=100", "--nodes", "4", "--steps",
-                     "1000", "--scenario", "cross-region", "--tokens-per-step", "4096", "--tflops", "989", "--mfu", "0.4")
+                     "1000", "--scenario", "cross-region", "--tokens-per-step", "4096", "--tflops", "989",
+                     "--mfu", "0.4")
     assert out.returncode == 0, out.stderr
     assert "assumptions:" in out.stdout and "cross-region: simulated wall-clock" in out.stdout
 
@@ -151,7 +152,8 @@ def test_wandb_offline_run_holds_the_loss_metric(tmp_path, monkeypatch):
 def test_compare_keeps_sweep_variants_apart_and_plots_bare_traces(tmp_path):
     base = Scenario.load("datacenter")
     table = compare({"run": small_trace(2)}, [base.replace(bandwidth="1 Gbit/s"), base.replace(bandwidth="10 Mbit/s")])
-    assert [r["scenario"] for r in table.rows] == ["datacenter (bandwidth=1 Gbit/s)", "datacenter (bandwidth=10 Mbit/s)"]
+    assert [r["scenario"] for r in table.rows] == ["datacenter (bandwidth=1 Gbit/s)",
+                                                   "datacenter (bandwidth=10 Mbit/s)"]
     assert len(table.results) == 2 and table.rows[0]["wall_clock_s"] < table.rows[1]["wall_clock_s"]
     assert table.plot(tmp_path / "p.png").stat().st_size > 1000
 

@@ -82,7 +82,8 @@ def test_fit_from_s3_in_node_processes(s3):
     result = LocalTrainer(tiny_mlp(), ds, S3Dataset("s3://exo/digits")).fit(
         DDPStrategy(OptimSpec("adam", lr=0.02)), num_nodes=2, max_steps=12, batch_size=8, val_interval=12,
         val_size=32, progress=False, device="cpu", seed=0)
-    local = LocalTrainer(tiny_mlp(), lambda rank, k, train: torch.utils.data.Subset(DATA, range(rank * 48, rank * 48 + 48))
+    local = LocalTrainer(tiny_mlp(),
+                         lambda rank, k, train: torch.utils.data.Subset(DATA, range(rank * 48, rank * 48 + 48))
                          ).fit(DDPStrategy(OptimSpec("adam", lr=0.02)), num_nodes=2, max_steps=12, batch_size=8,
                                progress=False, device="cpu", seed=0)
     assert result.history["train_loss"] == pytest.approx(local.history["train_loss"], abs=1e-6)
@@ -175,8 +176,8 @@ def test_upload_run_goes_through_the_same_retrying_client(s3, tmp_path, monkeypa
         proxy.close()
     assert proxy.dropped == 1 and "retry 1 of 2" in caplog.text
     prefix = "sweeps/a/20261201-ddp/"
-    assert keys[-1] == prefix + "status.json" and sorted(keys) == sorted(prefix + n for n in
-                                                                          ("config.json", "metrics.jsonl", "sim/trace.json", "status.json"))
+    assert keys[-1] == prefix + "status.json" and sorted(keys) == sorted(
+        prefix + n for n in ("config.json", "metrics.jsonl", "sim/trace.json", "status.json"))
     for key in keys:
         assert s3.client.get_object(Bucket="exo", Key=key)["Body"].read().decode() == key.removeprefix(prefix)
     with pytest.raises(ValueError, match="s3://bucket/prefix"):

@@ -1,4 +1,5 @@
-"""In-memory datasets travel to the nodes once, in shared memory (exonet.data.shared through exonet.runtime.transport)."""
+"""In-memory datasets travel to the nodes once, in shared memory
+(exonet.data.shared through exonet.runtime.transport)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ def test_a_users_module_is_built_on_meta_and_its_buckets_overlap_backward():
     assert len(launches) >= 2 and all(step[i].async_op for i in launches)
     assert any(isinstance(x, Compute) and x.wall_s > 0 for x in step[launches[0]:launches[-1]])  # backward between
     assert sum(x.wall_s for x in step if isinstance(x, Compute)) == pytest.approx(0.3)
-    assert [x for x in step if isinstance(x, Wait)] and max(launches) < min(i for i, x in enumerate(step) if isinstance(x, Wait))
+    assert [x for x in step if isinstance(x, Wait)] and max(launches) < min(i for i, x in enumerate(step)
+                                                                            if isinstance(x, Wait))
 
 
 def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_parameters_asked_for():

@@ -38,7 +38,8 @@ def test_compare_strategies_example_runs(tmp_path):
 
 @pytest.mark.slow
 def test_char_lm_example_runs(tmp_path):
-    out = run_example("char_lm.py", "--steps", "20", "--nodes-list", "1", "2", "--H", "10", "--out", str(tmp_path / "lm.png"))
+    out = run_example("char_lm.py", "--steps", "20", "--nodes-list", "1", "2", "--H", "10",
+                      "--out", str(tmp_path / "lm.png"))
     assert "| 2 |" in out
 
 
@@ -63,7 +64,8 @@ def test_time_budget_example_gives_every_strategy_the_same_simulated_time():
 @pytest.mark.slow
 def test_async_study_example_compares_five_ways_to_share_work(tmp_path):
     out = run_example("async_study.py", "--budget", "20", "--H", "5", "--plot", str(tmp_path / "async.png"))
-    rows = re.findall(r"^\| (sync DiLoCo|async DiLoCo \(naive\)|async DiLoCo DN\+DyLU|FedBuff B=2|deadline DiLoCo 32 s) "
+    rows = re.findall(r"^\| (sync DiLoCo|async DiLoCo \(naive\)|async DiLoCo DN\+DyLU|FedBuff B=2|"
+                      r"deadline DiLoCo 32 s) "
                       r"\| (\d+)/(\d+)/(\d+)/(\d+) \|", out, re.M)
     assert len(rows) == 5 and (tmp_path / "async.png").exists()
     steps = {name: [int(s) for s in counts] for name, *counts in rows}

@@ -156,7 +156,8 @@ def random_trace_files(draw) -> bytes:
     events = []
     for _ in range(draw(st.integers(0, 10))):
         kind = draw(usually(kinds))
-        rest = list(draw(fields[kind])) if isinstance(kind, str) and kind in fields else draw(st.lists(WEIRD, max_size=9))
+        rest = (list(draw(fields[kind])) if isinstance(kind, str) and kind in fields
+                else draw(st.lists(WEIRD, max_size=9)))
         if rarely(draw, 10):
             rest = rest[:-1] if draw(st.booleans()) else [*rest, draw(WEIRD)]
         events.append([kind, *rest])
@@ -202,7 +203,8 @@ TIMES = usually(st.sampled_from(["0 s", "1 ms", "30 ms", "200 us", "1.5 s", "0.5
 SIZES = usually(st.sampled_from(["4 MiB", "64 KiB", "1 MB"]), st.sampled_from(["0 MiB", "-4 MiB", "4 Mib", "big"]))
 FRACTIONS = usually(st.sampled_from([0.25, 0.5, 1.0, 0.75]), st.one_of(st.sampled_from([0.0, 1.5, -0.5, math.nan]),
                                                                      st.floats(0, 1)))
-RANKS = usually(st.lists(st.integers(0, 3), min_size=1, max_size=3, unique=True), st.lists(st.integers(-1, 5), max_size=4))
+RANKS = usually(st.lists(st.integers(0, 3), min_size=1, max_size=3, unique=True),
+                st.lists(st.integers(-1, 5), max_size=4))
 
 
 def _maybe(draw, table: dict[str, Any]) -> dict[str, Any]:
@@ -239,8 +241,9 @@ def scenario_docs(draw) -> dict[str, Any]:
         del doc[draw(st.sampled_from(["name", "network"]))]
     if draw(st.booleans()):
         mode = draw(usually(st.sampled_from(COMPUTE_MODES), st.just("gpu")))
-        doc["compute"] = {"mode": mode, **_maybe(draw, {"tflops": draw(usually(st.just(989.0), st.sampled_from([0.0, -1.0]))),
-                                                       "mfu": draw(FRACTIONS)})}
+        doc["compute"] = {"mode": mode,
+                          **_maybe(draw, {"tflops": draw(usually(st.just(989.0), st.sampled_from([0.0, -1.0]))),
+                                          "mfu": draw(FRACTIONS)})}
     if draw(st.booleans()):
         doc["stragglers"] = {"jitter": draw(usually(st.sampled_from(JITTERS), st.just("gauss"))),
                              **_maybe(draw, {"sigma": draw(usually(st.sampled_from([0.1, 0.0, 3.0]), st.just(-0.1))),
@@ -258,9 +261,11 @@ def scenario_docs(draw) -> dict[str, Any]:
         doc["events"] = []
         for _ in range(draw(st.integers(1, 2))):
             kind = draw(usually(st.sampled_from(EVENT_KINDS), st.just("late")))
-            window = (draw(st.sampled_from([{"from_step": 0, "to_step": 2}, {"from_step": 1, "to_step": 1}, {"to_step": 3}]))
+            window = (draw(st.sampled_from([{"from_step": 0, "to_step": 2}, {"from_step": 1, "to_step": 1},
+                                            {"to_step": 3}]))
                       if draw(st.booleans()) else
-                      draw(st.sampled_from([{"from_s": 0.0, "to_s": 0.5}, {"from_s": "1 ms", "to_s": "2 s"}, {"to_s": -1.0}])))
+                      draw(st.sampled_from([{"from_s": 0.0, "to_s": 0.5}, {"from_s": "1 ms", "to_s": "2 s"},
+                                            {"to_s": -1.0}])))
             factor = {"factor": draw(usually(st.just(4.0), st.sampled_from([0.0, math.inf])))} if kind != "down" else {}
             doc["events"].append({"kind": kind, **_ranks_or_share(draw), **window, **factor})
     if rarely(draw, 10):

@@ -1,4 +1,5 @@
-"""The Chrome/Perfetto trace's content: collective slices and their args, async overlap, message arrows, link counters."""
+"""The Chrome/Perfetto trace's content: collective slices and their args, async overlap, message arrows,
+link counters."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def test_every_member_shows_each_collective_with_its_op_bytes_group_and_algorith
     for b, e in reduce:
         assert b["name"] == "all_reduce (async)" and b["tid"] == b["pid"]
         assert b["args"] == {"op": "all_reduce", "bytes": S, "group": [0, 1, 2, 3], "algorithm": "ring", "async": True}
-        assert (b["ts"], e["ts"]) == (pytest.approx(span.start_s * 1e6, **exact), pytest.approx(span.end_s * 1e6, **exact))
+        assert (b["ts"], e["ts"]) == (pytest.approx(span.start_s * 1e6, **exact),
+                                      pytest.approx(span.end_s * 1e6, **exact))
     gather = [b for b, _ in pairs if b["args"]["op"] == "all_gather"]
     assert sorted(b["pid"] for b in gather) == [0, 1]
     assert all(b["name"] == "all_gather" and b["args"]["group"] == [0, 1] and not b["args"]["async"] for b in gather)

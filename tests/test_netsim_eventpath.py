@@ -33,7 +33,8 @@ class Flow:
     __slots__ = ("cap", "dst", "links", "rate", "remaining", "size", "src")
 
     def __init__(self, src: int, dst: int, links: tuple[int, ...], size: float, cap: float) -> None:
-        self.src, self.dst, self.links, self.size, self.remaining, self.cap, self.rate = src, dst, links, size, size, cap, 0.0
+        self.src, self.dst, self.links, self.size, self.remaining, self.cap, self.rate = (src, dst, links, size, size,
+                                                                                          cap, 0.0)
 
 
 def reference_max_min(flows: list[Flow], capacity) -> None:

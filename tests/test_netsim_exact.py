@@ -204,7 +204,8 @@ def test_messages_each_way_are_separate_channels_and_a_missing_recv_is_named():
     stuck.add_collective(0, "recv", 10, group=(0, 1))
     stuck.add_collective(1, "recv", 10, group=(0, 1))
     with pytest.raises(TraceError, match="rank 0 waits in message #0 from rank 1 to rank 0, issued by ranks \\[0\\] "
-                                         "but not yet by ranks \\[1\\] \\(rank 1 is blocked first in message #0 from rank 0"):
+                                         "but not yet by ranks \\[1\\] \\(rank 1 is blocked first in message #0 "
+                                         "from rank 0"):
         simulate(stuck, uniform(2, 1e6))
     with pytest.raises(ValueError, match="pair"):
         Trace(3).add_collective(0, "send", 10)

@@ -79,7 +79,8 @@ def _one_failure(n: int, steps: int, c: float, ar: float, seed_range: range, **f
         hits = []
         for r in range(n):
             p = FailureProcess(spec, r)
-            hits += [(r, p.outage(k)) for k in range(3) if p.outage(k)[0] < steps * period + 2 * (spec.repair + spec.restart + c)]
+            hits += [(r, p.outage(k)) for k in range(3)
+                     if p.outage(k)[0] < steps * period + 2 * (spec.repair + spec.restart + c)]
         if len(hits) == 1:
             r, (t0, t1) = hits[0]
             if t0 % period < c * 0.999 and t0 < (steps - 1) * period:
@@ -93,7 +94,8 @@ def test_one_failure_in_a_ddp_run_costs_its_closed_form(fast_path):
     ar = 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * nbytes / B  # ring all-reduce
     seed, rank, t0, t1 = _one_failure(n, steps, c, ar, range(200), mtbf=600.0, repair=25.0, restart=5.0)
     res = simulate(ddp_trace(n, steps, c, nbytes), Scenario.from_dict(
-        {"name": "one", "network": NET, "failures": {"mtbf": "600 s", "repair": "25 s", "restart": "5 s", "seed": seed}}),
+        {"name": "one", "network": NET,
+         "failures": {"mtbf": "600 s", "repair": "25 s", "restart": "5 s", "seed": seed}}),
         fast_path=fast_path)
     period = c + ar
     j = int(t0 // period)
@@ -181,7 +183,8 @@ def test_failures_during_collectives_replay_alike_on_both_paths_and_fed_step_by_
             sim.run_until_blocked()
     fed = sim.result()
     assert whole.failures > 3
-    assert whole.wall_clock_s == pytest.approx(slow.wall_clock_s, rel=1e-12) == pytest.approx(fed.wall_clock_s, rel=1e-12)
+    assert whole.wall_clock_s == pytest.approx(slow.wall_clock_s, rel=1e-12) == pytest.approx(fed.wall_clock_s,
+                                                                                                rel=1e-12)
     assert [p.comm_s for p in whole.per_node] == pytest.approx([p.comm_s for p in fed.per_node], rel=1e-12)
 
 
@@ -225,7 +228,8 @@ class _Consistent:
             mine = flatten(self.params)
             theirs = self.comm.untraced_broadcast(mine.clone(), source)
             if present[self.rank] and not torch.equal(mine, theirs):
-                raise AssertionError(f"rank {self.rank}: parameters differ from rank {source}'s after step {self.local_step}")
+                raise AssertionError(f"rank {self.rank}: parameters differ from rank {source}'s "
+                                     f"after step {self.local_step}")
 
 
 class CheckedDDP(_Consistent, DDPStrategy):
@@ -271,7 +275,8 @@ def test_elastic_nodes_hold_the_same_parameters_after_every_sync_through_failure
     # DDP sends the parameters and AdamW's two moments and step per tensor; DiLoCo θ_global and the outer momentum
     state = 4 * (3 * params + tensors) if name == "ddp" else 4 * 2 * params
     assert {e.nbytes for e in sends} == {state}
-    subgroups = {e.group for q in range(3) for e in r.trace.events[q] if isinstance(e, Collective) and e.op == "all_reduce"}
+    subgroups = {e.group for q in range(3) for e in r.trace.events[q]
+                 if isinstance(e, Collective) and e.op == "all_reduce"}
     assert any(g is not None for g in subgroups)  # some rounds averaged without a failed node
     assert sim.lost["lost_work"] > 0 and sim.goodput < sim.utilization
 

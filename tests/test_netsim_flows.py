@@ -22,7 +22,8 @@ def message(links: tuple[int, ...], size: float = 1.0, on: int = 1) -> Batch:
     return batch([links], on, [size])
 
 
-def allocate(sharing, paths: list[tuple[int, ...]], capacity: list[float], caps: list[float] | None = None) -> list[float]:
+def allocate(sharing, paths: list[tuple[int, ...]], capacity: list[float],
+             caps: list[float] | None = None) -> list[float]:
     """The rates ``sharing`` gives flows on ``paths`` (rows of link ids padded with the infinite link)."""
     shape = batch(paths, len(capacity), caps=caps).shape
     return sharing(shape.links, shape.cap, np.array([*capacity, math.inf])).tolist()

@@ -66,7 +66,8 @@ def test_hierarchical_all_gather_reduce_scatter_and_broadcast(nic):
 
 @pytest.mark.parametrize("nic,per_nic", [("per-device", 2), ("per-host", 4)])
 def test_all_to_all_stays_direct_under_hosts(nic, per_nic):
-    S = 8_000_000  # G = 2, H = 2: each rank sends S/4 to its host peer (fabric) and to the two devices of the other host
+    # G = 2, H = 2: each rank sends S/4 to its host peer (fabric) and to the two devices of the other host
+    S = 8_000_000
     closed = max(AF + S / 4 / BF, A + per_nic * S / 4 / B)
     assert both_paths(one(4, "all_to_all", S), hosted(2, 2, nic)) == pytest.approx(closed, **exact)
 

@@ -90,7 +90,8 @@ def test_closed_form(net, op, algorithm, n, fast_path):
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16])
-@pytest.mark.parametrize("op, per_phase", [("all_gather", lambda n: (n - 1) * S), ("reduce_scatter", lambda n: (n - 1) / n * S)])
+@pytest.mark.parametrize("op, per_phase", [("all_gather", lambda n: (n - 1) * S),
+                                           ("reduce_scatter", lambda n: (n - 1) / n * S)])
 def test_recursive_doubling_and_halving_on_powers_of_two(net, op, per_phase, n):
     result = one(net(n, algorithms={op: "halving_doubling"}), op, S)
     assert result.wall_clock_s == pytest.approx(math.log2(n) * A + per_phase(n) / B, **exact)
@@ -107,7 +108,8 @@ def test_recursive_doubling_and_halving_fold_three_ranks(net):
 
 @pytest.mark.parametrize("n, expected", [(2, 2 * A + S / B), (4, 4 * A + 3 * S / B)])
 def test_double_binary_tree(net, n, expected):
-    assert one(net(n, algorithms={"all_reduce": "tree"}), "all_reduce", S).wall_clock_s == pytest.approx(expected, **exact)
+    assert one(net(n, algorithms={"all_reduce": "tree"}), "all_reduce", S).wall_clock_s == pytest.approx(expected,
+                                                                                                          **exact)
 
 
 @pytest.mark.parametrize("n", range(2, 20))
@@ -121,7 +123,8 @@ def test_double_binary_tree_is_bounded_by_its_depth(net, n):
 def test_pipelined_chain_broadcast(net, n):
     c = 1 if n == 2 else round(math.sqrt((n - 2) * S / (A * B)))
     expected = (c + n - 2) * (A + S / (c * B))
-    assert one(net(n, algorithms={"broadcast": "chain"}), "broadcast", S).wall_clock_s == pytest.approx(expected, **exact)
+    assert one(net(n, algorithms={"broadcast": "chain"}), "broadcast", S).wall_clock_s == pytest.approx(expected,
+                                                                                                        **exact)
 
 
 @pytest.mark.parametrize("op, algorithm", sorted((op, a) for op, algos in BUILDERS.items() for a in algos))
@@ -162,7 +165,8 @@ def test_wire_bytes_per_algorithm(net, op, algorithm, expected):
 def test_k_flows_crossing_one_link_each_get_a_kth(net):
     # three star broadcasts 0→3, 1→4, 2→5 start together; all cross us→eu (L < NIC)
     L, AL = 3e8, 5e-3
-    resolved = net(6, regions=["us"] * 3 + ["eu"] * 3, links={("eu", "us"): LinkSpec(L, AL)}, algorithms={"broadcast": "star"})
+    resolved = net(6, regions=["us"] * 3 + ["eu"] * 3, links={("eu", "us"): LinkSpec(L, AL)},
+                   algorithms={"broadcast": "star"})
     t = Trace(6)
     for r in range(6):
         t.add_collective(r, "broadcast", S, group=(r % 3, r % 3 + 3))

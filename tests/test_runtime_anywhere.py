@@ -216,7 +216,8 @@ def test_an_incomplete_run_is_left_out_of_its_folder_and_reported(run_folders, t
 
 
 def test_a_folder_with_no_run_says_what_it_holds(tmp_path, capsys):
-    with pytest.raises(TraceError, match=rf"{tmp_path}: no run directory in this folder .* it holds nothing \(it is empty\)"):
+    with pytest.raises(TraceError, match=rf"{tmp_path}: no run directory in this folder .* "
+                                         r"it holds nothing \(it is empty\)"):
         compare({"x": tmp_path}, ["datacenter"])
     (tmp_path / "readme.txt").write_text("hi")
     (tmp_path / "plots").mkdir()

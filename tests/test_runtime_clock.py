@@ -75,8 +75,10 @@ def test_send_and_recv_are_real_counted_traced_and_simulated():
     for rank in range(3):
         assert r.payload_bytes_per_step(rank) == [4 * numel] * steps  # sends only
         ops = [(c.op, c.group) for c in r.trace.collectives(rank)]
-        assert ops == [("send", tuple(sorted((rank, (rank + 1) % 3)))), ("recv", tuple(sorted((rank, (rank - 1) % 3))))] * steps
-    sim = r.simulate({"name": "p2p", "network": {"bandwidth": "8 Mbit/s"}, "compute": {"mode": "flops", "tflops": 1e-3}})
+        assert ops == [("send", tuple(sorted((rank, (rank + 1) % 3)))),
+                       ("recv", tuple(sorted((rank, (rank - 1) % 3))))] * steps
+    sim = r.simulate({"name": "p2p", "network": {"bandwidth": "8 Mbit/s"},
+                      "compute": {"mode": "flops", "tflops": 1e-3}})
     assert sim.wire_bytes == [4 * numel * steps] * 3
     for node in sim.per_node:  # equal compute: each recv waits for a 10 kB message sent at once, at 1 MB/s
         assert node.comm_s == pytest.approx(steps * 4 * numel / 1e6, rel=1e-9)

@@ -78,7 +78,8 @@ def test_gradient_accumulation_matches_full_batch():
     data = synthetic_regression(n=64)
     kwargs = dict(num_nodes=2, max_steps=3, batch_size=8, shuffle=False, progress=False)
     full = LocalTrainer(linear_regressor(), data).fit(DDPStrategy(OptimSpec("sgd", lr=0.1)), **kwargs)
-    micro = LocalTrainer(linear_regressor(), data).fit(DDPStrategy(OptimSpec("sgd", lr=0.1)), minibatch_size=3, **kwargs)
+    micro = LocalTrainer(linear_regressor(), data).fit(DDPStrategy(OptimSpec("sgd", lr=0.1)), minibatch_size=3,
+                                                       **kwargs)
     for a, b in zip(full.model.parameters(), micro.model.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
 
@@ -151,7 +152,8 @@ def test_same_seed_same_curve_and_run_directory(tmp_path):
 
 @pytest.mark.slow
 def test_seed_style_snippet_runs_as_written():
-    model, train_dataset, val_dataset = bench_mlp(), synthetic_classification(4096), synthetic_classification(512, train=False)
+    model, train_dataset, val_dataset = (bench_mlp(), synthetic_classification(4096),
+                                         synthetic_classification(512, train=False))
     trainer = LocalTrainer(model, train_dataset, val_dataset)
     result = trainer.fit(strategy=DDPStrategy(optim_spec=OptimSpec("adamw", lr=1e-3)),
                          num_nodes=4, device="cpu", max_steps=200, batch_size=32,

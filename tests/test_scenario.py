@@ -213,7 +213,8 @@ def test_explicit_and_share_regions_mix() -> None:
 
 @pytest.mark.parametrize(
     ("share", "n", "expected"),
-    [(0.25, 8, (6, 7)), (0.25, 4, (3,)), (0.25, 1, (0,)), (0.25, 3, (2,)), (0.1, 3, (2,)), (0.5, 3, (1, 2)), (1.0, 3, (0, 1, 2))],
+    [(0.25, 8, (6, 7)), (0.25, 4, (3,)), (0.25, 1, (0,)), (0.25, 3, (2,)), (0.1, 3, (2,)), (0.5, 3, (1, 2)),
+     (1.0, 3, (0, 1, 2))],
 )
 def test_node_and_event_shares_are_the_last_ranks(share: float, n: int, expected: tuple[int, ...]) -> None:
     d = minimal()
@@ -270,10 +271,14 @@ def test_replace_errors(changes: dict[str, Any], fragment: str) -> None:
 NET = '[network]\nbandwidth = "1 Gbit/s"\n'
 BAD_FILES: list[tuple[str, str, list[str]]] = [
     ("unknown-top", 'name = "x"\nnetwrok = 1\n' + NET, [": netwrok: unknown key", "did you mean 'network'"]),
-    ("unknown-net", 'name = "x"\n[network]\nbandwith = "1 Gbit/s"\n', ["network.bandwith: unknown key", "did you mean 'bandwidth'"]),
-    ("unknown-region-key", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshar = 0.5\n', ["regions[0].shar", "'share'"]),
-    ("unknown-algo-op", 'name = "x"\n' + NET + '[network.algorithms]\nallreduce = "ring"\n', ["network.algorithms.allreduce", "'all_reduce'"]),
-    ("bad-unit", 'name = "x"\n[network]\nbandwidth = "1 Gbit/z"\n', ["network.bandwidth", "unknown rate unit", "Gbit/s"]),
+    ("unknown-net", 'name = "x"\n[network]\nbandwith = "1 Gbit/s"\n',
+     ["network.bandwith: unknown key", "did you mean 'bandwidth'"]),
+    ("unknown-region-key", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshar = 0.5\n',
+     ["regions[0].shar", "'share'"]),
+    ("unknown-algo-op", 'name = "x"\n' + NET + '[network.algorithms]\nallreduce = "ring"\n',
+     ["network.algorithms.allreduce", "'all_reduce'"]),
+    ("bad-unit", 'name = "x"\n[network]\nbandwidth = "1 Gbit/z"\n',
+     ["network.bandwidth", "unknown rate unit", "Gbit/s"]),
     ("bare-number", 'name = "x"\n[network]\nbandwidth = 100\n', ["network.bandwidth", "no unit"]),
     ("bare-latency", 'name = "x"\n' + NET + "latency = 5\n", ["network.latency", "no unit", "30 ms"]),
     ("zero-bw", 'name = "x"\n[network]\nbandwidth = "0 Gbit/s"\n', ["network.bandwidth", "positive"]),
@@ -284,24 +289,32 @@ BAD_FILES: list[tuple[str, str, list[str]]] = [
     ("malformed-2", 'name = "x"\n\n\n\nnetwork = [\n', ["malformed TOML", "line "]),
     ("bad-sharing", 'name = "x"\n' + NET + 'sharing = "fair"\n', ["network.sharing", "max-min, fifo"]),
     ("bad-collective", 'name = "x"\n' + NET + 'collective = "rign"\n', ["network.collective", "did you mean 'ring'"]),
-    ("bad-algo", 'name = "x"\n' + NET + '[network.algorithms]\nbroadcast = "ring"\n', ["network.algorithms.broadcast", "chain, binomial"]),
+    ("bad-algo", 'name = "x"\n' + NET + '[network.algorithms]\nbroadcast = "ring"\n',
+     ["network.algorithms.broadcast", "chain, binomial"]),
     ("bad-mode", 'name = "x"\n' + NET + '[compute]\nmode = "cpu"\n', ["compute.mode", "measured, wall, flops"]),
     ("flops-no-tflops", 'name = "x"\n' + NET + '[compute]\nmode = "flops"\n', ["compute.tflops is required"]),
     ("tflops-no-mode", 'name = "x"\n' + NET + "[compute]\ntflops = 312.0\n", ["compute.tflops", "mode"]),
-    ("mfu-zero", 'name = "x"\n' + NET + '[compute]\nmode = "flops"\ntflops = 1.0\nmfu = 0\n', ["compute.mfu", "(0, 1]"]),
-    ("mfu-big", 'name = "x"\n' + NET + '[compute]\nmode = "flops"\ntflops = 1.0\nmfu = 1.5\n', ["compute.mfu", "(0, 1]"]),
-    ("tflops-str", 'name = "x"\n' + NET + '[compute]\nmode = "flops"\ntflops = "989"\n', ["compute.tflops", "expected a number"]),
+    ("mfu-zero", 'name = "x"\n' + NET + '[compute]\nmode = "flops"\ntflops = 1.0\nmfu = 0\n',
+     ["compute.mfu", "(0, 1]"]),
+    ("mfu-big", 'name = "x"\n' + NET + '[compute]\nmode = "flops"\ntflops = 1.0\nmfu = 1.5\n',
+     ["compute.mfu", "(0, 1]"]),
+    ("tflops-str", 'name = "x"\n' + NET + '[compute]\nmode = "flops"\ntflops = "989"\n',
+     ["compute.tflops", "expected a number"]),
     ("efficiency", 'name = "x"\n' + NET + "efficiency = 1.2\n", ["network.efficiency", "(0, 1]"]),
     ("efficiency-nan", 'name = "x"\n' + NET + "efficiency = nan\n", ["network.efficiency", "out of range"]),
-    ("bad-jitter", 'name = "x"\n' + NET + '[stragglers]\njitter = "gaussian"\nsigma = 0.1\n', ["stragglers.jitter", "lognormal"]),
-    ("negative-sigma", 'name = "x"\n' + NET + '[stragglers]\njitter = "normal"\nsigma = -0.1\n', ["stragglers.sigma", "[0, inf)"]),
-    ("sigma-no-jitter", 'name = "x"\n' + NET + "[stragglers]\nsigma = 0.1\n", ["stragglers.sigma needs stragglers.jitter"]),
+    ("bad-jitter", 'name = "x"\n' + NET + '[stragglers]\njitter = "gaussian"\nsigma = 0.1\n',
+     ["stragglers.jitter", "lognormal"]),
+    ("negative-sigma", 'name = "x"\n' + NET + '[stragglers]\njitter = "normal"\nsigma = -0.1\n',
+     ["stragglers.sigma", "[0, inf)"]),
+    ("sigma-no-jitter", 'name = "x"\n' + NET + "[stragglers]\nsigma = 0.1\n",
+     ["stragglers.sigma needs stragglers.jitter"]),
     ("jitter-no-sigma", 'name = "x"\n' + NET + '[stragglers]\njitter = "normal"\n', ["stragglers.sigma is required"]),
     ("bad-seed", 'name = "x"\n' + NET + '[stragglers]\nseed = -1\n', ["stragglers.seed", "non-negative integer"]),
     ("speed-zero", 'name = "x"\n' + NET + "[[nodes]]\nshare = 0.5\nspeed = 0\n", ["nodes[0].speed", "(0, inf)"]),
     ("speed-negative", 'name = "x"\n' + NET + "[[nodes]]\nranks = [0]\nspeed = -2.0\n", ["nodes[0].speed"]),
     ("node-empty", 'name = "x"\n' + NET + "[[nodes]]\nranks = [0]\n", ["nodes[0]", "sets nothing"]),
-    ("node-both", 'name = "x"\n' + NET + "[[nodes]]\nranks = [0]\nshare = 0.5\nspeed = 2.0\n", ["nodes[0]", "exactly one of"]),
+    ("node-both", 'name = "x"\n' + NET + "[[nodes]]\nranks = [0]\nshare = 0.5\nspeed = 2.0\n",
+     ["nodes[0]", "exactly one of"]),
     ("share-zero", 'name = "x"\n' + NET + "[[nodes]]\nshare = 0\nspeed = 2.0\n", ["nodes[0].share", "(0, 1]"]),
     ("ranks-str", 'name = "x"\n' + NET + '[[nodes]]\nranks = "0"\nspeed = 2.0\n', ["nodes[0].ranks", "list of ranks"]),
     ("ranks-negative", 'name = "x"\n' + NET + "[[nodes]]\nranks = [-1]\nspeed = 2.0\n", ["nodes[0].ranks[0]"]),
@@ -313,20 +326,34 @@ BAD_FILES: list[tuple[str, str, list[str]]] = [
     ("network-not-table", 'name = "x"\nnetwork = "fast"\n', ["network", "expected a table"]),
     ("regions-not-array", 'name = "x"\nregions = "x"\n' + NET, ["regions", "array of tables"]),
     ("region-no-name", 'name = "x"\n' + NET + "[[regions]]\nshare = 0.5\n", ["regions[0]", "`name`"]),
-    ("region-dup", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshare = 0.5\n[[regions]]\nname = "a"\nshare = 0.5\n', ["regions[1].name", "twice"]),
-    ("region-sum", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshare = 0.7\n[[regions]]\nname = "b"\nshare = 0.7\n', ["regions", "more than 1"]),
-    ("link-unknown-region", 'name = "x"\n' + NET + '[[regions]]\nname = "us"\nshare = 1.0\n[[links]]\nbetween = ["us", "ue"]\nbandwidth = "1 Gbit/s"\n', ["links[0].between", "'ue'"]),
-    ("link-self", 'name = "x"\n' + NET + '[[links]]\nbetween = ["a", "a"]\nbandwidth = "1 Gbit/s"\n', ["links[0].between", "two different"]),
-    ("link-no-bw", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshare = 1.0\n[[links]]\nbetween = ["a", "default"]\n', ["links[0]", "`bandwidth`"]),
-    ("link-zero-bw", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshare = 1.0\n[[links]]\nbetween = ["a", "default"]\nbandwidth = "0 bit/s"\n', ["links[0].bandwidth", "positive"]),
-    ("bad-event-kind", 'name = "x"\n' + NET + '[[events]]\nkind = "crash"\nranks = [0]\nfrom_step = 1\nto_step = 2\n', ["events[0].kind", "slow, down"]),
-    ("slow-no-factor", 'name = "x"\n' + NET + '[[events]]\nkind = "slow"\nranks = [0]\nfrom_step = 1\n', ["events[0]", "`factor`"]),
-    ("down-factor", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nto_step = 2\nfactor = 2.0\n', ["events[0].factor"]),
-    ("down-forever", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nfrom_step = 2\n', ["events[0]", "needs an end"]),
-    ("event-backwards", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nfrom_step = 5\nto_step = 5\n', ["events[0].to_step", "after from_step"]),
-    ("event-mixed", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nfrom_step = 5\nto_s = 5.0\n', ["events[0]", "not both"]),
-    ("event-no-window", 'name = "x"\n' + NET + '[[events]]\nkind = "slow"\nshare = 0.5\nfactor = 2.0\n', ["events[0]", "needs a window"]),
-    ("event-bad-seconds", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nto_s = "5 parsecs"\n', ["events[0].to_s", "unknown time unit"]),
+    ("region-dup", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshare = 0.5\n'
+     '[[regions]]\nname = "a"\nshare = 0.5\n', ["regions[1].name", "twice"]),
+    ("region-sum", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshare = 0.7\n'
+     '[[regions]]\nname = "b"\nshare = 0.7\n', ["regions", "more than 1"]),
+    ("link-unknown-region", 'name = "x"\n' + NET + '[[regions]]\nname = "us"\nshare = 1.0\n[[links]]\n'
+     'between = ["us", "ue"]\nbandwidth = "1 Gbit/s"\n', ["links[0].between", "'ue'"]),
+    ("link-self", 'name = "x"\n' + NET + '[[links]]\nbetween = ["a", "a"]\nbandwidth = "1 Gbit/s"\n',
+     ["links[0].between", "two different"]),
+    ("link-no-bw", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshare = 1.0\n[[links]]\n'
+     'between = ["a", "default"]\n', ["links[0]", "`bandwidth`"]),
+    ("link-zero-bw", 'name = "x"\n' + NET + '[[regions]]\nname = "a"\nshare = 1.0\n[[links]]\n'
+     'between = ["a", "default"]\nbandwidth = "0 bit/s"\n', ["links[0].bandwidth", "positive"]),
+    ("bad-event-kind", 'name = "x"\n' + NET + '[[events]]\nkind = "crash"\nranks = [0]\nfrom_step = 1\nto_step = 2\n',
+     ["events[0].kind", "slow, down"]),
+    ("slow-no-factor", 'name = "x"\n' + NET + '[[events]]\nkind = "slow"\nranks = [0]\nfrom_step = 1\n',
+     ["events[0]", "`factor`"]),
+    ("down-factor", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nto_step = 2\nfactor = 2.0\n',
+     ["events[0].factor"]),
+    ("down-forever", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nfrom_step = 2\n',
+     ["events[0]", "needs an end"]),
+    ("event-backwards", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nfrom_step = 5\nto_step = 5\n',
+     ["events[0].to_step", "after from_step"]),
+    ("event-mixed", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nfrom_step = 5\nto_s = 5.0\n',
+     ["events[0]", "not both"]),
+    ("event-no-window", 'name = "x"\n' + NET + '[[events]]\nkind = "slow"\nshare = 0.5\nfactor = 2.0\n',
+     ["events[0]", "needs a window"]),
+    ("event-bad-seconds", 'name = "x"\n' + NET + '[[events]]\nkind = "down"\nranks = [0]\nto_s = "5 parsecs"\n',
+     ["events[0].to_s", "unknown time unit"]),
     ("datetime", "name = 1979-05-27\n" + NET, ["name", "non-empty string"]),
 ]
 
@@ -383,7 +410,8 @@ def test_from_dict_rejects_non_tables(value: object) -> None:
 # ---------------------------------------------------------------- property-based
 LEAVES = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 70), st.floats(allow_nan=True), st.text(max_size=12),
-    st.sampled_from(["1 Gbit/s", "10 ms", "4 MiB", "0 s", "ring", "star", "max-min", "flops", "lognormal", "slow", "down", "a", "b", "default"]),
+    st.sampled_from(["1 Gbit/s", "10 ms", "4 MiB", "0 s", "ring", "star", "max-min", "flops", "lognormal", "slow",
+                     "down", "a", "b", "default"]),
 )
 KEYS = st.sampled_from(
     ["name", "description", "network", "compute", "regions", "links", "nodes", "stragglers", "events", "bandwidth",
@@ -391,7 +419,8 @@ KEYS = st.sampled_from(
      "broadcast", "mode", "tflops", "mfu", "ranks", "share", "between", "speed", "jitter", "sigma", "seed", "kind",
      "from_step", "to_step", "from_s", "to_s", "factor", "bogus"]
 ) | st.text(max_size=8)
-TREES = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=6), max_leaves=30)
+TREES = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=6),
+                     max_leaves=30)
 
 
 def _check_loaded(make) -> None:

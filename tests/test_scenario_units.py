@@ -47,7 +47,8 @@ def test_rates_are_bytes_per_second(text: str, expected: float) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("4 MB", 4e6), ("4 MiB", 4_194_304.0), ("512 KiB", 524_288.0), ("1 GB", 1e9), ("6 MiB", 6 * 2.0**20), ("0 B", 0.0), ("3 bytes", 3.0)],
+    [("4 MB", 4e6), ("4 MiB", 4_194_304.0), ("512 KiB", 524_288.0), ("1 GB", 1e9), ("6 MiB", 6 * 2.0**20), ("0 B", 0.0),
+     ("3 bytes", 3.0)],
 )
 def test_sizes_are_bytes(text: str, expected: float) -> None:
     assert parse_size(text) == expected
@@ -168,7 +169,8 @@ def test_number_and_known_unit_scales_exactly(number: float, unit: str) -> None:
         value = parse(f"{number!r} {unit}", "x")
     except ScenarioError as err:  # a rate must be at least 1 bit/s
         assert parse is parse_rate and number * float(table[unit]) < 0.125
-        assert "must be positive" in str(err) if number == 0 else "too small to be a rate (the least is 1 bit/s)" in str(err)
+        assert ("must be positive" in str(err) if number == 0
+                else "too small to be a rate (the least is 1 bit/s)" in str(err))
         return
     assert value == pytest.approx(number * float(table[unit]), rel=1e-15)
 
@@ -185,7 +187,8 @@ def test_formatted_values_parse_back_to_three_digits(value: float) -> None:
     assert parse_time(format_time(value)) == pytest.approx(value, rel=5e-3)
 
 
-@pytest.mark.parametrize("tiny", ["5e-324 b/s", "1e-320 b/s", "1e-300 b/s", "0.5 bit/s"])  # rounds to 0; 1/rate overflows
+# rounds to 0; 1/rate overflows
+@pytest.mark.parametrize("tiny", ["5e-324 b/s", "1e-320 b/s", "1e-300 b/s", "0.5 bit/s"])
 def test_a_rate_below_1_bit_per_second_is_too_small(tiny):
     with pytest.raises(ScenarioError, match=rf"network.bandwidth: '{tiny}' is too small to be a rate \(the least"):
         parse_rate(tiny, "network.bandwidth")

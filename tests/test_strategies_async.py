@@ -14,7 +14,8 @@ from exonet.toy import synthetic_classification, tiny_mlp
 
 SPEEDS = (1.0, 0.8, 0.4, 0.2)
 LIMIT = 0.15
-# Four trainers at speeds 1, 0.8, 0.4, 0.2 and their server (rank 4) on a fast network; FLOPs make compute deterministic.
+# Four trainers at speeds 1, 0.8, 0.4, 0.2 and their server (rank 4) on a fast network;
+# FLOPs make compute deterministic.
 HETERO = Scenario.from_dict({
     "name": "hetero-four", "network": {"bandwidth": "10 Gbit/s", "latency": "50 us"},
     "compute": {"mode": "flops", "tflops": 1e-5, "mfu": 1.0},

@@ -248,6 +248,7 @@ def test_ragged_tensors_are_cut_exactly_and_round_trip(shape, blocks):
     cut = t.blocks(x)
     rows, cols = matrix_shape(shape)
     a, b = 3 % (rows // t.h), 5 % (cols // t.w)  # block (a, b), transposed, as the matmul reads it
-    assert torch.equal(cut[a * (cols // t.w) + b], x.reshape(rows, cols)[a * t.h:(a + 1) * t.h, b * t.w:(b + 1) * t.w].T)
+    assert torch.equal(cut[a * (cols // t.w) + b],
+                       x.reshape(rows, cols)[a * t.h:(a + 1) * t.h, b * t.w:(b + 1) * t.w].T)
     assert torch.equal(t.unblocks(cut), x)
     assert torch.allclose(t.decode(t.encode(x)), x, atol=1e-10)

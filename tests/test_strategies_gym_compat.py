@@ -147,7 +147,8 @@ def test_the_gym_csv_logs_have_its_columns_and_steps(tmp_path):
     with open(tmp_path / "train.csv") as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == TRAIN_COLUMNS
-    assert [(r["step"], r["examples_trained"], float(r["train_loss"])) for r in rows] == [("0", "32", 2.0), ("1", "64", 1.5)]
+    assert [(r["step"], r["examples_trained"], float(r["train_loss"])) for r in rows] == [("0", "32", 2.0),
+                                                                                         ("1", "64", 1.5)]
     assert float(rows[1]["train_perplexity"]) == pytest.approx(torch.exp(torch.tensor(1.5)).item())
     with open(tmp_path / "validation.csv") as f:
         (row,) = list(csv.DictReader(f))
@@ -205,8 +206,9 @@ def test_the_gym_nanogpt_example_runs_with_only_its_imports_changed(tmp_path, mo
                                     lr_scheduler_kwargs=lr_scheduler_kwargs, max_norm=1.0),
         "fedavg": FedAvgStrategy(inner_optim_spec=optim, H=2, island_size=2, lr_scheduler="lambda_cosine",
                                  lr_scheduler_kwargs=lr_scheduler_kwargs, max_norm=1.0),
-        "sparta": SPARTAStrategy(optim_spec=optim, lr_scheduler="lambda_cosine", lr_scheduler_kwargs=lr_scheduler_kwargs,
-                                 max_norm=1.0, p_sparta=0.005, async_sparta_delay=0),
+        "sparta": SPARTAStrategy(optim_spec=optim, lr_scheduler="lambda_cosine",
+                                 lr_scheduler_kwargs=lr_scheduler_kwargs, max_norm=1.0, p_sparta=0.005,
+                                 async_sparta_delay=0),
         "diloco": DiLoCoStrategy(optim_spec=optim, outer_optim_spec=outer, H=2, lr_scheduler="lambda_cosine",
                                  lr_scheduler_kwargs=lr_scheduler_kwargs, max_norm=1.0),
         "diloco_sparta": SPARTADiLoCoStrategy(inner_optim_spec=optim, outer_optim_spec=outer, H=2, p_sparta=0.005,

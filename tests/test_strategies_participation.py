@@ -3,8 +3,8 @@
 K = 3, participation 0.6 (two nodes a round). A node that sits a round out must not keep a stale
 θ_global and outer momentum (two participants would then differ right after a sync, by 0.018,
 0.124, ... with ‖θ‖ ≈ 2.6): the nodes of each round start it from the current global state,
-handed to newcomers by one broadcast, so the distance is 0 after every sync. Nodes are real processes; a node's state right after a sync is read from the checkpoint
-written at that step.
+handed to newcomers by one broadcast, so the distance is 0 after every sync. Nodes are real processes;
+a node's state right after a sync is read from the checkpoint written at that step.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ def strict_json(text: str):
     ('["x", 0, 0, "all_reduce", -8, null, 0, "float32", null, null]', "nbytes must be a non-negative integer"),
     ('["x", 0, 0, "all_reduce", 8.5, null, 0, "float32", null, null]', "nbytes must be a non-negative integer"),
     ('["x", 0, 0, "all_reduce", 8, [0, 0, 1], 0, "float32", null, null]', r"\[0, 0, 1\] \(rank 0 twice\)"),
-    ('["x", 0, 0, "all_reduce", 8, [0, 3], 0, "float32", null, null]', r"distinct ranks in \[0, 3\), got \[0, 3\] \(rank 3 is outside\)"),
+    ('["x", 0, 0, "all_reduce", 8, [0, 3], 0, "float32", null, null]',
+     r"distinct ranks in \[0, 3\), got \[0, 3\] \(rank 3 is outside\)"),
     ('["x", 0, 0, "all_reduce", 8, [1, 2], 0, "float32", null, null]', "not a member"),
     ('["x", 0, 0, "all_reduce", 8, [], 0, "float32", null, null]', r"\(it is empty\)"),
     ('["x", 0, 0, "all_reduce", 8, null, 2, "float32", null, null]', "async must be 0 or 1"),
@@ -116,7 +117,8 @@ def test_a_negative_compute_no_longer_reaches_the_simulator(tmp_path):
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
 def test_the_builder_refuses_compute_seconds_that_are_negative_or_not_finite(bad):
-    with pytest.raises(ValueError, match="Trace.add_compute: seconds, cpu_s and flops must be >= 0 and finite; seconds must be finite"):
+    with pytest.raises(ValueError, match="Trace.add_compute: seconds, cpu_s and flops must be >= 0 and finite; "
+                                         "seconds must be finite"):
         Trace(3).add_compute(0, bad)
 
 

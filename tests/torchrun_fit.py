@@ -1,4 +1,5 @@
-"""Run by tests/test_runtime_torchrun.py under torchrun: the same fit a local run does, twice, results to a JSON file."""
+"""Run by tests/test_runtime_torchrun.py under torchrun: the same fit a local run does, twice,
+results to a JSON file."""
 
 import json
 import os
