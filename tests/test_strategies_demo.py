@@ -252,3 +252,19 @@ def test_ragged_tensors_are_cut_exactly_and_round_trip(shape, blocks):
                        x.reshape(rows, cols)[a * t.h:(a + 1) * t.h, b * t.w:(b + 1) * t.w].T)
     assert torch.equal(t.unblocks(cut), x)
     assert torch.allclose(t.decode(t.encode(x)), x, atol=1e-10)
+
+
+@pytest.mark.parametrize(("pattern", "sizes", "shape"), [
+    ("(a h) (b w) -> (a b) w h", {"a": 3, "h": 8, "b": 5, "w": 4}, (24, 20)),
+    ("(a b) w h -> (a h) (b w)", {"a": 3, "b": 5, "w": 4, "h": 8}, (15, 4, 8)),
+    ("(n b k) -> b (n k)", {"b": 7, "k": 3}, (4 * 7 * 3,)),  # n is inferred from the input
+])
+def test_a_compiled_layout_is_the_einops_rearrangement(pattern, sizes, shape):
+    import einops
+
+    from exonet.strategies.demo import Layout
+
+    x = torch.randn(shape)
+    layout = Layout(pattern, **sizes)
+    inferred = {} if "n" not in pattern else {"n": x.numel() // (sizes["b"] * sizes["k"])}
+    assert torch.equal(layout(x), einops.rearrange(x, pattern, **sizes, **inferred))
