@@ -105,10 +105,7 @@ class DiLoCoStrategy(FedAvgStrategy):
         with torch.no_grad():
             self.global_params = flatten(self.params)
         self.outer_optimizer = self.outer_optim.build([self.global_params])
-        self._replicas = None
-        if self.replica_size > 1:
-            self._replicas = ReplicaGroups(self.rank, self.num_nodes, self.replica_size)
-            self._replicas.declare(comm)
+        self._replicas = ReplicaGroups.for_node(self.rank, self.num_nodes, self.replica_size, comm)
 
     def step(self) -> None:
         if self._replicas is not None:

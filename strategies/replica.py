@@ -56,6 +56,15 @@ class ReplicaGroups:
         self.all_groups = ([tuple(range(w * size, (w + 1) * size)) for w in range(self.workers)]
                            + [tuple(range(j, num_nodes, size)) for j in range(size)])
 
+    @classmethod
+    def for_node(cls, rank: int, num_nodes: int, size: int, comm: Communicator) -> ReplicaGroups | None:
+        """This node's replica groups, declared on ``comm``; None when every worker is one rank."""
+        if size <= 1:
+            return None
+        groups = cls(rank, num_nodes, size)
+        groups.declare(comm)
+        return groups
+
     def declare(self, comm: Communicator) -> None:
         """Create every worker's group and every shard group (on every rank alike, as process groups need)."""
         comm.declare_groups(self.all_groups)

@@ -181,10 +181,7 @@ class StreamingDiLoCoStrategy(Strategy):
         self.offsets = fragment_offsets(self.H, self.num_fragments)
         self._in_flight: list[_Round] = []
         self._wire_dtype = self.params[0].dtype if self.params else torch.float32
-        self._replicas = None
-        if self.replica_size > 1:
-            self._replicas = ReplicaGroups(self.rank, self.num_nodes, self.replica_size)
-            self._replicas.declare(comm)
+        self._replicas = ReplicaGroups.for_node(self.rank, self.num_nodes, self.replica_size, comm)
 
     def step(self) -> None:
         if self._replicas is not None:
