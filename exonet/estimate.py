@@ -104,14 +104,21 @@ class OnlineHub:
         self.clock, self.world = clock, world
         self.events: list[list] = [[] for _ in range(world)]
         self._answers: dict[int, Any] = {}
-        self._cond = threading.Condition()
-        self._waiting, self._alive = 0, world
+        # one lock, one condition per rank: an answer wakes only its asker (waking every thread on every
+        # report made the threads' wake-ups, not the clock, the cost of a large estimate)
+        self._lock = threading.Lock()
+        self._conds = [threading.Condition(self._lock) for _ in range(world)]
+        self._asking: set[int] = set()
+        self._alive = world
+        # one rank runs at a time, until it waits for an answer: the ranks' torch calls otherwise hand
+        # the GIL back and forth (system time grew as threads squared), and the clock orders them anyway
+        self._turn = threading.Lock()
         self.error: BaseException | None = None
 
     def report(self, rank: int, events: list, *, question: tuple | None = None, done: bool = False) -> None:
         from exonet.runtime.clock import received_event
 
-        with self._cond:
+        with self._lock:
             self.events[rank].extend(events)
             self.clock.feed(rank, events)
             if done:
@@ -123,31 +130,55 @@ class OnlineHub:
                 if answer is not None and asked[0] == "recv_any":
                     self.events[asker].append(received_event(asker, asked, answer))
                 self._answers[asker] = answer
-            self._cond.notify_all()
+                self._conds[asker].notify()
+            self._check_stuck()
+
+    def enter(self) -> None:
+        """Take the turn to run (a rank's thread holds it while it runs)."""
+        self._turn.acquire()
+
+    def leave(self) -> None:
+        """Hand the turn on (a rank that waits or ends)."""
+        self._turn.release()
 
     def answer(self, rank: int) -> Any:
         """Wait for the clock's answer to ``rank``'s question (raises if it can never come)."""
-        with self._cond:
-            self._waiting += 1
+        self.leave()
+        try:
+            return self._wait(rank)
+        finally:
+            self.enter()
+
+    def _wait(self, rank: int) -> Any:
+        with self._lock:
+            self._asking.add(rank)
             try:
+                self._check_stuck()
                 while rank not in self._answers:
-                    if self.error is None and self._waiting == self._alive and not self._answers:
-                        self.error = RuntimeError("estimate: every rank waits for the online clock, which cannot "
-                                                  "answer any of them (the strategy's messages do not match)")
-                        self._cond.notify_all()
                     if self.error is not None:
                         raise RuntimeError("estimate: another rank failed") from self.error
-                    self._cond.wait()
+                    self._conds[rank].wait()
                 return self._answers.pop(rank)
             finally:
-                self._waiting -= 1
+                self._asking.discard(rank)
 
     def fail(self, exc: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             if self.error is None:
                 self.error = exc
             self._alive -= 1
-            self._cond.notify_all()
+            self._wake_all()
+
+    def _check_stuck(self) -> None:
+        """Every live rank waits and nothing is answered: the clock never will (called with the lock held)."""
+        if self.error is None and self._asking and len(self._asking) == self._alive and not self._answers:
+            self.error = RuntimeError("estimate: every rank waits for the online clock, which cannot "
+                                      "answer any of them (the strategy's messages do not match)")
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        for cond in self._conds:
+            cond.notify()
 
 
 @dataclass
@@ -333,10 +364,13 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
                              what=type(strategy).__name__, given_compute=True), world)
 
     def run(rank: int) -> None:
+        hub.enter()
         try:
             _run_rank(strategy, make_model, rank, nodes, steps, step_time, flops, hub)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             hub.fail(exc)
+        finally:
+            hub.leave()
 
     threads = [threading.Thread(target=run, args=(r,), name=f"estimate-rank-{r}", daemon=True) for r in range(world)]
     for t in threads:
