@@ -333,9 +333,12 @@ def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], ran
     for _ in range(steps):
         strat.zero_grad()
         strat.prepare_backward(True)
-        comm.events.append(forward)
+        traced = not comm.sitting_out  # an elastic node that is down: its work is not the run's (as in fit)
+        if traced:
+            comm.events.append(forward)
         for i in reversed(range(len(params))):
-            comm.events.append(backward[i])
+            if traced:
+                comm.events.append(backward[i])
             params[i].grad = grads[i]
             _fire_grad_hooks(params[i])
         strat.step()
@@ -360,8 +363,9 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
 
     chosen = scenario_for_estimate(scenario)
     world = nodes + strategy.servers
+    elastic = getattr(strategy, "elastic", False)  # its failed nodes discard their own work, as in fit
     hub = OnlineHub(SimClock(chosen, world, math.inf, steps, trainers=nodes, synchronous=False,
-                             what=type(strategy).__name__, given_compute=True), world)
+                             what=type(strategy).__name__, given_compute=True, rewind=not elastic), world)
 
     def run(rank: int) -> None:
         hub.enter()
@@ -379,9 +383,11 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
         t.join()
     if hub.error is not None:
         raise hub.error
-    return Trace(world, meta={"estimate": True, "strategy": type(strategy).__name__, "servers": strategy.servers,
-                              "decided_in": {"scenario": chosen.name, "fingerprint": chosen.fingerprint}},
-                 events=hub.events)
+    meta = {"estimate": True, "strategy": type(strategy).__name__, "servers": strategy.servers,
+            "decided_in": {"scenario": chosen.name, "fingerprint": chosen.fingerprint}}
+    if elastic:
+        meta["elastic"] = True
+    return Trace(world, meta=meta, events=hub.events)
 
 
 def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: int, steps: int,

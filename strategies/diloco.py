@@ -92,9 +92,10 @@ class DiLoCoStrategy(FedAvgStrategy):
                          elastic=elastic, optim_spec=optim_spec, **base_options(locals()))
         self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
         self.replica_size = check_replica_size(replica_size)
-        if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None):
+        if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None or elastic):
             raise ValueError("replica_size: a replica group syncs every round as one worker; it cannot be combined "
-                             "with participation < 1, island_size or deadline_s")
+                             "with participation < 1, island_size, deadline_s or elastic=True (elastic rounds are "
+                             "per node: give each worker one node)")
 
     def check_world(self, num_nodes: int) -> None:
         super().check_world(num_nodes)

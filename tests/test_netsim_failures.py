@@ -318,3 +318,60 @@ def test_the_failures_study_example_tabulates_goodput_for_six_strategies(tmp_pat
     assert len(rows) == 6 and plot.exists()
     goodput = {row.split(" | ")[0][2:]: float(row.split(" | ")[3].rstrip("%")) for row in rows}
     assert goodput["elastic DDP"] > goodput["DDP (blocking)"]
+
+
+def test_an_elastic_node_out_at_the_end_does_not_extend_the_run():
+    """Rank 1 goes down mid-step and sits out to the end: the run ends with rank 0, and only the part of
+    rank 1's time inside the run is counted (5 s of compute, all of it thrown away, then down)."""
+    c = 10.0
+    t = Trace(num_nodes=2, meta={"elastic": True})
+    for _ in range(2):
+        t.add_compute(0, c)
+        t.add_step(0)
+    t.add_compute(1, c)  # paused by the outage at 5 s; resumes at 100 s
+    for _ in range(2):
+        t.add_discard(1)
+        t.add_step(1)
+    down = {"kind": "down", "ranks": [1], "from_s": 5.0, "to_s": 100.0}
+    res = simulate(t, {"name": "out", "network": NET, "events": [down]})
+    assert res.wall_clock_s == 2 * c
+    assert res.step_end_times == [c, 2 * c]
+    one = res.per_node[1]
+    assert (one.compute_s, one.comm_s, one.idle_s, one.lost_s, one.down_s) == (5.0, 0.0, 15.0, 5.0, 15.0)
+    assert res.goodput == (2 * c + 5.0 - 5.0) / (2 * 2 * c)
+    assert res.utilization == (2 * c + 5.0) / (2 * 2 * c)
+    assert res.timelines[1].end == 2 * c and max(res.timelines[1].times) == 2 * c
+
+
+@pytest.mark.slow
+def test_an_elastic_estimate_goes_on_without_its_failed_nodes():
+    """Elastic DDP estimated on the online clock: the nodes that stay up never wait for one that is down,
+    so the run takes its steps' compute (plus all-reduces) and each failure loses at most one step's work."""
+    from exonet.estimate import estimate, simulate_estimate
+
+    failing = Scenario.from_dict({"name": "failing", "network": {"bandwidth": "400 Gbit/s", "latency": "10 us"},
+                                  "failures": {"mtbf": "20 min", "repair": "5 min", "restart": "2 min", "seed": 0}})
+    steps, step_time = 30, 10.0
+    est = estimate("ddp:elastic=True", params=1e6, nodes=6, steps=steps, step_time=step_time, scenario=failing)
+    res = simulate_estimate(est, failing)
+    assert res.failures >= 2
+    assert steps * step_time < res.wall_clock_s < steps * step_time * 1.01
+    assert res.lost["lost_work"] <= res.failures * step_time
+    blocking = simulate_estimate(estimate("ddp", params=1e6, nodes=6, steps=steps, step_time=step_time), failing)
+    assert blocking.wall_clock_s > res.wall_clock_s + 7 * 60  # it waits out each repair and restart
+
+
+@pytest.mark.slow
+def test_the_failures_at_scale_example_compares_elastic_ddp_with_learners():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "failures_at_scale.py"
+    spec = importlib.util.spec_from_file_location("failures_at_scale", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = {row["strategy"]: row for row in module.main(["--steps", "60", "--device-mtbf", "100"])}
+    assert len(rows) == 6 and all(row["failures"] > 0 for row in rows.values())
+    assert rows["elastic DDP, 16 replicas"]["goodput"] > rows["DDP (blocking), 16 replicas"]["goodput"]
+    for row in rows.values():  # goodput and the node-seconds lost account for all of the machine time
+        machine = row["nodes"] * row["wall_clock_s"]
+        assert row["goodput"] * machine + sum(row["lost"].values()) == pytest.approx(machine, rel=1e-9)

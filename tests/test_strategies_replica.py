@@ -25,6 +25,7 @@ SGD = OptimSpec("sgd", lr=0.05)
     (lambda: DiLoCoStrategy(replica_size=1.5), "replica_size must be an integer"),
     (lambda: DiLoCoStrategy(replica_size=2, participation=0.5), "replica_size"),
     (lambda: DiLoCoStrategy(replica_size=2, island_size=2), "replica_size"),
+    (lambda: DiLoCoStrategy(replica_size=2, elastic=True), "elastic=True"),
     (lambda: StreamingDiLoCoStrategy(replica_size=2, quantize_bits=4), "replica_size"),
 ])
 def test_bad_replica_size_fails_at_construction(make, text):

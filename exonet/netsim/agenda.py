@@ -47,6 +47,9 @@ class Agenda:
         self._slots: dict[int, list] = {}  # tick -> heap of (order, seq, fn, args) due then
         self._seq = 0
         self.pending = 0  # calls scheduled and not yet run
+        # set once the clock ran past a rank that waits for an answer (Simulation.overrun): that rank's
+        # later calls, due before now, run now
+        self.overrun = False
 
     @property
     def now(self) -> int:
@@ -54,6 +57,8 @@ class Agenda:
 
     def at(self, t: int, fn: Callable[..., None], *args: object, order: tuple = (NETWORK,)) -> None:
         """Call ``fn(t, *args)`` at tick ``t``; calls due at one tick run sorted by ``order``, then by scheduling."""
+        if self.overrun and t < self.env.now:
+            t = self.env.now
         slot = self._slots.get(t)
         if slot is None:
             slot = self._slots[t] = []
@@ -67,6 +72,13 @@ class Agenda:
         env = self.env
         while env.peek() < horizon():
             env.step()
+
+    def step(self) -> bool:
+        """Run the next due slot, whatever the horizon; False if nothing is due."""
+        if self.env.peek() == float("inf"):
+            return False
+        self.env.step()
+        return True
 
     def _run(self, t: int) -> None:
         slot = self._slots[t]

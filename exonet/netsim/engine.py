@@ -147,6 +147,7 @@ class Simulation:
         self._last_end = 0
         self._events = 0
         self._horizon: float = math.inf  # the earliest cursor of a rank waiting for input
+        self._lookahead: set[int] = set()  # ranks waiting for input that do not hold the clock back (see overrun)
         self._gates = any(self._cm.gated_steps)
         self._mirror = False  # ranks 1.. mirror rank 0 (see feed_trace)
         self._inbox: dict[int, list[Instance]] = {}  # receiver -> messages delivered that it has not received
@@ -171,6 +172,7 @@ class Simulation:
         if not rk.open:
             raise ValueError(f"Simulation.feed: rank {rank}'s input was closed")
         rk.queue.append(event)
+        self._lookahead.discard(rank)
 
     def feed_trace(self, trace: Trace) -> None:
         """Feed every event of a whole trace.
@@ -298,6 +300,28 @@ class Simulation:
         self._agenda.run_before(lambda: self._horizon)  # a rank released and left without input lowers it
         return seconds(self._agenda.now)
 
+    def overrun(self, ranks: Iterable[int]) -> bool:
+        """Run the next due instant even if it lies past ``ranks``, which wait for input; False if none is due.
+
+        Until ``hold`` (or until fed), those ranks do not hold the clock back.
+
+        For an answer that needs the others to go on first (an elastic round whose end waits for a
+        rank still inside the previous round's collective, while a rank that already asked holds the
+        clock at its own time): the caller steps until it can answer, then holds. Whatever those
+        ranks are fed next that would be due before the clock's time runs at that time, so the
+        online timing may differ from a replay of the recorded trace by that much; the replay,
+        which has every event in advance, is the exact one.
+        """
+        if not (self._agenda.pending > self._failing or self._active or self._lone is not None):
+            return False  # only failures are due: nothing the answer waits for can happen
+        self._lookahead.update(ranks)
+        self._agenda.overrun = True
+        return self._agenda.step()
+
+    def hold(self) -> None:
+        """End an overrun: every rank waiting for input holds the clock back again."""
+        self._lookahead.clear()
+
     def result(self, history: Sequence[float] | None = None) -> SimResult:
         """Close the input, replay to the end and return the outcome.
 
@@ -314,7 +338,7 @@ class Simulation:
         if self._mirror:
             ranks = [ranks[0]] * len(ranks)
             self._events *= len(ranks)
-        wall = max(self._last_end, *(rk.t for rk in ranks))
+        wall = max(self._last_end, *(_kept(rk) for rk in ranks))
         return self._outcome(ranks, wall, self._step_ends, self._wire, self._events, history)
 
     def job_result(self, ranks: Sequence[int], events: int = 0, history: Sequence[float] | None = None) -> SimResult:
@@ -329,7 +353,7 @@ class Simulation:
                 for i in range(max(len(rk.step_ends) for rk in states))]
         last = max((t for members, t in self._group_end.items() if members[0] in own), default=0)
         wire = [self._wire[r] for r in ranks]
-        return self._outcome(states, max(last, *(rk.t for rk in states)), ends, wire, events, history)
+        return self._outcome(states, max(last, *(_kept(rk) for rk in states)), ends, wire, events, history)
 
     def link_loads(self, jobs: Sequence[Sequence[int]]) -> list[LinkLoad]:
         """Every link that carried bytes, in all and per job (each job a list of global ranks),
@@ -352,10 +376,22 @@ class Simulation:
         """The SimResult of ``ranks`` (each rank's state, in the result's order) ending at tick ``wall``."""
         if history is not None and len(history) != len(ends):
             raise ValueError(f"simulate: history has {len(history)} losses but the trace has {len(ends)} steps")
-        nodes = [NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step,
-                           seconds(rk.lost), _down(self._cm.down[rk.rank], seconds(rk.t)))
-                 for r, rk in enumerate(ranks)]
-        total = sum(rk.compute for rk in ranks)
+        nodes, timelines, total, lost = [], [], 0, 0
+        for r, rk in enumerate(ranks):
+            timeline = Timeline(rk.times, bytes(rk.kinds), seconds(rk.t))
+            if rk.t <= wall:
+                times = NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step,
+                                  seconds(rk.lost), _down(self._cm.down[rk.rank], seconds(rk.t)))
+                total, lost = total + rk.compute, lost + rk.lost
+            else:  # an elastic node whose thrown-away time runs past the run's end: the run's part of it
+                timeline = timeline.clipped(seconds(wall))
+                compute, comm = timeline.seconds(COMPUTE), timeline.seconds(COMM)
+                dropped = seconds(rk.compute) - compute  # all of it thrown away (see RankState.kept)
+                times = NodeTimes(r, compute, comm, seconds(wall) - compute - comm, rk.step,
+                                  max(0.0, seconds(rk.lost) - dropped), _down(self._cm.down[rk.rank], seconds(wall)))
+                total, lost = total + ticks(compute), lost + ticks(times.lost_s)
+            nodes.append(times)
+            timelines.append(timeline)
         return SimResult(
             wall_clock_s=seconds(wall),
             per_node=nodes,
@@ -366,12 +402,13 @@ class Simulation:
             num_steps=len(ends),
             events=events,
             history=None if history is None else [float(x) for x in history],
-            timelines=[Timeline(rk.times, bytes(rk.kinds), seconds(rk.t)) for rk in ranks],
+            timelines=timelines,
             links=self._links(seconds(wall)),
             collectives=[self._span(c) for c in self._ended],
             link_loads=[c.plan.load for c in self._ended],
-            failures=sum(len([t for t in self._cm.fail_starts(rk.rank) if t < seconds(rk.t)]) for rk in ranks),
-            goodput=(total - sum(rk.lost for rk in ranks)) / (len(nodes) * wall) if wall > 0 else 0.0,
+            failures=sum(len([t for t in self._cm.fail_starts(rk.rank) if t < seconds(min(rk.t, wall))])
+                         for rk in ranks),
+            goodput=(total - lost) / (len(nodes) * wall) if wall > 0 else 0.0,
         )
 
     def _links(self, wall: float) -> list[LinkLoad]:
@@ -420,6 +457,7 @@ class Simulation:
                     end = start + round(work * SCALE)
                     self._spend(rk, start, end, COMPUTE)
                 rk.t = end
+                rk.kept = None
             elif kind is Collective:
                 self._issue(rk, e)
             elif kind is Step:
@@ -432,13 +470,15 @@ class Simulation:
             elif kind is Discard:  # it adopts others' state: a sync point whose work since the last is lost
                 rk.lost += rk.compute - rk.mark
                 rk.mark, rk.since_work = rk.compute, 0.0
+                if rk.kept is None and self.was_down(r, seconds(rk.synced), seconds(rk.t)):
+                    rk.kept = rk.synced  # a node that failed sits out: the run need not wait for it
             elif kind is AnyRecv:
                 # a placeholder until a message is taken
                 rk.blocked, rk.block_t = Instance(((r,), -1), "any", (r,)), rk.t
                 self._agenda.at(rk.t, self._claim, rk, order=(CLAIM, r))
             else:
                 raise TraceError(f"trace: rank {r}: unknown event {e!r}")
-        if rk.blocked is None and rk.open and rk.t < self._horizon:
+        if rk.blocked is None and rk.open and rk.t < self._horizon and rk.rank not in self._lookahead:
             self._horizon = rk.t
 
     def _spend(self, rk: RankState, a: int, b: int, kind: int) -> None:
@@ -461,11 +501,11 @@ class Simulation:
         rk.span_end = b
 
     def _step(self, rk: RankState) -> None:
-        i, ends = rk.step, self._step_ends
+        i, ends, t = rk.step, self._step_ends, _kept(rk)  # a step it threw away ends the run's step no later
         if i < len(ends):
-            ends[i] = max(ends[i], rk.t)
+            ends[i] = max(ends[i], t)
         else:
-            ends.append(rk.t)
+            ends.append(t)
         rk.step = i + 1
         rk.step_ends.append(rk.t)
         if self._gates and rk.step in self._cm.gated_steps[rk.rank]:
@@ -610,6 +650,7 @@ class Simulation:
         else:
             self._spend(rk, start, end, COMM)
         rk.t = rk.synced = end
+        rk.kept = None
         rk.blocked = None
         rk.since_work, rk.mark = 0.0, rk.compute
 
@@ -839,6 +880,11 @@ class Simulation:
         self._drain(t)
         self._net.pause(rank, down)
         self._net_changed(t)
+
+
+def _kept(rk: RankState) -> int:
+    """The tick up to which ``rk``'s time is the run's (see RankState.kept)."""
+    return rk.t if rk.kept is None else rk.kept
 
 
 def _down(outages: Sequence[tuple[float, float]], end: float) -> float:

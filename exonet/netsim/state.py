@@ -25,6 +25,7 @@ class RankState:
         "counts",
         "gate",
         "idle",
+        "kept",
         "kinds",
         "lost",
         "mark",
@@ -47,6 +48,10 @@ class RankState:
         self.step = 0
         self.step_ends: list[int] = []  # the tick each of its steps ended
         self.synced = 0  # the tick its latest blocking collective (or wait) ended
+        # set by the Discard of a node that failed since its last sync: its time after this tick (the work
+        # it threw away, the outage it sits out) is not the run's, which may end before it; None once it
+        # computes or syncs again (a late node's discarded work, as in deadline rounds, stays the run's)
+        self.kept: int | None = None
         self.blocked: Instance | None = None
         self.block_t = 0
         self.open = True

@@ -112,7 +112,25 @@ class SimClock:
             raise ValueError(f"online clock: unknown question {question[0]!r}")
 
     def answers(self) -> list[tuple[int, tuple, Any]]:
-        """(rank, question, answer) for every open question the replay can now answer."""
+        """(rank, question, answer) for every open question the replay can now answer.
+
+        If none can be answered while every rank that may still report has asked (so no input can
+        come), and some ask about an elastic round, the replay runs on past the askers' own times
+        (``Simulation.overrun``): the round's end can wait on ranks still inside the previous round's
+        collective, which the askers would otherwise hold back.
+        """
+        out = self._answerable()
+        waiting = [q for q in range(len(self._decided)) if self.sim.is_open(q)]
+        if (not out and waiting and all(q in self._asked for q in waiting)
+                and any(question[0] == "elastic" for question, _ in self._asked.values())):
+            try:
+                while not out and self.sim.overrun(waiting):
+                    out = self._answerable()
+            finally:
+                self.sim.hold()
+        return out
+
+    def _answerable(self) -> list[tuple[int, tuple, Any]]:
         out: list[tuple[int, tuple, Any]] = []
         for rank, (question, taken) in list(self._asked.items()):
             if question[0] == "speeds":
