@@ -123,6 +123,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         sim = simulate_estimate(est, name)
         row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s, "utilization": sim.utilization,
                "wire_bytes_per_node": sum(sim.wire_bytes) / args.nodes}
+        if sim.failures or sim.lost["down"]:  # a scenario with [failures] (or outages): goodput, lost time
+            row.update(failures=sim.failures, goodput=sim.goodput, lost_s=sim.lost)
         if targets:
             row["bandwidth_for_utilization"] = {
                 f"{u:g}": bandwidth_for_utilization(est, name, u, solve_for=args.solve_for) for u in targets}
@@ -142,6 +144,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         print(f"{row['scenario']}: simulated wall-clock {format_time(row['wall_clock_s'])}, "
               f"compute utilisation {row['utilization']:.1%}, "
               f"wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
+        if "goodput" in row:
+            lost = ", ".join(f"{k} {format_time(v)}" for k, v in row["lost_s"].items())
+            print(f"  {row['failures']} failures, goodput {row['goodput']:.1%}; node-time lost: {lost}")
         for u, bw in row.get("bandwidth_for_utilization", {}).items():
             where = {"nic": "per NIC", "link": "on the inter-region link"}.get(
                 args.solve_for, f"on the {args.solve_for.removeprefix('link:')} link")

@@ -150,3 +150,18 @@ def test_scaled_warns_that_it_keeps_ddp_buckets_and_not_for_one_collective_a_ste
         warnings.simplefilter("error")
         single.scaled(bytes=10)
         bucketed.scaled(compute=2)
+
+
+def test_an_estimate_under_failures_reports_goodput_and_the_time_lost(capsys, tmp_path):
+    failing = tmp_path / "failing.toml"
+    failing.write_text('name = "failing"\n[network]\nbandwidth = "10 Gbit/s"\nlatency = "1 ms"\n'
+                       '[failures]\nmtbf = "30 s"\nrepair = "5 s"\nrestart = "1 s"\nseed = 0\n')
+    args = ["--model-params", "1e6", "--strategy", "ddp", "--nodes", "4", "--steps", "20", "--step-time", "1"]
+    report = cli_json(capsys, *args, "--scenario", str(failing))
+    row = report["scenarios"][0]
+    assert row["failures"] > 0 and 0 < row["goodput"] < row["utilization"] <= 1
+    machine = 4 * row["wall_clock_s"]
+    assert row["goodput"] * machine + sum(row["lost_s"].values()) == pytest.approx(machine, rel=1e-9)
+    assert "goodput" not in cli_json(capsys, *args, "--scenario", "datacenter")["scenarios"][0]
+    assert main(["estimate", *args, "--scenario", str(failing)]) == 0
+    assert "failures, goodput" in capsys.readouterr().out
