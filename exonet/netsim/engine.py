@@ -37,9 +37,7 @@ wrapper for a whole trace. How time passes:
   ``network.group_concurrency`` to let more run at once (a gloo process group has
   two worker threads). Collectives on different groups run at once and share links.
 
-* Failures (``[failures]``) are outages drawn per rank as the replay goes (exonet.netsim.failures):
-  each failure puts the next on the agenda while anything can still move, so a replay fed at
-  once and one fed step by step see the same outages (a failure's cost: exonet.netsim.compute).
+* Failures (``[failures]``) are outages drawn per rank as the replay goes (exonet.netsim.outages).
 
 Incremental feeding is safe because a rank that is waiting for input (open, not
 blocked, nothing queued) holds the clock back: no event at or after its cursor is
@@ -48,27 +46,30 @@ processed until it is fed or closed, so nothing it will do can land in the past.
 Time is integer ticks, and everything due at one instant runs in a fixed order
 (exonet.netsim.agenda): that keeps a replay exact however long it runs and in whatever
 order it is fed. The per-rank and per-collective records live in exonet.netsim.state; what
-a trace that cannot finish is stuck on is worded in exonet.netsim.diagnose.
+a trace that cannot finish is stuck on is worded in exonet.netsim.diagnose; the outcome of a
+finished replay is read in exonet.netsim.outcome, and the online clock's questions are
+answered in exonet.netsim.queries.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
 from exonet.errors import ScenarioError, TraceError
-from exonet.netsim.agenda import CLAIM, OUTAGE, SCALE, START, TICK, Agenda, seconds, ticks
+from exonet.netsim.agenda import CLAIM, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.collectives import algorithm_names
 from exonet.netsim.compute import FAILED, ComputeModel
-from exonet.netsim.diagnose import deadlock
 from exonet.netsim.fastpath import Plan, Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
-from exonet.netsim.result import CollectiveSpan, LinkLoad, NodeTimes, SimResult
-from exonet.netsim.spans import COMM, COMPUTE, IDLE, Timeline
+from exonet.netsim.outages import Outages
+from exonet.netsim.outcome import Outcomes, kept
+from exonet.netsim.queries import ClockQueries
+from exonet.netsim.spans import COMM, COMPUTE, IDLE
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
@@ -89,7 +90,7 @@ class AnyRecv:
     nbytes: int
 
 
-class Simulation:
+class Simulation(ClockQueries, Outcomes, Outages):
     """An incremental replay of per-rank events in one scenario.
 
     Args:
@@ -213,83 +214,6 @@ class Simulation:
         for rk in self._ranks if rank is None else [self._ranks[rank]]:
             rk.open = False
 
-    @property
-    def now(self) -> float:
-        """Simulated seconds up to which the network has been replayed."""
-        return seconds(self._agenda.now)
-
-    def rank_time(self, rank: int) -> float:
-        """Simulated seconds ``rank`` has reached in its own events."""
-        return seconds(self._ranks[rank].t)
-
-    def rank_steps(self, rank: int) -> tuple[int, float]:
-        """How many steps ``rank`` has ended in the replay, and when (simulated seconds) the latest ended."""
-        rk = self._ranks[rank]
-        return rk.step, seconds(rk.step_ends[-1]) if rk.step_ends else 0.0
-
-    def rank_step_ends(self, rank: int) -> list[float]:
-        """Simulated seconds at which each of ``rank``'s steps ended (so far)."""
-        return [seconds(t) for t in self._ranks[rank].step_ends]
-
-    def settled(self, rank: int) -> tuple[float, float] | None:
-        """``rank``'s time and the end of its latest blocking call (seconds), once it has replayed all its input."""
-        rk = self._ranks[rank]
-        if rk.blocked is not None or rk.queue or rk.gate:
-            return None
-        return seconds(rk.t), seconds(rk.synced)
-
-    def idle_duration(self, op: str, group: Sequence[int] | None, nbytes: int) -> float:
-        """Simulated seconds ``op`` of ``nbytes`` on ``group`` (None: every rank) takes on an otherwise idle network.
-
-        ``op`` is a collective's name or "send"/"recv" (a message; ``group`` is the pair).
-        """
-        if op in P2P_OPS:
-            members, op = tuple(group or ()), "p2p"  # (sender, receiver)
-        else:
-            members = self._everyone if group is None else tuple(sorted(set(group)))
-        plan = self._planner.plan(op, members, nbytes)
-        return self._planner.duration(plan) if plan.phases else 0.0
-
-    def down_at(self, rank: int, t: float) -> bool:
-        """Whether ``rank`` is down (failed, or a ``down`` event) at ``t`` seconds."""
-        self._cm.failures_through(rank, t)
-        return any(t0 <= t < t1 for t0, t1 in self._cm.down[rank])
-
-    def was_down(self, rank: int, a: float, b: float) -> bool:
-        """Whether ``rank`` was down (failed, or a ``down`` event) at any time in (a, b) seconds."""
-        self._cm.failures_through(rank, b)
-        return any(t0 < b and t1 > a for t0, t1 in self._cm.down[rank])
-
-    def is_open(self, rank: int) -> bool:
-        """Whether ``rank`` may still be fed."""
-        return self._ranks[rank].open
-
-    def received(self, rank: int) -> list[tuple[int, float]]:
-        """(sender, arrival seconds) of each message ``rank``'s any-source receives have taken, in order."""
-        return self._received.get(rank, [])
-
-    def waits_for_any(self, rank: int) -> bool:
-        """Whether ``rank`` is in an any-source receive that no delivered message can satisfy yet."""
-        return rank in self._any
-
-    def may_receive(self, rank: int) -> bool:
-        """Whether a message to ``rank`` may still arrive: one is sent and unreceived, or another rank may send."""
-        if any(c.op == "p2p" and c.members[1] == rank for c in self._open.values()):
-            return True
-        return any(rk.open or rk.queue or rk.blocked is not None for rk in self._ranks if rk.rank != rank)
-
-    def cancel_any(self, rank: int) -> None:
-        """End ``rank``'s any-source receive without a message (nothing can arrive any more); it goes on."""
-        rk = self._any.pop(rank)
-        rk.blocked = None
-        self._advance(rk)
-
-    def step_end(self, step: int) -> float | None:
-        """Simulated end of ``step`` (its slowest rank's time) once every rank has finished it, else None."""
-        if min(rk.step for rk in self._ranks) <= step:
-            return None
-        return seconds(self._step_ends[step])
-
     def run_until_blocked(self) -> float:
         """Replay as far as the input allows; returns the simulated seconds reached."""
         self._horizon = math.inf
@@ -299,134 +223,6 @@ class Simulation:
             self._advance(rk)
         self._agenda.run_before(lambda: self._horizon)  # a rank released and left without input lowers it
         return seconds(self._agenda.now)
-
-    def overrun(self, ranks: Iterable[int]) -> bool:
-        """Run the next due instant even if it lies past ``ranks``, which wait for input; False if none is due.
-
-        Until ``hold`` (or until fed), those ranks do not hold the clock back.
-
-        For an answer that needs the others to go on first (an elastic round whose end waits for a
-        rank still inside the previous round's collective, while a rank that already asked holds the
-        clock at its own time): the caller steps until it can answer, then holds. Whatever those
-        ranks are fed next that would be due before the clock's time runs at that time, so the
-        online timing may differ from a replay of the recorded trace by that much; the replay,
-        which has every event in advance, is the exact one.
-        """
-        if not (self._agenda.pending > self._failing or self._active or self._lone is not None):
-            return False  # only failures are due: nothing the answer waits for can happen
-        self._lookahead.update(ranks)
-        self._agenda.overrun = True
-        return self._agenda.step()
-
-    def hold(self) -> None:
-        """End an overrun: every rank waiting for input holds the clock back again."""
-        self._lookahead.clear()
-
-    def result(self, history: Sequence[float] | None = None) -> SimResult:
-        """Close the input, replay to the end and return the outcome.
-
-        Args:
-            history: per-step mean training losses, one per step, for ``loss_vs_time``.
-        """
-        self.close()
-        self.run_until_blocked()
-        if self._open:
-            raise TraceError(deadlock(self._ranks, list(self._open.values()), self._everyone))
-        if self._any:
-            raise TraceError(f"trace: rank {min(self._any)} waits for a message from any rank, and none comes")
-        ranks = self._ranks
-        if self._mirror:
-            ranks = [ranks[0]] * len(ranks)
-            self._events *= len(ranks)
-        wall = max(self._last_end, *(_kept(rk) for rk in ranks))
-        return self._outcome(ranks, wall, self._step_ends, self._wire, self._events, history)
-
-    def job_result(self, ranks: Sequence[int], events: int = 0, history: Sequence[float] | None = None) -> SimResult:
-        """The outcome of the job on ``ranks`` (global ranks, in the job's order), once ``result`` has run.
-
-        Its wall-clock is when its last rank or collective ended; its step i ends when its slowest rank
-        ends it. Only valid when the job's collectives stay among its ranks (``simulate`` makes sure).
-        """
-        own = set(ranks)
-        states = [self._ranks[0] if self._mirror else self._ranks[r] for r in ranks]
-        ends = [max(rk.step_ends[i] for rk in states if i < len(rk.step_ends))
-                for i in range(max(len(rk.step_ends) for rk in states))]
-        last = max((t for members, t in self._group_end.items() if members[0] in own), default=0)
-        wire = [self._wire[r] for r in ranks]
-        return self._outcome(states, max(last, *(_kept(rk) for rk in states)), ends, wire, events, history)
-
-    def link_loads(self, jobs: Sequence[Sequence[int]]) -> list[LinkLoad]:
-        """Every link that carried bytes, in all and per job (each job a list of global ranks),
-        once ``result`` has run."""
-        owner = {r: j for j, ranks in enumerate(jobs) for r in ranks}
-        carried: dict[int, list[float]] = {}
-        for plan, count in self._carried.items():
-            job = owner[plan.phases[0][0][0]] if plan.phases else None
-            for phase in plan.phases:
-                for src, dst, size in phase:
-                    for link in self._topo.path(src, dst).links:
-                        carried.setdefault(link, [0.0] * len(jobs))[job] += count * self._topo.wire_size(size)
-        span = seconds(max(self._last_end, *(rk.t for rk in self._ranks)))
-        return [replace(load, bytes=sum(carried[i]), by_job=tuple(carried[i]),
-                        utilization=sum(carried[i]) / (load.capacity * span) if span > 0 else 0.0)
-                for i, load in enumerate(self._links(span)) if i in carried]
-
-    def _outcome(self, ranks: Sequence[RankState], wall: int, ends: Sequence[int], wire: Sequence[float], events: int,
-                 history: Sequence[float] | None) -> SimResult:
-        """The SimResult of ``ranks`` (each rank's state, in the result's order) ending at tick ``wall``."""
-        if history is not None and len(history) != len(ends):
-            raise ValueError(f"simulate: history has {len(history)} losses but the trace has {len(ends)} steps")
-        nodes, timelines, total, lost = [], [], 0, 0
-        for r, rk in enumerate(ranks):
-            timeline = Timeline(rk.times, bytes(rk.kinds), seconds(rk.t))
-            if rk.t <= wall:
-                times = NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step,
-                                  seconds(rk.lost), _down(self._cm.down[rk.rank], seconds(rk.t)))
-                total, lost = total + rk.compute, lost + rk.lost
-            else:  # an elastic node whose thrown-away time runs past the run's end: the run's part of it
-                timeline = timeline.clipped(seconds(wall))
-                compute, comm = timeline.seconds(COMPUTE), timeline.seconds(COMM)
-                dropped = seconds(rk.compute) - compute  # all of it thrown away (see RankState.kept)
-                times = NodeTimes(r, compute, comm, seconds(wall) - compute - comm, rk.step,
-                                  max(0.0, seconds(rk.lost) - dropped), _down(self._cm.down[rk.rank], seconds(wall)))
-                total, lost = total + ticks(compute), lost + ticks(times.lost_s)
-            nodes.append(times)
-            timelines.append(timeline)
-        return SimResult(
-            wall_clock_s=seconds(wall),
-            per_node=nodes,
-            step_end_times=[seconds(t) for t in ends],
-            wire_bytes=[round(b) for b in wire],
-            utilization=total / (len(nodes) * wall) if wall > 0 else 0.0,
-            scenario_name=self.name,
-            num_steps=len(ends),
-            events=events,
-            history=None if history is None else [float(x) for x in history],
-            timelines=timelines,
-            links=self._links(seconds(wall)),
-            collectives=[self._span(c) for c in self._ended],
-            link_loads=[c.plan.load for c in self._ended],
-            failures=sum(len([t for t in self._cm.fail_starts(rk.rank) if t < seconds(min(rk.t, wall))])
-                         for rk in ranks),
-            goodput=(total - lost) / (len(nodes) * wall) if wall > 0 else 0.0,
-        )
-
-    def _links(self, wall: float) -> list[LinkLoad]:
-        """Each link's bytes, busy time and utilisation over a run of ``wall`` seconds."""
-        topo = self._topo
-        load = sum((count * plan.load for plan, count in self._carried.items()), np.zeros(len(topo.capacity)))
-        busy = sum((count * self._planner.busy(plan) for plan, count in self._alone.items()),
-                   self._busy + self._net.busy_s)
-        return [LinkLoad(topo.link_name(i), cap, float(load[i]), (float(load[i]),),
-                         float(load[i]) / (cap * wall) if wall > 0 else 0.0, float(busy[i]),
-                         float(busy[i]) / wall if wall > 0 else 0.0)
-                for i, cap in enumerate(topo.capacity)]
-
-    def _span(self, c: Instance) -> CollectiveSpan:
-        """``c`` as a record in seconds, with the algorithm that ran it."""
-        op = "send" if c.op == "p2p" else c.op
-        algorithm = "direct" if c.op == "p2p" else self._algorithms[c.op]
-        return CollectiveSpan(seconds(c.start), seconds(c.end), op, c.nbytes, c.members, algorithm, c.async_op)
 
     # ----------------------------------------------------------------- ranks
     def _advance(self, rk: RankState) -> None:
@@ -501,7 +297,7 @@ class Simulation:
         rk.span_end = b
 
     def _step(self, rk: RankState) -> None:
-        i, ends, t = rk.step, self._step_ends, _kept(rk)  # a step it threw away ends the run's step no later
+        i, ends, t = rk.step, self._step_ends, kept(rk)  # a step it threw away ends the run's step no later
         if i < len(ends):
             ends[i] = max(ends[i], t)
         else:
@@ -833,66 +629,3 @@ class Simulation:
             self._release(rk, c)
         for rk in waiters:
             self._advance(rk)
-
-    # --------------------------------------------------------------- outages
-    def _schedule_outage(self, rank: int, t0: float, t1: float) -> None:
-        """Take ``rank`` down over [t0, t1) seconds."""
-        self._agenda.at(ticks(t0), self._outage, rank, True, order=(OUTAGE, rank))
-        self._agenda.at(ticks(t1), self._outage, rank, False, order=(OUTAGE, rank))
-
-    def _schedule_failure(self, rank: int, k: int) -> None:
-        """Put ``rank``'s k-th failure on the agenda (drawn now if need be): its start (not before now), its end."""
-        t0, t1 = self._cm.failures[rank].outage(k)
-        self._cm.failures_through(rank, t0)
-        self._failing += 2
-        self._agenda.at(max(ticks(t0), self._agenda.now), self._fail, rank, k, order=(OUTAGE, rank))
-        self._agenda.at(ticks(t1), self._recover, rank, order=(OUTAGE, rank))
-
-    def _fail(self, t: int, rank: int, k: int) -> None:
-        """``rank``'s k-th failure strikes; its next one goes on the agenda while the run may go on."""
-        self._failing -= 1
-        self._outage(t, rank, True)
-        # (paused flows schedule nothing)
-        live = self._agenda.pending > self._failing or self._active or self._lone is not None
-        if live or any(rk.open and rk.blocked is None for rk in self._ranks):
-            self._schedule_failure(rank, k + 1)
-        else:  # nothing can move until more input comes: the chain waits for it (run_until_blocked resumes it)
-            self._stalled[rank] = k + 1
-
-    def _resume_failures(self) -> None:
-        """Put each stalled rank's next failure that has not ended yet back on the agenda."""
-        now = seconds(self._agenda.now)
-        for rank, k in self._stalled.items():
-            while self._cm.failures[rank].outage(k)[1] <= now:
-                k += 1
-            self._schedule_failure(rank, k)
-        self._stalled.clear()
-
-    def _recover(self, t: int, rank: int) -> None:
-        self._failing -= 1
-        self._outage(t, rank, False)
-
-    def _outage(self, t: int, rank: int, down: bool) -> None:
-        """``rank`` goes down (its flows stop) or comes back."""
-        lone = self._lone
-        if down and lone is not None and rank in lone.members:
-            self._take_over(t, lone)
-        self._drain(t)
-        self._net.pause(rank, down)
-        self._net_changed(t)
-
-
-def _kept(rk: RankState) -> int:
-    """The tick up to which ``rk``'s time is the run's (see RankState.kept)."""
-    return rk.t if rk.kept is None else rk.kept
-
-
-def _down(outages: Sequence[tuple[float, float]], end: float) -> float:
-    """Seconds within [0, end) covered by ``outages`` (overlaps counted once)."""
-    total, reach = 0.0, 0.0
-    for t0, t1 in sorted(outages):
-        lo, hi = max(t0, reach), min(t1, end)
-        if hi > lo:
-            total += hi - lo
-        reach = max(reach, t1)
-    return total
