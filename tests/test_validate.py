@@ -247,3 +247,42 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_calibration_fits_setup_from_first_collectives_and_keeps_the_links_own_keys(tmp_path, capsys):
+    """A user's cluster: 25 ms one way, 16 streams into a 50 ms queue, 0.4 s of set-up on each group's first collective.
+    The file gives the link; calibrate recovers efficiency, overhead and set-up and writes all of them."""
+    from exonet.validate import command
+
+    link = {"latency": "25 ms", "streams": 16, "queue": "50 ms"}
+    truth = cal.modelled(0.9, 2e-4, setup=0.4)
+    rows = []
+    for k, bw, op, nbytes, count, first in [(4, 100e6, "all_reduce", 4_000_000, 1, False),
+                                            (4, 100e6, "all_reduce", 4096, 30, False),
+                                            (4, 400e6, "all_reduce", 16_000_000, 1, False),
+                                            (4, 100e6, "all_gather", 1_000_000, 1, False),
+                                            (4, 100e6, "all_reduce", 4_000_000, 1, True),
+                                            (4, 400e6, "all_reduce", 1_000_000, 1, True),
+                                            (4, 400e6, "all_reduce", 16_000_000, 1, False),
+                                            (4, 100e6, "all_reduce", 4096, 30, False)]:
+        case = Case("burst" if count > 1 else "collective", k, bw, op, nbytes, count, repeats=1)
+        m = cal.Measured(case, [1.0], [cal.burst_trace(op, k, nbytes, count)], dict(link), first)
+        m.real_s = [m.simulate(truth)]
+        rows.append(m)
+    assert rows[4].real > rows[0].real + 0.4 - 1e-9  # the first collective pays the set-up
+    csv = cal.write_measurements(rows, tmp_path / "cluster.csv")
+    back = cal.read_measurements(csv)
+    assert [(m.link, m.first) for m in back] == [(m.link, m.first) for m in rows]
+    got = cal.fit(back)
+    assert got["efficiency"] == pytest.approx(0.9, abs=3e-3)
+    assert got["setup"] == pytest.approx(0.4, rel=0.01) and got["link"] == link
+    out = tmp_path / "cluster.toml"
+    assert command.main(["--calibrate", "--measurements", str(csv), "--out", str(out)]) == 0
+    net = Scenario.load(str(out)).to_dict()["network"]
+    assert net["streams"] == 16 and net["latency"] == "25 ms" and net["queue"] == "50 ms"
+    assert net["setup"].endswith(" s")
+    assert "(first)" in capsys.readouterr().out
+    bad = tmp_path / "bad.csv"
+    bad.write_text("op,nodes,bytes,count,bandwidth,seconds,streams,first\nall_reduce,4,1000,1,1 Gbit/s,0.1,0,1\n")
+    with pytest.raises(ValueError, match="bad.csv:2.*streams"):
+        cal.read_measurements(bad)

@@ -36,6 +36,15 @@ CSV with a header and one row per measured case::
 ``bytes`` the payload each rank passes in (as exonet's trace counts it), ``count`` how
 many such collectives ran back to back in the timed span, ``bandwidth`` each NIC's rate,
 ``seconds`` the measured time of the whole span (a median of repeats).
+
+Optional columns describe the link the way ``[network]`` does, and are set, not fitted:
+``latency`` (one way, e.g. ``25 ms``), ``streams`` (TCP connections per transfer), ``queue``
+(``345 KB`` or ``50 ms``) and ``tcp_window`` (``6 MiB``). A column ``first`` (1 or 0) marks
+spans that began with a new process group's first collective. Those rows fit ``setup``, the
+one-time cost of that first collective, as the median of (measured − simulated without it).
+The other rows are simulated without it, because they were timed after a warm-up. ``setup``
+and the link's columns, where every row gives the same value, go into the scenario file that
+``--calibrate`` writes.
 """
 
 from __future__ import annotations
@@ -43,11 +52,12 @@ from __future__ import annotations
 import csv
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from exonet import units
+from exonet.errors import ScenarioError
 from exonet.scenario import Scenario
 from exonet.trace import OPS, Trace
 from exonet.validate.cases import Case, Measurement
@@ -65,12 +75,15 @@ def ideal() -> Scenario:
 
 
 def modelled(efficiency: float = 1.0, message_overhead: float = 0.0, host_cores: float | None = None,
-             name: str = "modelled") -> Scenario:
+             name: str = "modelled", setup: float = 0.0) -> Scenario:
     """The scenario with the known physics, and the free parameters set.
 
     ``host_cores``: the cores every node shares when they all run on one machine (None: a host each).
+    ``setup``: seconds a process group's first collective waits (fitted from ``first`` rows).
     """
     network: dict[str, Any] = {"bandwidth": "1 Gbit/s", **TCP_FRAMING, "algorithms": dict(GLOO_ALGORITHMS)}
+    if setup:
+        network["setup"] = f"{setup:.6g} s"
     if efficiency != 1.0:
         network["efficiency"] = efficiency
     if message_overhead:
@@ -122,7 +135,8 @@ class Calibration:
 
     def scenario(self) -> Scenario:
         p = self.params
-        return modelled(p["efficiency"], p["message_overhead"], p.get("host_cores"), name="calibrated")
+        return modelled(p["efficiency"], p["message_overhead"], p.get("host_cores"), name="calibrated",
+                        setup=p.get("setup", 0.0)).replace(**p.get("link", {}))
 
     def summary(self, which: str, held_out: bool | None = True, host_bound: bool | None = None) -> tuple[float, float]:
         """(median |error|, worst |error|) of one model's column over the covered cases of the held-out half
@@ -154,9 +168,12 @@ class Calibration:
                 out.append(f"{label}, {which}: " + "; ".join(parts))
         p = self.params
         cores = f", host_cores = {p['host_cores']:g}" if p.get("host_cores") is not None else ""
+        setup = f", setup = {p['setup']:.4g} s" if "setup" in p else ""
+        link = "".join(f", {key} = {value}" for key, value in p.get("link", {}).items())
         out.append(f"{'parameters of ' + self.source if self.source else 'fitted'}: "
-                   f"efficiency = {p['efficiency']:.4f}, message_overhead = {p['message_overhead'] * 1e6:.1f} us "
-                   f"(with mss = {TCP_FRAMING['mss']}, header_bytes = {TCP_FRAMING['header_bytes']}{cores})")
+                   f"efficiency = {p['efficiency']:.4f}, "
+                   f"message_overhead = {p['message_overhead'] * 1e6:.1f} us{setup} "
+                   f"(with mss = {TCP_FRAMING['mss']}, header_bytes = {TCP_FRAMING['header_bytes']}{cores}{link})")
         return "\n".join(out)
 
     def to_toml(self, name: str = "calibrated-loopback", description: str | None = None) -> str:
@@ -166,10 +183,13 @@ class Calibration:
                                "on this machine's cores; replace(bandwidth=...) sets the shaped rate")
         algos = "\n".join(f'{op} = "{algo}"' for op, algo in GLOO_ALGORITHMS.items())
         cores = f"host_cores = {p['host_cores']:g}\n" if p.get("host_cores") is not None else ""
+        setup = f'setup = "{p["setup"]:.4g} s"\n' if p.get("setup") else ""
+        link = "".join(f"{key} = {value}\n" if isinstance(value, int) else f'{key} = "{value}"\n'
+                       for key, value in p.get("link", {}).items())
         return (f'name = "{name}"\ndescription = "{desc}"\n\n[network]\nbandwidth = "1 Gbit/s"\n'
                 f"mss = {TCP_FRAMING['mss']}\nheader_bytes = {TCP_FRAMING['header_bytes']}\n"
                 f"efficiency = {p['efficiency']:.4f}\n"
-                f"message_overhead = \"{p['message_overhead'] * 1e6:.1f} us\"\n{cores}\n"
+                f"message_overhead = \"{p['message_overhead'] * 1e6:.1f} us\"\n{cores}{setup}{link}\n"
                 f"[network.algorithms]\n{algos}\n")
 
 
@@ -178,7 +198,7 @@ def split(measurements: Sequence[Measurement]) -> list[bool]:
     so both halves hold bursts, each op and training runs alike (the first of each kind is fitted)."""
     held, seen = [], {}
     for m in measurements:
-        kind = m.case.kind if m.case.kind != "collective" else m.case.op
+        kind = (m.case.kind if m.case.kind != "collective" else m.case.op, _first(m))
         k = seen.get(kind, 0)
         held.append(k % 2 == 1)
         seen[kind] = k + covered(m.case)
@@ -190,10 +210,31 @@ def _loss(measurements: Sequence[Measurement], eff: float, overhead: float, host
     return sum(abs(math.log(m.simulate(scen) / m.real)) for m in measurements)
 
 
+def _first(m: Measurement) -> bool:
+    return getattr(m, "first", False)
+
+
 def fit(measurements: Sequence[Measurement], host_cores: float | None = None) -> dict[str, Any]:
-    """Pattern search over (efficiency, message_overhead) minimising the absolute log error (robust to outliers)."""
+    """(efficiency, message_overhead) by pattern search on the steady rows, then ``setup`` from the ``first`` rows.
+
+    The search minimises the absolute log error (robust to outliers). ``setup`` is the median of
+    what the first rows took beyond the fitted model (0 without first rows).
+    """
     if not measurements:
         raise ValueError("calibrate: no cases to fit")
+    steady = [m for m in measurements if not _first(m)] or list(measurements)
+    params = _fit_rates(steady, host_cores)
+    firsts = [m for m in measurements if _first(m)]
+    if firsts:
+        scen = modelled(params["efficiency"], params["message_overhead"], host_cores)
+        params["setup"] = max(0.0, statistics.median(m.real - m.simulate(scen) for m in firsts))
+    links = [getattr(m, "link", {}) for m in measurements]
+    if links and all(link == links[0] for link in links) and links[0]:
+        params["link"] = dict(links[0])
+    return params
+
+
+def _fit_rates(measurements: Sequence[Measurement], host_cores: float | None) -> dict[str, Any]:
     x = [0.95, 1e-4]
     steps = [0.02, 2e-4]
     best = _loss(measurements, *x, host_cores)
@@ -215,10 +256,11 @@ def fit(measurements: Sequence[Measurement], host_cores: float | None = None) ->
 def compare(measurements: Sequence[Measurement], params: dict[str, Any], held: Sequence[bool],
             source: str = "") -> Calibration:
     """Every case under the ideal, modelled and calibrated (``params``, from ``source`` if not fitted here)."""
-    calib_s = modelled(params["efficiency"], params["message_overhead"], params.get("host_cores"))
+    calib_s = modelled(params["efficiency"], params["message_overhead"], params.get("host_cores"),
+                       setup=params.get("setup", 0.0))
     ideal_s, model_s = ideal(), modelled()
-    rows = [Row(m.case.name, m.real, m.simulate(ideal_s), m.simulate(model_s), m.simulate(calib_s), h, covered(m.case),
-                host_bound(m.case)) for m, h in zip(measurements, held)]
+    rows = [Row(m.case.name + (" (first)" if _first(m) else ""), m.real, m.simulate(ideal_s), m.simulate(model_s),
+                m.simulate(calib_s), h, covered(m.case), host_bound(m.case)) for m, h in zip(measurements, held)]
     return Calibration(dict(params), rows, source)
 
 
@@ -250,6 +292,21 @@ def burst_trace(op: str, nodes: int, nbytes: int, count: int) -> Trace:
     return t
 
 
+@dataclass
+class Measured(Measurement):
+    """A row of a user's measurements file: a case, its link's own ``[network]`` keys, and whether
+    it began with a group's first collective (then it pays the scenario's ``setup``)."""
+
+    link: dict[str, Any] = field(default_factory=dict)
+    first: bool = False
+
+    def simulate(self, scenario: Scenario) -> float:
+        return super().simulate(scenario.replace(**self.link, **({} if self.first else {"setup": None})))
+
+
+LINK_COLUMNS = ("latency", "streams", "queue", "tcp_window")
+
+
 def read_measurements(path: str | Path) -> list[Measurement]:
     """Measurements from a CSV in the format of the module docstring; errors name the file and line."""
     path = Path(path)
@@ -272,8 +329,21 @@ def read_measurements(path: str | Path) -> list[Measurement]:
                 raise ValueError(f"{where}: op must be one of {', '.join(OPS)}, got {op!r}")
             if nodes < 2 or nbytes < 0 or count < 1 or not seconds > 0:
                 raise ValueError(f"{where}: expected nodes >= 2, bytes >= 0, count >= 1 and seconds > 0")
+            link: dict[str, Any] = {}
+            for key in LINK_COLUMNS:
+                value = (row.get(key) or "").strip()
+                if value:
+                    link[key] = int(value) if key == "streams" and value.isdigit() else value
+            first = (row.get("first") or "0").strip()
+            if first not in ("0", "1"):
+                raise ValueError(f"{where}: first must be 0 or 1, got {first!r}")
             case = Case("burst" if count > 1 else "collective", nodes, bandwidth, op, nbytes, count, repeats=1)
-            out.append(Measurement(case, [seconds], [burst_trace(op, nodes, nbytes, count)]))
+            m = Measured(case, [seconds], [burst_trace(op, nodes, nbytes, count)], link, first == "1")
+            try:
+                m.simulate(ideal())  # the link's values are checked as the scenario checks them
+            except ScenarioError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            out.append(m)
     if not out:
         raise ValueError(f"{path}: no measurements")
     return out
@@ -284,9 +354,10 @@ def write_measurements(measurements: Sequence[Measurement], path: str | Path) ->
     path = Path(path)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(("op", "nodes", "bytes", "count", "bandwidth", "seconds"))
+        w.writerow(("op", "nodes", "bytes", "count", "bandwidth", "seconds", *LINK_COLUMNS, "first"))
         for m in measurements:
-            c = m.case
+            c, link = m.case, getattr(m, "link", {})
             if c.kind != "train" and not c.hetero and not c.regions:
-                w.writerow((c.op, c.nodes, c.nbytes, c.count, f"{c.bandwidth:g} bit/s", f"{m.real:.6g}"))
+                w.writerow((c.op, c.nodes, c.nbytes, c.count, f"{c.bandwidth:g} bit/s", f"{m.real:.6g}",
+                            *(link.get(key, "") for key in LINK_COLUMNS), int(_first(m))))
     return path
