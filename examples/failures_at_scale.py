@@ -13,7 +13,8 @@ and each unit is one exonet node:
   learners that stayed up average each round, a failed one loses its round and rejoins later;
 * asynchronous DiLoCo with M learners: a synchronizer applies each learner's update as it comes,
   and a down learner simply stops sending (the nearest of exonet's strategies to Decoupled
-  DiLoCo's learners).
+  DiLoCo's learners). The synchronizer does not fail (``[failures] servers = false``) unless
+  ``--servers-fail``.
 
 Every membership change makes a new process group, whose first collective pays ``--reform``
 seconds (``network.setup``: the quorum's re-formation, communicator creation), for every strategy alike.
@@ -35,13 +36,13 @@ DEVICES, REPLICAS = 1024, 16
 
 
 def scenario(units: int, device_mtbf_h: float, repair_min: float, restart_min: float, reform_s: float,
-             seed: int) -> Scenario:
+             seed: int, servers_fail: bool) -> Scenario:
     """``units`` nodes of DEVICES / units devices each; a unit fails at the summed rate of its devices."""
     per_unit = device_mtbf_h / (DEVICES // units)
     return Scenario.from_dict({
         "name": f"{units}-units", "network": {"bandwidth": "400 Gbit/s", "latency": "10 us", "setup": f"{reform_s} s"},
         "failures": {"mtbf": f"{per_unit} h", "repair": f"{repair_min} min", "restart": f"{restart_min} min",
-                     "seed": seed},
+                     "seed": seed, "servers": servers_fail},
     })
 
 
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--step-time", type=float, default=60.0, help="compute seconds per step")
     p.add_argument("-H", type=int, default=30, help="DiLoCo inner steps per round")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--servers-fail", action="store_true",
+                   help="the async synchronizer fails like a unit too (default: it does not, as in Decoupled DiLoCo)")
     args = p.parse_args(argv)
     rows = []
     print(f"{DEVICES} devices, device MTBF {args.device_mtbf:g} h (one failure every "
@@ -74,7 +77,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("|---|---|---|---|---|---|---|---|")
     for label, spec, units in cases(args.H):
         t0 = time.perf_counter()
-        failing = scenario(units, args.device_mtbf, args.repair, args.restart, args.reform, args.seed)
+        failing = scenario(units, args.device_mtbf, args.repair, args.restart, args.reform, args.seed,
+                           args.servers_fail)
         est = estimate(spec, params=1e9, layers=2, nodes=units, steps=args.steps, step_time=args.step_time,
                        dtype="bf16", scenario=failing)
         res = simulate_estimate(est, failing)

@@ -375,3 +375,18 @@ def test_the_failures_at_scale_example_compares_elastic_ddp_with_learners():
     for row in rows.values():  # goodput and the node-seconds lost account for all of the machine time
         machine = row["nodes"] * row["wall_clock_s"]
         assert row["goodput"] * machine + sum(row["lost"].values()) == pytest.approx(machine, rel=1e-9)
+
+
+def test_servers_fail_like_any_rank_unless_failures_servers_is_false():
+    """The last rank serves (trace meta "servers"): with servers = false it is never down, the trainers
+    still fail, and the run no longer waits out the server's outages."""
+    t = ddp_trace(3, 40, 1.0, 100_000)
+    t.meta["servers"] = 1
+    failing = dict(mtbf="20 s", repair="4 s", restart="1 s", seed=5)
+    both, trainers = simulate(t, scenario(**failing)), simulate(t, scenario(**failing, servers=False))
+    assert both.per_node[2].down_s > 0 and trainers.per_node[2].down_s == 0
+    assert 0 < trainers.failures < both.failures and trainers.wall_clock_s < both.wall_clock_s
+    assert "server ranks do not fail" in Scenario.from_dict(
+        {"name": "f", "network": NET, "failures": {**failing, "servers": False}}).describe()
+    with pytest.raises(ScenarioError, match="failures.servers: expected true or false"):
+        scenario(mtbf="20 s", servers="no")

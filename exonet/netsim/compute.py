@@ -80,7 +80,9 @@ class ComputeModel:
         for i, e in enumerate(resolved.events):
             self._add_event(i, e, n)
         spec = resolved.failures
-        self.failures = [FailureProcess(spec, r) for r in range(n)] if spec is not None else None
+        # a rank that never fails (a server, with failures.servers = false) has None
+        self.failures = ([FailureProcess(spec, r) if spec.servers or r < n - resolved.servers else None
+                          for r in range(n)] if spec is not None else None)
         self._failed = [0] * n  # failures of each rank recorded as outages so far
         self._fail_starts: list[set[float]] = [set() for _ in range(n)]
         self.windowed = [bool(w) or spec is not None for w in self._timed]
@@ -145,7 +147,7 @@ class ComputeModel:
         Returns the end time and the pieces ``(t0, t1, what)`` the span splits into, ``what``
         one of UP, DOWN, FAILED (the outage of a failure that struck in this span).
         """
-        if self.failures is None:
+        if self.failures is None or self.failures[rank] is None:
             return self._run(rank, step, start, work, since)
         horizon = start + work
         while True:
@@ -192,7 +194,7 @@ class ComputeModel:
 
     def failures_through(self, rank: int, t: float) -> list[tuple[float, float]]:
         """Record as outages ``rank``'s failures that start by ``t`` and the next one; return them all."""
-        if self.failures is None:
+        if self.failures is None or self.failures[rank] is None:
             return []
         outages = self.failures[rank].through(t)
         for t0, t1 in outages[self._failed[rank]:]:

@@ -164,7 +164,8 @@ class Simulation(ClockQueries, Outcomes, Outages):
         self._stalled: dict[int, int] = {}  # rank -> its next failure, while nothing else can move
         if failing:
             for r in range(n):
-                self._schedule_failure(r, 0)
+                if self._cm.failures[r] is not None:
+                    self._schedule_failure(r, 0)
 
     # ----------------------------------------------------------------- input
     def feed(self, rank: int, event: Event) -> None:

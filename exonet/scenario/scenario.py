@@ -114,6 +114,7 @@ class FailureSpec:
     distribution: str = "fixed"  # "fixed" | "exponential" | "lognormal" (repair times)
     sigma: float = 0.0  # the lognormal's sigma
     seed: int = 0
+    servers: bool = True  # whether server ranks (a parameter server) fail too; False: only trainers do
 
     def expected_failures(self, num_nodes: int, seconds: float) -> float:
         """Expected failures over ``seconds`` of run on ``num_nodes`` ranks: nodes × T / (mtbf + repair + restart)."""
@@ -150,6 +151,7 @@ class Resolved:
         hosts: None (every rank its own machine), or the hosts the ranks sit in: messages between two devices
             of one host cross only the fabric, with the fabric's latency.
         failures: the failure process of every rank (``[failures]``), or None.
+        servers: how many of the last ranks serve (they fail only if ``failures.servers``).
     """
 
     num_nodes: int
@@ -180,6 +182,7 @@ class Resolved:
     name: str = ""
     hosts: HostSpec | None = None
     failures: FailureSpec | None = None
+    servers: int = 0  # the last ``servers`` ranks serve (a parameter server); the rest train
 
     def path_latency(self, src: int, dst: int) -> float:
         """One-way latency between two ranks (the fabric's within a host, the inter-region link's across regions)."""
@@ -404,6 +407,7 @@ class Scenario:
             name=self.name,
             hosts=hosts,
             failures=FailureSpec(**p["failures"]) if "failures" in p else None,
+            servers=servers,
         )
 
     def _collective(self) -> str:
@@ -575,7 +579,7 @@ def _failures(f: FailureSpec, num_nodes: int | None) -> list[str]:
     per_hour = f.expected_failures(1 if num_nodes is None else num_nodes, 3600.0)
     cycle = secs(f.mtbf + f.repair + f.restart)
     return [f"  failures    per node: up Exp(mtbf {secs(f.mtbf)}), then down {repair} + restart {secs(f.restart)}, "
-            f"seed {f.seed}",
+            f"seed {f.seed}{'' if f.servers else '; server ranks do not fail'}",
             f"              expected failures: {nodes} x T / {cycle} = {per_hour:.4g} per hour of run"
             + ("" if num_nodes is not None else " per node")]
 

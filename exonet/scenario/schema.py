@@ -96,6 +96,12 @@ def _positive_count(value: Any, where: str) -> int:
     return value
 
 
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
 def _enum(choices: tuple[str, ...]) -> Check:
     def check(value: Any, where: str) -> str:
         if value not in choices or not isinstance(value, str):
@@ -210,7 +216,7 @@ _HOSTS = {"devices": _positive_count, "bandwidth": _rate, "latency": _time, "nic
 _SERVER = {"region": _string}  # where a strategy's server ranks live (they never move the trainers)
 _FAILURES = {
     "mtbf": partial(units.parse_time, allow_zero=False), "repair": _time, "restart": _time,
-    "distribution": _enum(REPAIRS), "sigma": _number(0, closed=True), "seed": _count,
+    "distribution": _enum(REPAIRS), "sigma": _number(0, closed=True), "seed": _count, "servers": _flag,
 }
 TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS, "server": _SERVER,
           "failures": _FAILURES}
