@@ -268,6 +268,23 @@ def assert_same(a, b) -> None:
     assert [link.busy_s for link in a.links] == pytest.approx([link.busy_s for link in b.links], **exact)
 
 
+def count_calls(monkeypatch, *names: str) -> dict[str, int]:
+    """Count calls of these ``Simulation`` methods from now on."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        def counted(self, *args, _name=name, _f=getattr(engine.Simulation, name)):
+            calls[_name] += 1
+            return _f(self, *args)
+        monkeypatch.setattr(engine.Simulation, name, counted)
+    return calls
+
+
+def flow_by_flow(monkeypatch, trace: Trace, resolved: Resolved):
+    monkeypatch.setattr(engine, "FluidNetwork", Reference)
+    monkeypatch.setattr(flows, "FluidNetwork", Reference)
+    return simulate(trace, resolved, fast_path=False)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_replays_match_the_flow_by_flow_event_path(seed, monkeypatch):
     trace, resolved = random_case(random.Random(seed))
@@ -287,7 +304,33 @@ def test_the_overlap_bench_trace_matches_the_flow_by_flow_event_path(seed, monke
     trace = netsim_bench.overlap_trace(rng.randint(2, 4), n, rng.randint(1, 20_000_000), seed=seed)
     resolved = dataclasses.replace(netsim_bench.two_regions(n), sharing=rng.choice(["max-min", "fifo"]),
                                    latency=rng.uniform(1e-5, 1e-3))
+    assert_same(simulate(trace, resolved), flow_by_flow(monkeypatch, trace, resolved))
+
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_collectives_rest_together_while_their_transmissions_are_apart(seed, monkeypatch):
+    # latency-bound rings on shared links (world, and even/odd or regional halves across a slow long link): their
+    # bytes are on the wire a fraction of each phase, so they rest on the fast path together, split where their
+    # windows meet and are guarded where event-path flows wait on their links; all of it as the flow-by-flow model
+    rng = random.Random(seed)
+    n = rng.randint(4, 12)
+    trace = netsim_bench.overlap_trace(rng.randint(3, 6), n, rng.randint(1_000_000, 20_000_000), seed=seed,
+                                       parity=seed % 2 == 0)
+    resolved = dataclasses.replace(netsim_bench.two_regions(n), latency=rng.uniform(1e-4, 2e-3),
+                                   links={("eu", "us"): LinkSpec(10 ** rng.uniform(8.5, 9.5), rng.uniform(0.01, 0.05))})
+    calls = count_calls(monkeypatch, "_rest")
     fast = simulate(trace, resolved)
-    monkeypatch.setattr(engine, "FluidNetwork", Reference)
-    monkeypatch.setattr(flows, "FluidNetwork", Reference)
-    assert_same(fast, simulate(trace, resolved, fast_path=False))
+    assert calls["_rest"] > 0
+    assert_same(fast, flow_by_flow(monkeypatch, trace, resolved))
+
+
+def test_the_parity_bench_splits_and_guards_resting_collectives_exactly(monkeypatch):
+    # 16 nodes, world and even/odd rings, a 40 ms link: windows meet (splits) and event-path flows cross
+    # resting collectives' links between their windows (guards)
+    trace = netsim_bench.overlap_trace(4, 16, 20_000_000, parity=True)
+    resolved = netsim_bench.two_regions(16)
+    calls = count_calls(monkeypatch, "_rest", "_split", "_guard")
+    fast = simulate(trace, resolved)
+    assert min(calls.values()) > 0, calls
+    assert_same(fast, flow_by_flow(monkeypatch, trace, resolved))

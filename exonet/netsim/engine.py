@@ -18,9 +18,14 @@ wrapper for a whole trace. How time passes:
   collective starts, or a member goes down, before it ends, the engine takes it
   over at that instant (``Planner.state_at``) and runs its flows through the shared
   ``FluidNetwork``: one SimPy event per rate change, one per batch of deliveries.
-  In a scenario without outages, a collective whose links no flow in transit (and no
-  other resting collective) crosses at a phase boundary goes back to the fast path
-  from that phase on (it *rests*), and is taken over again when a phase touches them.
+  In a scenario without outages, a collective whose links no flow in transit crosses at
+  a phase boundary goes back to the fast path from that phase on (it *rests*). Under
+  max-min sharing, collectives rest together on shared links while their bytes are on
+  the wire at different times (``Planner.windows``: a latency-bound phase transmits for
+  a fraction of its length): where two resting collectives' windows first meet, both
+  are taken over (``_split``); a phase put on the network takes over the resting
+  collectives on its links that transmit now, and guards the next window of the others
+  (``_guard``: taken over then if flows in transit still cross their links).
 * ``Step`` marks only record the time. A rank's step i ends at its cursor; step i of
   the run ends when its slowest rank ends it.
 
@@ -74,6 +79,9 @@ from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
 from exonet.trace import P2P_OPS, Collective, Compute, Discard, Event, Step, Trace, Wait
+
+# Seconds by which two resting collectives' transmit windows are taken to overlap early (rounding of their offsets)
+_OVERLAP_MARGIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,9 @@ class Simulation(ClockQueries, Outcomes, Outages):
         # nothing else stops a flow
         self._calm = not any(self._cm.gated_steps) and not any(self._cm.down) and not failing
         self._taken_at = -1  # the tick of the latest take-over
+        # resting collectives may share links, apart in time (max-min only: FIFO's order is the order of entry,
+        # which a take-over would change)
+        self._windowed = resolved.sharing == "max-min"
         self._step_ends: list[int] = []
         self._wire = [0.0] * n
         self._carried: dict[Plan, int] = {}  # plan -> how many collectives ran it (for the links' loads)
@@ -476,7 +487,10 @@ class Simulation(ClockQueries, Outcomes, Outages):
             self._agenda.at(t + ticks(self._planner.duration(plan)), self._lone_end, c, c.token)
         else:
             if self._lone is not None:
-                self._take_over(t, self._lone)
+                if self._calm:  # it goes on timed as alone, sharing only what its windows must (see _begin_phase)
+                    self._rest(self._lone, self._lone.start, 0)
+                else:
+                    self._take_over(t, self._lone)
             self._active[c] = None
             self._begin_phase(t, c, 0)
 
@@ -498,9 +512,10 @@ class Simulation(ClockQueries, Outcomes, Outages):
         self._taken_at = t
         plan = c.plan
         assert plan is not None and plan.offsets is not None
-        origin, first, _ = self._resting.pop(c, None) or (c.start, 0, None)
+        origin, first, _ = self._resting.get(c) or (c.start, 0, None)
         if origin + ticks(plan.offsets[-1]) <= t:
             return  # it ends now: its end event is due at this very time and it has no flows left
+        self._resting.pop(c, None)
         c.token += 1
         tau = max(seconds(t - origin), plan.offsets[first])
         self._busy += self._planner.busy(plan, tau) - self._planner.busy(plan, plan.offsets[first])
@@ -521,40 +536,129 @@ class Simulation(ClockQueries, Outcomes, Outages):
             self._drain(t)
             for batch in rest:
                 self._net.add(batch)
+            # resting collectives may share its links (their windows only were apart): they join the event path too
+            self._take_over_touching(t, frozenset().union(*(batch.shape.reach for batch in rest)))
             if settle:
                 self._net_changed(t)
         if c.pending == 0:
             self._phase_done(t, c)
 
+    def _take_over_touching(self, t: int, links: frozenset[int]) -> None:
+        """Flows were put on ``links``: take over the resting collectives on them that transmit now, and guard
+        the next window of those that do not (the caller settles the network)."""
+        for other in [r for r, (_, _, reach) in self._resting.items() if not reach.isdisjoint(links)]:
+            if other not in self._resting:  # already taken over through another
+                continue
+            if not self._windowed:
+                self._take_over(t, other, settle=False)
+                continue
+            origin = self._resting[other][0]
+            assert other.plan is not None
+            starts, ends = self._planner.windows(other.plan)
+            tau = seconds(t - origin)
+            i = int(np.searchsorted(ends, tau - _OVERLAP_MARGIN, side="right"))
+            if i == len(ends):
+                continue  # its bytes have all left: only propagation is left
+            if starts[i] - _OVERLAP_MARGIN <= tau:
+                self._take_over(t, other, settle=False)
+            else:
+                self._agenda.at(origin + ticks(starts[i] - _OVERLAP_MARGIN), self._guard, other, other.token)
+
+    def _guard(self, t: int, c: Instance, token: int) -> None:
+        """The resting ``c`` is about to transmit: it joins the event path if flows in transit share its links."""
+        if c.token == token and c in self._resting and not self._resting[c][2].isdisjoint(self._net.busy()):
+            self._take_over(t, c, settle=False)
+            self._drain(t)
+            self._net_changed(t)
+
     def _begin_phase(self, t: int, c: Instance, p: int) -> None:
         """Put phase ``p`` of ``c`` on the network, or hand ``c`` back to the fast path while nothing shares its links.
 
         A collective handed back (resting) is timed as if alone from this phase on, which is
-        exact while no flow of another collective crosses its links: a phase that would is
-        put on the network only after taking every resting collective it touches over.
+        exact while no flow of another collective shares a link with it: no flow in transit
+        crosses its links, and each other resting collective that does has its bytes on the
+        wire at other times (``Planner.windows``). Where two resting collectives' windows first
+        overlap, both are taken over (``_split``). A phase that cannot rest is put on the
+        network only after taking every resting collective it touches over.
         """
         plan = c.plan
         assert plan is not None
         c.phase = p
         if self._fast and self._calm and t != self._taken_at and self._lone is None:
             links = self._topo.reach(plan.phases)
-            if (links.isdisjoint(self._net.busy())
-                    and all(links.isdisjoint(other[2]) for other in self._resting.values())):
+            if links.isdisjoint(self._net.busy()):
                 self._planner.duration(plan)
                 assert plan.offsets is not None
                 origin = t - ticks(plan.offsets[p])
-                self._resting[c] = (origin, p, links)
-                self._agenda.at(origin + ticks(plan.offsets[-1]), self._rest_end, c, c.token)
-                return
+                splits = self._overlaps(t, c, origin, p, links)
+                if splits is not None:
+                    self._rest(c, origin, p)
+                    for at, other in splits:
+                        self._agenda.at(at, self._split, c, c.token, other, other.token)
+                    return
         batch = self._topo.batch(plan.phases[p], c)
         if self._lone is not None:
             self._take_over(t, self._lone, settle=False)
-        for other in [r for r, (_, _, links) in self._resting.items() if not links.isdisjoint(batch.shape.reach)]:
-            self._take_over(t, other, settle=False)
+        self._take_over_touching(t, batch.shape.reach)  # first: under FIFO the earlier messages go first
         c.pending = len(batch)
         self._drain(t)
         self._net.add(batch)
         self._net_changed(t)
+
+    def _rest(self, c: Instance, origin: int, p: int) -> None:
+        """Time ``c`` as if alone from its phase ``p`` on, its phase 0 counted from tick ``origin``."""
+        plan = c.plan
+        assert plan is not None and plan.offsets is not None
+        if self._lone is c:
+            self._lone = None
+            c.token += 1  # its end comes from the rest's event now
+        self._active[c] = None
+        self._resting[c] = (origin, p, self._topo.reach(plan.phases))
+        self._agenda.at(origin + ticks(plan.offsets[-1]), self._rest_end, c, c.token)
+
+    def _overlaps(self, t: int, c: Instance, origin: int, p: int,
+                  links: frozenset[int]) -> list[tuple[int, Instance]] | None:
+        """Where ``c``, resting from phase ``p`` at tick ``t``, would first transmit at once with each resting
+        collective that shares its links: (tick, that collective) for those that ever do; None if one does now.
+
+        Windows are compared in seconds from ``t``, and an overlap is taken ``_OVERLAP_MARGIN`` early:
+        taking two collectives over early is exact (the event path is the reference), late would not be.
+        """
+        plan = c.plan
+        assert plan is not None
+        starts, ends = self._planner.windows(plan)
+        shift = seconds(origin - t)
+        mine_s, mine_e = starts[p:] + shift, ends[p:] + shift
+        splits = []
+        for other, (o_origin, _, reach) in self._resting.items():
+            if reach.isdisjoint(links):
+                continue
+            if not self._windowed:
+                return None
+            assert other.plan is not None
+            o_starts, o_ends = self._planner.windows(other.plan)
+            o_shift = seconds(o_origin - t)
+            j = np.searchsorted(o_ends + o_shift, mine_s - _OVERLAP_MARGIN, side="right")
+            inside = j < len(o_ends)
+            j = np.minimum(j, len(o_ends) - 1)
+            hit = inside & (o_starts[j] + o_shift < mine_e + _OVERLAP_MARGIN)
+            if not hit.any():
+                continue
+            i = int(np.argmax(hit))
+            at = max(float(mine_s[i]), float(o_starts[j[i]] + o_shift)) - _OVERLAP_MARGIN
+            if at <= 0.0:
+                return None
+            splits.append((t + ticks(at), other))
+        return splits
+
+    def _split(self, t: int, c: Instance, token: int, other: Instance, other_token: int) -> None:
+        """Two resting collectives are about to transmit at once: both go on the event path."""
+        if c.token == token and other.token == other_token and c in self._resting and other in self._resting:
+            self._take_over(t, c, settle=False)
+            if other in self._resting:
+                self._take_over(t, other, settle=False)
+            self._drain(t)
+            self._net_changed(t)
 
     def _rest_end(self, t: int, c: Instance, token: int) -> None:
         if c.token == token:

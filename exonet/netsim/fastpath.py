@@ -40,7 +40,8 @@ class Plan:
     ``offsets`` (set by ``Planner.duration``) are the phase start times relative to
     the collective's start, followed by its total duration. ``load`` is the bytes it puts
     on each link (by link id); ``busy`` (set by ``Planner.busy``) each link's busy seconds
-    when it runs alone, whole.
+    when it runs alone, whole; ``windows`` (set by ``Planner.windows``) when each phase's
+    bytes are on the wire.
     """
 
     phases: list[Phase]
@@ -48,6 +49,7 @@ class Plan:
     load: np.ndarray
     offsets: list[float] | None = None
     busy: np.ndarray | None = None
+    windows: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class Planner:
@@ -94,6 +96,20 @@ class Planner:
                 offsets.append(offsets[-1] + self._phase_time(phase))
             plan.offsets = offsets
         return plan.offsets[-1]
+
+    def windows(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+        """When each phase of ``plan`` run alone has bytes on the wire: (starts, ends), seconds from its start.
+
+        A phase transmits from its start until its last byte leaves; the rest of the phase is
+        propagation (α), when its links carry nothing of it. Two collectives whose windows on
+        shared links never overlap never share a link's rate, so each may be timed as if alone.
+        """
+        if plan.windows is None:
+            self.duration(plan)
+            assert plan.offsets is not None
+            starts = np.array(plan.offsets[:-1])
+            plan.windows = (starts, starts + np.array([self._solo(phase)[0].times[-1] for phase in plan.phases]))
+        return plan.windows
 
     def busy(self, plan: Plan, tau: float = math.inf) -> np.ndarray:
         """Each link's busy seconds (a flow moving on it) in the first ``tau`` seconds of ``plan`` run alone.
