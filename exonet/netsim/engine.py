@@ -520,7 +520,7 @@ class Simulation(ClockQueries, Outcomes, Outages):
         tau = max(seconds(t - origin), plan.offsets[first])
         self._busy += self._planner.busy(plan, tau) - self._planner.busy(plan, plan.offsets[first])
         p, p_start, done, rest = self._planner.state_at(plan, tau, c)
-        c.phase = p
+        c.phase = c.taken = p
         c.pending = len(plan.phases[p])
         later: list[tuple[int, Instance, int]] = []
         for batch, rows, at in done:
@@ -584,7 +584,9 @@ class Simulation(ClockQueries, Outcomes, Outages):
         plan = c.plan
         assert plan is not None
         c.phase = p
-        if self._fast and self._calm and t != self._taken_at and self._lone is None:
+        # one taken over in its previous phase stays on the event path for this one: it is likely locked in
+        # step with another collective, and resting would only be taken over again
+        if self._fast and self._calm and t != self._taken_at and self._lone is None and c.taken != p - 1:
             links = self._topo.reach(plan.phases)
             if links.isdisjoint(self._net.busy()):
                 self._planner.duration(plan)

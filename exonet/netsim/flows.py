@@ -202,6 +202,8 @@ class FluidNetwork:
         self.now = 0.0
         self.busy_s = np.zeros(len(capacity) + 1)  # per link id (then the padding): seconds a flow moved on it
         self._moving: np.ndarray | None = None  # the links a flow moves on at current rates (None: not yet known)
+        self._key: tuple | None = None  # the allocation's key in force (None: none yet, or paused rows)
+        self._movings: dict[tuple, np.ndarray] = {}  # allocation key -> its moving links (rates follow from the key)
 
     def __len__(self) -> int:
         return sum(b.left for b in self.batches)
@@ -218,7 +220,14 @@ class FluidNetwork:
                 b.remaining -= b.rate * dt
             if self.batches:
                 if self._moving is None:
-                    self._moving = self._moving_links()
+                    moving = self._movings.get(self._key) if self._key is not None else None
+                    if moving is None:
+                        moving = self._moving_links()
+                        if self._key is not None:
+                            if len(self._movings) >= _CACHE_LIMIT:
+                                self._movings.clear()
+                            self._movings[self._key] = moving
+                    self._moving = moving
                 self.busy_s[self._moving] += dt
             self.now = t
 
@@ -236,7 +245,7 @@ class FluidNetwork:
         if batch.left:
             self.batches[batch] = None
             self._changed = True
-            self._moving = None
+            self._moving = self._key = None
 
     def pause(self, rank: int, down: bool) -> None:
         """Mark ``rank`` down (its flows stop) or up again; outages may overlap."""
@@ -246,7 +255,7 @@ class FluidNetwork:
         else:
             self._paused.pop(rank, None)
         self._changed = True
-        self._moving = None
+        self._moving = self._key = None
 
     def update(self) -> list[tuple[Batch, np.ndarray]]:
         """Remove the flows that have finished by ``now`` and recompute rates.
@@ -286,6 +295,7 @@ class FluidNetwork:
         else:
             masks = None
             key = tuple(b.key for b in batches)
+        self._key = None if paused else key
         rates = self._rates.get(key)
         if rates is None:
             rates = self._solve(batches, masks)

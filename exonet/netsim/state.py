@@ -85,6 +85,7 @@ class Instance:
         "ranks",
         "setup",
         "start",
+        "taken",
         "token",
         "waiters",
     )
@@ -104,4 +105,5 @@ class Instance:
         self.phase = 0
         self.pending = 0  # messages of the current phase not yet delivered
         self.token = 0  # invalidates a fast-path end event when the engine takes over
+        self.taken = -1  # the phase it was in when last taken over from the fast path
         self.async_op = False  # some member issued it asynchronously
