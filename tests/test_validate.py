@@ -130,6 +130,26 @@ def test_send_first_pairs_are_shown_but_not_claimed():
     assert cal.covered(Case("collective", 4, 10e6, "all_gather", 1000))
 
 
+@pytest.mark.parametrize("nodes, op, lost", [
+    (2, "reduce_scatter", 2.0), (4, "reduce_scatter", 1 + 2 / 3), (8, "all_to_all", 1 + 4 / 7),
+    (2, "all_gather", 1.5)])
+def test_the_send_first_race_is_bounded_by_the_pairs_it_serialises(nodes, op, lost):
+    # a late rank serialises floor(K/2) of its K - 1 all_to_all pairs; all_gather between two ranks drains
+    # the late rank's two half-chunks first
+    assert cal.race_bound(Case("collective", nodes, 10e6, op, 1000), 0.8) == pytest.approx((0.8, 0.8 * lost), rel=1e-12)
+    assert cal.race_bound(Case("collective", 4, 10e6, "all_gather", 1000), 0.8) is None  # covered
+
+
+def test_race_cases_show_their_interval_and_whether_the_real_time_is_inside():
+    rows = [cal.Row("reduce_scatter 1MB, K=2 10M", 0.82, 0.4, 0.418, 0.42, True, covered=False, race=(0.42, 0.84)),
+            cal.Row("all_gather 2MB, K=2 50M", 0.9, 0.32, 0.33, 0.34, True, covered=False, race=(0.34, 0.51)),
+            cal.Row("all_reduce 4MB, K=2 50M", 0.67, 0.64, 0.669, 0.67, True)]
+    table = cal.Calibration({"efficiency": 1.0, "message_overhead": 0.0}, rows).table()
+    assert "| reduce_scatter 1MB, K=2 10M | race 0.42-0.84 s: inside |" in table
+    assert "| all_gather 2MB, K=2 50M | race 0.34-0.51 s: outside |" in table
+    assert "race (unmodelled, bounded): 1 of 2 cases inside [won, lost]" in table
+
+
 # ---------------------------------------------------------------- real namespaces (root)
 REASON = privilege()
 needs_netns = pytest.mark.skipif(REASON is not None, reason=REASON or "")
