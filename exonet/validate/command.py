@@ -63,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _slow_links() -> int:
     """Run the real-slow-links matrix and its held-out cases; print real, ideal and model per case."""
-    from exonet.validate.slowlinks import held_out, matrix, report, run_case
+    from exonet.validate.slowlinks import corners, held_out, matrix, report, run_case
 
-    for title, cases in (("read the recovery constant from", matrix()), ("held out", held_out())):
+    for title, cases in (("read the recovery constant from", matrix()), ("held out", held_out()),
+                         ("the matrix's corners", corners())):
         print(f"\n{len(cases)} cases ({title}), load average {os.getloadavg()[0]:.2f}", flush=True)
         report([run_case(case) for case in cases])
     return 0

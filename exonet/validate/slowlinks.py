@@ -135,6 +135,17 @@ def held_out() -> list[SlowCase]:
     return cases
 
 
+def corners() -> list[SlowCase]:
+    """The issue matrix's far corners, one stream against NCCL's 16: K = 8, a 200 ms queue, 10 Mbit/s, 1 Gbit/s
+    with 128 MB (each small enough to run on two cores in about a minute)."""
+    mbit = 1e6 / 8
+    cases = []
+    for k, rate, latency, nbytes in ((8, 100 * mbit, 0.05, 16_000_000), (4, 100 * mbit, 0.2, 12_000_000),
+                                     (4, 10 * mbit, 0.05, 2_000_000), (4, 1000 * mbit, 0.005, 128_000_000)):
+        cases += [SlowCase(k, rate, streams, nbytes, Shaper(latency=latency)) for streams in (1, 16)]
+    return cases
+
+
 def report(ms: Sequence[SlowMeasurement], log: Callable[[str], None] = print) -> None:
     """A markdown table: real, ideal and new model per case, with errors and the counters; then median and worst."""
     log("| case | real s | ideal s (err) | model s (err) | retrans | drops |")
