@@ -68,6 +68,8 @@ SMALL_FORMS: dict[str, list[str]] = {
 NOT_HERE: dict[str, str] = {
     "sudo ": "needs root and network namespaces (tests/test_validate.py runs it as root)",
     "torchrun --nnodes 2": "needs two hosts (tests/test_multihost.py runs it in two network namespaces)",
+    "exonet validate --calibrate --run runs/": "names a run directory of the reader's own "
+                                              "(tests/test_validate_runs.py runs it on a real run)",
 }
 PIP_QUIET = {"--quiet", "-q", "--disable-pip-version-check"}
 

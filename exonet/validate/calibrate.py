@@ -46,7 +46,8 @@ spans that began with a new process group's first collective. Those rows fit ``s
 one-time cost of that first collective, as the median of (measured − simulated without it).
 The other rows are simulated without it, because they were timed after a warm-up. ``setup``
 and the link's columns, where every row gives the same value, go into the scenario file that
-``--calibrate`` writes.
+``--calibrate`` writes. A recorded run's own collective timings serve as measurements too
+(``exonet validate --calibrate --run RUN_DIR --bandwidth ...``; exonet.validate.runs).
 """
 
 from __future__ import annotations

@@ -17,6 +17,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "slowlinks: tbf-shaped rings over 1-16 TCP streams against the queue model (about 10 min)")
     p.add_argument("--measurements", help="calibrate from your own measurements (CSV: op,nodes,bytes,count,bandwidth,"
                                           "seconds) instead of running namespaces")
+    p.add_argument("--run", metavar="RUN_DIR",
+                   help="calibrate from a recorded run's own collective timings (a fit(run_dir=...) folder or a "
+                        "torchrun job's); needs --bandwidth")
+    p.add_argument("--bandwidth", help="with --run: each NIC's rate during the run, e.g. '10 Gbit/s'")
+    p.add_argument("--link", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --run: what you know of the link, set, not fitted (latency, streams, queue, "
+                        "tcp_window); repeat for several")
     p.add_argument("--save", help="also write the homogeneous collective measurements to this CSV")
     p.add_argument("--out", default="calibrated.toml", help="where --calibrate writes the fitted scenario")
 
@@ -26,7 +33,26 @@ def run(args: argparse.Namespace) -> int:
     from exonet.validate.cases import ci_matrix, full_matrix, run_cases
     from exonet.validate.netns import privilege
 
-    if args.measurements:
+    source = args.measurements or args.run
+    if args.run and args.measurements:
+        print("exonet validate: give --run or --measurements, not both", file=sys.stderr)
+        return 2
+    if args.run:
+        if not args.bandwidth:
+            print("exonet validate: --run needs --bandwidth (each NIC's rate during the run, e.g. '10 Gbit/s')",
+                  file=sys.stderr)
+            return 2
+        from exonet.validate.runs import measurements_from_run
+
+        try:
+            measurements = measurements_from_run(args.run, args.bandwidth, _link(args.link))
+        except ValueError as exc:
+            print(f"exonet validate: {exc}", file=sys.stderr)
+            return 2
+        print(f"exonet validate: {len(measurements)} kinds of blocking collective timed in {args.run}")
+        if args.save:
+            print(f"measurements: {cal.write_measurements(measurements, args.save)}")
+    elif args.measurements:
         measurements = cal.read_measurements(args.measurements)
     else:
         reason = privilege()
@@ -45,11 +71,10 @@ def run(args: argparse.Namespace) -> int:
         if args.save:
             print(f"measurements: {cal.write_measurements(measurements, args.save)}")
     if args.calibrate:
-        result = cal.calibrate(measurements, None if args.measurements else os.cpu_count())
-        if args.measurements:
+        result = cal.calibrate(measurements, None if source else os.cpu_count())
+        if source:
             toml = result.to_toml(name=Path(args.out).stem,
-                                  description="fitted by exonet validate --calibrate to "
-                                              f"{Path(args.measurements).name}")
+                                  description=f"fitted by exonet validate --calibrate to {Path(source).name}")
         else:
             toml = result.to_toml()
         Path(args.out).write_text(toml)
@@ -59,6 +84,18 @@ def run(args: argparse.Namespace) -> int:
     if args.calibrate:
         print(f"calibrated scenario: {args.out}")
     return 0
+
+
+def _link(pairs: list[str]) -> dict[str, object]:
+    """``--link KEY=VALUE`` options as a dict (``streams`` as an integer)."""
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"--link: expected KEY=VALUE (e.g. latency=25ms), got {pair!r}")
+        key, value = key.strip(), value.strip()
+        out[key] = int(value) if key == "streams" and value.isdigit() else value
+    return out
 
 
 def _slow_links() -> int:
