@@ -1,0 +1,142 @@
+"""Resolved: a scenario made concrete for a node count, in SI base units, which is all the simulator reads.
+
+``exonet.scenario.scenario`` builds it (``Scenario.resolve``) from a document whose quantities are
+strings and whose ranks may be shares; the records here are plain frozen values: the hosts, the
+inter-region links, the transient events and the failure process, and ``Resolved`` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """Hosts of ``devices`` consecutive ranks joined by an intra-host fabric (NVLink-class)."""
+
+    devices: int  # ranks per host; host h holds ranks [h*devices, (h+1)*devices)
+    bandwidth: float  # bytes/s of each device's port into the fabric, each direction (efficiency applied)
+    latency: float = 0.0  # seconds, one-way, between two devices of one host
+    nic: str = "per-device"  # "per-device": a NIC per rank; "per-host": the host's devices share its lowest rank's NIC
+
+    def host(self, rank: int) -> int:
+        """The host that holds ``rank``."""
+        return rank // self.devices
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """An inter-region link: shared by all flows crossing it, each direction."""
+
+    bandwidth: float  # bytes/s, each direction, efficiency applied
+    latency: float  # seconds, one-way; replaces the node latency for pairs across it
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """A transient slowdown ("slow", compute time x factor) or outage ("down") of some ranks."""
+
+    kind: str  # "slow" | "down"
+    ranks: tuple[int, ...]
+    from_step: int | None = None
+    to_step: int | None = None  # exclusive
+    from_s: float | None = None
+    to_s: float | None = None  # exclusive
+    factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class FailureSpec:
+    """A failure process per rank: up for Exp(mtbf), then down for a repair (per ``distribution``) plus ``restart``."""
+
+    mtbf: float  # seconds, the mean up-time between failures
+    repair: float = 0.0  # seconds: fixed, or the mean of the exponential / lognormal draw
+    restart: float = 0.0  # seconds, fixed: reload and rejoin after the repair
+    distribution: str = "fixed"  # "fixed" | "exponential" | "lognormal" (repair times)
+    sigma: float = 0.0  # the lognormal's sigma
+    seed: int = 0
+    servers: bool = True  # whether server ranks (a parameter server) fail too; False: only trainers do
+
+    def expected_failures(self, num_nodes: int, seconds: float) -> float:
+        """Expected failures over ``seconds`` of run on ``num_nodes`` ranks: nodes × T / (mtbf + repair + restart)."""
+        return num_nodes * seconds / (self.mtbf + self.repair + self.restart)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A scenario made concrete for ``num_nodes`` ranks; every quantity in SI base units.
+
+    Attributes:
+        uplink / downlink: per-rank NIC rates in bytes/s (efficiency applied).
+        region: per-rank region name ("default" when the scenario has no regions).
+        latency: default one-way node-to-node latency in seconds.
+        links: inter-region links keyed by the sorted pair of region names.
+        speed: per-rank relative compute throughput (compute time / speed).
+        algorithms: op name -> algorithm name, for every op in exonet.trace.OPS.
+        sharing: "max-min" or "fifo".
+        tcp_window: bytes, or None; a flow's rate is capped at window / (2 * latency of its path), and not
+            at all on a path whose latency is 0.
+        mss / header_bytes: TCP payload bytes per packet (None: no framing) and the bytes per packet
+            the links count besides it; a message of s bytes puts s + ceil(s / mss) * header_bytes on them.
+        message_overhead: host seconds per message (send + receive), added to every message's latency.
+        host_cores: None, or the CPU cores all nodes share (one machine running every node): a phase's
+            host work is spread over them, so message_overhead counts max(1, num_nodes / host_cores) times.
+        group_concurrency: how many collectives of one group may run at once (1: in issue order, as NCCL).
+        queue: the bottleneck queue of each NIC direction, (bytes, "bytes") or (seconds at the link's rate, "s");
+            None: no queue (the fluid model). ``queue_delay`` turns it into seconds at a rate.
+        streams: TCP connections a transfer between two nodes is split over (1: gloo).
+        setup: seconds the first collective (or message) of each group pays before it starts.
+        compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
+        jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
+        events: transient slowdowns and outages.
+        hosts: None (every rank its own machine), or the hosts the ranks sit in: messages between two devices
+            of one host cross only the fabric, with the fabric's latency.
+        failures: the failure process of every rank (``[failures]``), or None.
+        servers: how many of the last ranks serve (they fail only if ``failures.servers``).
+    """
+
+    num_nodes: int
+    uplink: tuple[float, ...]
+    downlink: tuple[float, ...]
+    region: tuple[str, ...]
+    latency: float
+    links: dict[tuple[str, str], LinkSpec] = field(default_factory=dict)
+    speed: tuple[float, ...] = ()
+    algorithms: dict[str, str] = field(default_factory=dict)
+    sharing: str = "max-min"
+    tcp_window: float | None = None
+    mss: float | None = None
+    header_bytes: float = 0.0
+    message_overhead: float = 0.0
+    host_cores: float | None = None
+    group_concurrency: int = 1
+    queue: tuple[float, str] | None = None
+    streams: int = 1
+    setup: float = 0.0
+    compute_mode: str = "measured"
+    tflops: float | None = None
+    mfu: float = 1.0
+    jitter: str = "none"
+    sigma: float = 0.0
+    seed: int = 0
+    events: tuple[EventSpec, ...] = ()
+    name: str = ""
+    hosts: HostSpec | None = None
+    failures: FailureSpec | None = None
+    servers: int = 0  # the last ``servers`` ranks serve (a parameter server); the rest train
+
+    def path_latency(self, src: int, dst: int) -> float:
+        """One-way latency between two ranks (the fabric's within a host, the inter-region link's across regions)."""
+        if self.hosts is not None and self.hosts.host(src) == self.hosts.host(dst):
+            return self.hosts.latency
+        a, b = self.region[src], self.region[dst]
+        if a == b:
+            return self.latency
+        return self.links[tuple(sorted((a, b)))].latency
+
+    def queue_delay(self, rate: float) -> float:
+        """Seconds a full bottleneck queue holds a packet at ``rate`` bytes/s (0 without a queue)."""
+        if self.queue is None:
+            return 0.0
+        value, unit = self.queue
+        return value if unit == "s" else value / rate
