@@ -345,6 +345,11 @@ class Measured(Measurement):
 LINK_COLUMNS = ("latency", "streams", "queue", "tcp_window")
 
 
+def link_value(key: str, value: str) -> Any:
+    """A link key's value as written ("25 ms", "16"), with ``streams`` as the integer the scenario wants."""
+    return int(value) if key == "streams" and value.isdigit() else value
+
+
 def read_measurements(path: str | Path) -> list[Measurement]:
     """Measurements from a CSV in the format of the module docstring; errors name the file and line."""
     path = Path(path)
@@ -371,7 +376,7 @@ def read_measurements(path: str | Path) -> list[Measurement]:
             for key in LINK_COLUMNS:
                 value = (row.get(key) or "").strip()
                 if value:
-                    link[key] = int(value) if key == "streams" and value.isdigit() else value
+                    link[key] = link_value(key, value)
             first = (row.get("first") or "0").strip()
             if first not in ("0", "1"):
                 raise ValueError(f"{where}: first must be 0 or 1, got {first!r}")

@@ -51,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"exonet validate: {exc}", file=sys.stderr)
             return 2
         print(f"exonet validate: {len(measurements)} kinds of blocking collective timed in {args.run}")
-        if args.save:
-            print(f"measurements: {cal.write_measurements(measurements, args.save)}")
     elif args.measurements:
         measurements = cal.read_measurements(args.measurements)
     else:
@@ -69,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         measurements = run_cases(cases, log=lambda line: print(line, flush=True))
         print(f"measured in {time.perf_counter() - t0:.0f} s (load average now {os.getloadavg()[0]:.2f})")
-        if args.save:
-            print(f"measurements: {cal.write_measurements(measurements, args.save)}")
+    if args.save and not args.measurements:
+        print(f"measurements: {cal.write_measurements(measurements, args.save)}")
     if args.calibrate:
         result = cal.calibrate(measurements, None if source else os.cpu_count())
         if source:
@@ -89,13 +87,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _link(pairs: list[str]) -> dict[str, object]:
     """``--link KEY=VALUE`` options as a dict (``streams`` as an integer)."""
+    from exonet.validate.calibrate import link_value
+
     out: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip() or not value.strip():
             raise ValueError(f"--link: expected KEY=VALUE (e.g. latency=25ms), got {pair!r}")
-        key, value = key.strip(), value.strip()
-        out[key] = int(value) if key == "streams" and value.isdigit() else value
+        out[key.strip()] = link_value(key.strip(), value.strip())
     return out
 
 
