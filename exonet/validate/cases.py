@@ -214,7 +214,22 @@ def run_cases(cases: Sequence[Case], log: Callable[[str], None] = print) -> list
 
 
 def _launch(net: Network, k: int, job: dict[str, Any], port: int) -> list[Measurement]:
-    """Start one node process per namespace on ``job``, wait for all, and read their reports."""
+    """Run ``job`` on one node process per namespace and turn their reports into measurements."""
+    reports = launch_nodes(net, k, "exonet.validate.cases", job, port, torchrun="train" in job)
+    if "train" in job:
+        return [_train_measurement(Case(**job["train"]), reports)]
+    return [_collective_measurement(Case(**c), [rep["cases"][i] for rep in reports])
+            for i, c in enumerate(job["cases"])]
+
+
+def launch_nodes(net: Network, k: int, module: str, job: dict[str, Any], port: int,
+                 torchrun: bool = False) -> list[Any]:
+    """Run ``python -m module JOB_JSON OUT_DIR`` in every namespace (gloo on its interface, env://
+    rendezvous at rank 0), wait for all, and return what each pickled to ``OUT_DIR/rank{r}.pkl``.
+
+    A node that fails or outlives ``WORKER_TIMEOUT_S`` ends the run with its output's tail; no
+    process is left running. ``torchrun``: the nodes see a torchrun job (``fit`` takes that path).
+    """
     with tempfile.TemporaryDirectory(prefix="exonet-validate-") as tmp:
         spec = Path(tmp) / "job.json"
         spec.write_text(json.dumps(job))
@@ -223,11 +238,11 @@ def _launch(net: Network, k: int, job: dict[str, Any], port: int) -> list[Measur
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(k), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                        MASTER_ADDR=address(0), MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=net.iface(rank),
                        OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-            if "train" in job:
+            if torchrun:
                 env["TORCHELASTIC_RUN_ID"] = f"exonet-validate-{os.getpid()}-{port}"  # fit takes the torchrun path
             err = open(Path(tmp) / f"rank{rank}.err", "w")
-            procs.append((subprocess.Popen([*net.exec_prefix(rank), sys.executable, "-m", "exonet.validate.cases",
-                                            str(spec), tmp], env=env, stdout=err, stderr=subprocess.STDOUT), err))
+            procs.append((subprocess.Popen([*net.exec_prefix(rank), sys.executable, "-m", module, str(spec), tmp],
+                                           env=env, stdout=err, stderr=subprocess.STDOUT), err))
         try:
             deadline = time.monotonic() + WORKER_TIMEOUT_S
             while any(p.poll() is None for p, _ in procs):
@@ -253,11 +268,7 @@ def _launch(net: Network, k: int, job: dict[str, Any], port: int) -> list[Measur
                         p.kill()
                         p.wait()
                 err.close()
-        reports = [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(k)]
-    if "train" in job:
-        return [_train_measurement(Case(**job["train"]), reports)]
-    return [_collective_measurement(Case(**c), [rep["cases"][i] for rep in reports])
-            for i, c in enumerate(job["cases"])]
+        return [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(k)]
 
 
 def _collective_measurement(case: Case, per_rank: list[dict[str, Any]]) -> Measurement:

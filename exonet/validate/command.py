@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", choices=("ci", "full", "slowlinks"), default="ci",
                    help="ci: K=2,4 at 10 and 40 Mbit/s plus one DDP run (about 2 min); full: the README matrix; "
                         "slowlinks: tbf-shaped rings over 1-16 TCP streams against the queue model, with the matrix's "
-                        "corners (about 12 min)")
+                        "corners and DDP's concurrent buckets over gloo (about 15 min)")
     p.add_argument("--measurements", help="calibrate from your own measurements (CSV: op,nodes,bytes,count,bandwidth,"
                                           "seconds) instead of running namespaces")
     p.add_argument("--run", metavar="RUN_DIR",
@@ -99,13 +99,19 @@ def _link(pairs: list[str]) -> dict[str, object]:
 
 
 def _slow_links() -> int:
-    """Run the real-slow-links matrix and its held-out cases; print real, ideal and model per case."""
+    """Run the real-slow-links matrix, its held-out cases, its corners and DDP's buckets; print real, ideal and
+    model per case."""
+    from exonet.validate import buckets
     from exonet.validate.slowlinks import corners, held_out, matrix, report, run_case
 
     for title, cases in (("read the recovery constant from", matrix()), ("held out", held_out()),
                          ("the matrix's corners", corners())):
         print(f"\n{len(cases)} cases ({title}), load average {os.getloadavg()[0]:.2f}", flush=True)
         report([run_case(case) for case in cases])
+    ddp = buckets.matrix()
+    print(f"\n{len(ddp)} cases (DDP: concurrent bucket all-reduces and a per-step broadcast over gloo), "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    buckets.report([buckets.run_case(case) for case in ddp])
     return 0
 
 

@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
@@ -25,6 +25,19 @@ from exonet.trace import Trace
 from exonet.validate.netns import Network, NodeLink, Shaper, qdisc_drops, retransmissions
 
 MSS_OVERHEAD = 66  # bytes per packet a shaper counts besides the TCP payload: Ethernet 14 + IP 20 + TCP 32 (timestamps)
+
+
+def shaped_scenario(rate: float, shaper: Shaper, streams: int = 1, mtu: int = 1500, *, ideal: bool = False,
+                    **extra: Any) -> Scenario:
+    """The scenario a shaper's configuration describes: rate (bytes/s), queue, streams, MTU framing; nothing fitted.
+
+    ``ideal``: the same link without the real-link terms (``queue``, ``streams``). ``extra``: more
+    top-level scenario tables (e.g. ``compute``).
+    """
+    net: dict = {"bandwidth": f"{rate} B/s", "mss": mtu - 52, "header_bytes": MSS_OVERHEAD}
+    if not ideal:
+        net.update(queue=f"{shaper.limit(rate)} B", streams=streams)
+    return Scenario.from_dict({"name": "netns-tbf", "network": net, **extra})
 
 
 @dataclass(frozen=True)
@@ -50,11 +63,7 @@ class SlowCase:
                 f"x{self.streams} streams {self.nbytes / 1e6:g} MB{mtu}{pipe}")
 
     def scenario(self, *, ideal: bool = False) -> Scenario:
-        """The scenario the shaper's configuration describes (``ideal``: without queue, streams and setup)."""
-        net: dict = {"bandwidth": f"{self.rate} B/s", "mss": self.mtu - 52, "header_bytes": MSS_OVERHEAD}
-        if not ideal:
-            net.update(queue=f"{self.shaper.limit(self.rate)} B", streams=self.streams)
-        return Scenario.from_dict({"name": "netns-tbf", "network": net})
+        return shaped_scenario(self.rate, self.shaper, self.streams, self.mtu, ideal=ideal)
 
     def trace(self) -> Trace:
         t = Trace(num_nodes=self.k)
@@ -148,14 +157,20 @@ def corners() -> list[SlowCase]:
 
 def report(ms: Sequence[SlowMeasurement], log: Callable[[str], None] = print) -> None:
     """A markdown table: real, ideal and new model per case, with errors and the counters; then median and worst."""
+    error_table([(m.case.name, m.real, m.case.predict(ideal=True), m.case.predict(), m.retransmits, m.drops)
+                 for m in ms], log)
+
+
+def error_table(rows: Sequence[tuple[str, float, float, float, int, int]], log: Callable[[str], None] = print) -> None:
+    """Rows of (case, real s, ideal s, model s, retransmissions, drops) as a markdown table, then each model's
+    median and worst |error|."""
     log("| case | real s | ideal s (err) | model s (err) | retrans | drops |")
     log("|---|---|---|---|---|---|")
     errors: dict[str, list[float]] = {"ideal": [], "model": []}
-    for m in ms:
-        ideal, model = m.case.predict(ideal=True), m.case.predict()
-        errors["ideal"].append(abs(ideal - m.real) / m.real)
-        errors["model"].append(abs(model - m.real) / m.real)
-        log(f"| {m.case.name} | {m.real:.3f} | {ideal:.3f} ({(ideal - m.real) / m.real:+.1%}) | "
-            f"{model:.3f} ({(model - m.real) / m.real:+.1%}) | {m.retransmits} | {m.drops} |")
-    for name, errs in errors.items():
-        log(f"{name}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}")
+    for name, real, ideal, model, retransmits, drops in rows:
+        errors["ideal"].append(abs(ideal - real) / real)
+        errors["model"].append(abs(model - real) / real)
+        log(f"| {name} | {real:.3f} | {ideal:.3f} ({(ideal - real) / real:+.1%}) | "
+            f"{model:.3f} ({(model - real) / real:+.1%}) | {retransmits} | {drops} |")
+    for which, errs in errors.items():
+        log(f"{which}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}")

@@ -1,0 +1,48 @@
+"""DDP's concurrent bucket all-reduces and per-step broadcast on real tbf-shaped links (root only)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from exonet.trace import Collective, Step, Wait
+from exonet.validate.buckets import MIB, BucketCase, run_case
+from exonet.validate.netns import Shaper, leftovers, privilege
+
+REASON = privilege()
+
+
+def test_the_scenario_is_the_shapers_configuration_with_wall_clock_compute():
+    case = BucketCase(2, 100e6 / 8, shaper=Shaper(latency=0.005))
+    net = case.scenario().resolve(2)
+    assert net.uplink == (12.5e6, 12.5e6) and net.compute_mode == "wall"
+    assert net.queue == (int(12.5e6 * 0.005) + 32768, "bytes") and net.streams == 1
+    assert case.scenario(ideal=True).resolve(2).queue is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(REASON is not None, reason=f"needs network namespaces: {REASON}")
+def test_ddp_buckets_and_broadcast_on_a_shallow_tbf_queue():
+    """K = 2 at 100 Mbit/s behind tbf burst 32768 latency 5 ms: every step broadcasts 256 KiB from rank 0,
+    then launches four bucket all-reduces (1, 2, 2, 2 MiB) during the backward before waiting on any.
+    The queue overflows (drops and retransmissions are counted); replaying the nodes' own trace on the
+    scenario of the shaper's configuration is within 10% of the real time. Nothing is left behind."""
+    case = BucketCase(2, 100e6 / 8, steps=2, repeats=3, shaper=Shaper(latency=0.005))
+    m = run_case(case)
+    model, ideal = m.predict(), m.predict(ideal=True)
+    print(f"\nreal {m.real:.3f} s ({m.times}), ideal {ideal:.3f} s, model {model:.3f} s, "
+          f"{m.retransmits} retransmissions, {m.drops} drops")
+    for trace in m.traces:
+        for events in trace.events:
+            colls = [e for e in events if isinstance(e, Collective)]
+            assert [(c.op, c.nbytes, c.async_op) for c in colls] == case.steps * (
+                [("broadcast", MIB // 4, False)] + [("all_reduce", b, True) for b in case.buckets])
+            kinds = [type(e).__name__ for e in events if isinstance(e, (Collective, Wait, Step))]
+            assert kinds == case.steps * (["Collective"] * 5 + ["Wait"] * 4 + ["Step"])
+    assert m.drops > 0 and m.retransmits > 0
+    assert abs(model - m.real) / m.real <= 0.10
+    mine = [name for _, name in leftovers(include_live=True) if name.startswith(f"exv{os.getpid():x}-")]
+    assert mine == [] and f"exv{os.getpid():x}-" not in subprocess.run(
+        ["tc", "qdisc", "show"], capture_output=True, text=True).stdout
