@@ -52,6 +52,7 @@ class SlowCase:
     repeats: int = 3
     mtu: int = 1500
     slice_bytes: int = 0  # > 0: pipelined in slices as NCCL (see exonet.validate.streams); 0: step by step
+    count: int = 1  # all-reduces of ``nbytes`` back to back per repeat (per-tensor, each blocking)
 
     @property
     def name(self) -> str:
@@ -59,8 +60,10 @@ class SlowCase:
         mtu = f" MTU {self.mtu}" if self.mtu != 1500 else ""
         pipe = f" pipelined {self.slice_bytes // 1024} KiB" if self.slice_bytes else ""
         both = " both ways" if s.both else ""
+        size = f"{self.nbytes / 1e6:g} MB"
+        size = f"{self.count} x {size} back to back" if self.count > 1 else size
         return (f"K={self.k} {self.rate * 8 / 1e6:g} Mbit/s {s.kind} latency {s.latency * 1e3:g} ms{both} "
-                f"x{self.streams} streams {self.nbytes / 1e6:g} MB{mtu}{pipe}")
+                f"x{self.streams} streams {size}{mtu}{pipe}")
 
     def scenario(self, *, ideal: bool = False) -> Scenario:
         return shaped_scenario(self.rate, self.shaper, self.streams, self.mtu, ideal=ideal)
@@ -68,7 +71,8 @@ class SlowCase:
     def trace(self) -> Trace:
         t = Trace(num_nodes=self.k)
         for r in range(self.k):
-            t.add_collective(r, "all_reduce", self.nbytes)
+            for _ in range(self.count):
+                t.add_collective(r, "all_reduce", self.nbytes)
         return t
 
     def predict(self, *, ideal: bool = False) -> float:
@@ -95,7 +99,7 @@ def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
         procs = [
             subprocess.Popen([*net.exec_prefix(r), sys.executable, "-m", "exonet.validate.streams", str(r), str(case.k),
                               str(case.streams), str(case.nbytes), str(case.repeats + 1), str(port),
-                              str(case.slice_bytes)],
+                              str(case.slice_bytes), str(case.count)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for r in range(case.k)
         ]
@@ -152,6 +156,19 @@ def corners() -> list[SlowCase]:
     for k, rate, latency, nbytes in ((8, 100 * mbit, 0.05, 16_000_000), (4, 100 * mbit, 0.2, 12_000_000),
                                      (4, 10 * mbit, 0.05, 2_000_000), (4, 1000 * mbit, 0.005, 128_000_000)):
         cases += [SlowCase(k, rate, streams, nbytes, Shaper(latency=latency)) for streams in (1, 16)]
+    return cases
+
+
+def back_to_back() -> list[SlowCase]:
+    """Per-tensor all-reduces back to back, as the outer sync of issue 19's cluster (57 blocking all-reduces):
+    K = 4, MTU 9001, eight tensors per repeat, over gloo's one stream, 16 streams step by step and NCCL's
+    pipelined ring over 16 streams. 1.5 MB tensors at 100 Mbit/s behind tbf queues of 5 and 50 ms, and the
+    cluster's mean tensor (123 MB / 57 = 2.16 MB) at 50 Mbit/s behind 50 ms, where a ring step overflows the queue."""
+    cases = []
+    for rate, nbytes, latency in ((100, 1_500_000, 0.005), (100, 1_500_000, 0.05), (50, 123_000_000 // 57, 0.05)):
+        for streams, slice_bytes in ((1, 0), (16, 0), (16, 512 * 1024)):
+            cases.append(SlowCase(4, rate * 1e6 / 8, streams, nbytes, Shaper(latency=latency), mtu=9001, count=8,
+                                  slice_bytes=slice_bytes))
     return cases
 
 

@@ -15,8 +15,9 @@ been reduced), so ring steps overlap. This program does the same with one thread
 ``streams = 1`` is gloo's one connection per pair. Only the bytes move: the reduction is
 arithmetic on a few MB, which the shaped links at tens of Mbit/s make negligible.
 
-Run one per node namespace: ``python -m exonet.validate.streams RANK K STREAMS BYTES REPEATS PORT SLICE``;
-it prints one JSON line: the wall seconds of each repeat (``time.perf_counter``, between barriers).
+Run one per node namespace: ``python -m exonet.validate.streams RANK K STREAMS BYTES REPEATS PORT SLICE COUNT``;
+a repeat is COUNT all-reduces back to back (each blocking, as per-tensor all-reduces are). It prints one
+JSON line: the wall seconds of each repeat (``time.perf_counter``, between barriers).
 """
 
 from __future__ import annotations
@@ -133,13 +134,14 @@ def _barrier(right: list[socket.socket], left: list[socket.socket]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    rank, k, streams, nbytes, repeats, port, slice_bytes = map(int, argv)
+    rank, k, streams, nbytes, repeats, port, slice_bytes, count = map(int, argv)
     right, left = _connect(rank, k, streams, port)
     times = []
     for _ in range(repeats):
         _barrier(right, left)
         t0 = time.perf_counter()
-        ring_all_reduce(right, left, k, nbytes, slice_bytes)
+        for _ in range(count):
+            ring_all_reduce(right, left, k, nbytes, slice_bytes)
         times.append(time.perf_counter() - t0)
     _barrier(right, left)
     print(json.dumps({"rank": rank, "times": times}), flush=True)
