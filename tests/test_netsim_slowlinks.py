@@ -230,3 +230,29 @@ def test_incremental_feeding_event_path_and_fast_path_agree_with_queue_streams_a
     # (0, 1) gathers), so everything moves 0.3 s later, once; the broadcast on the world pays nothing
     plain = simulate(t, s.replace(setup=None))
     assert whole.wall_clock_s == pytest.approx(plain.wall_clock_s + 0.3, rel=1e-9)
+
+
+# ---------------------------------------------------------------- cautions: where real links were measured slower
+@pytest.mark.parametrize("network, nbytes, short", [
+    ({}, 8_000_000, None),  # the ideal model: no queue
+    ({"queue": "5 ms", "streams": 1}, 8_000_000, None),  # one stream: measured within about ±10%
+    ({"queue": "50 ms", "streams": 16}, 1_000_000, None),  # 250 kB a phase fits in 625 kB: no overflow
+    ({"queue": "5 ms", "streams": 16}, 8_000_000, False),  # 125 kB pieces: more than a first burst
+    ({"queue": "5 ms", "streams": 16}, 1_000_000, False),  # 15,625 B pieces > 10 x 1448 B
+    ({"queue": "5 ms", "streams": 16}, 900_000, True),  # 14,062.5 B pieces <= 14,480 B
+    # MTU 9001 framing: 1 MB and 112 headers a transfer, 62,962 B pieces <= 10 x 9015 B
+    ({"queue": "5 ms", "streams": 16, "mss": 8949, "header_bytes": 66}, 4_000_000, True),
+])
+def test_the_result_cautions_where_many_streams_overflow_a_queue(network, nbytes, short):
+    """A ring all-reduce, n = 4: each phase moves S/4 per transfer, split over the streams. The caution names
+    the streams, and the initial-window case only where each stream's piece fits in 10 segments."""
+    t = Trace(4)
+    for r in range(4):
+        t.add_collective(r, "all_reduce", nbytes)
+    result = simulate(t, _scenario(**network))
+    if short is None:
+        assert result.cautions == () and "caution" not in result.summary()
+        return
+    assert len(result.cautions) == 1 and f"{network['streams']} TCP streams" in result.cautions[0]
+    assert ("initial window" in result.cautions[0]) is short
+    assert f"caution: {result.cautions[0]}" in result.summary()

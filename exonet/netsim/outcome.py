@@ -109,6 +109,7 @@ class Outcomes:
             failures=sum(len([t for t in self._cm.fail_starts(rk.rank) if t < seconds(min(rk.t, wall))])
                          for rk in ranks),
             goodput=(total - lost) / (len(nodes) * wall) if wall > 0 else 0.0,
+            cautions=self._topo.cautions(),
         )
 
     def _links(self, wall: float) -> list[LinkLoad]:

@@ -109,6 +109,9 @@ class SimResult:
         links: per link (with several traces: every link that carried bytes, and each job's share), its bytes,
             busy time and utilisation (see the module's docstring).
         collectives: every collective and message, in the order they ended.
+        cautions: sentences naming where this replay sits in a regime the real-links testbed measured
+            the model optimistic in (several TCP streams overflowing a shaped queue), with the measured
+            bound; empty elsewhere. ``summary`` prints them.
     """
 
     wall_clock_s: float
@@ -128,6 +131,7 @@ class SimResult:
     link_loads: list[Sequence[float]] = field(default_factory=list, repr=False)
     failures: int = 0  # failures that struck nodes before their last event
     goodput: float = 0.0  # useful compute ÷ (nodes × wall clock): compute less the work failures threw away
+    cautions: tuple[str, ...] = ()  # where the replay is in a regime real links were measured slower than modelled
 
     @property
     def lost(self) -> dict[str, float]:
@@ -217,6 +221,7 @@ class SimResult:
             link = top[0]
             rows.append(f"most loaded link: {link.name}, {link.bytes / 1e6:.3f} MB, busy {link.busy_s:.3f} s "
                         f"({link.busy_fraction:.1%} of the run), utilization {link.utilization:.1%}")
+        rows += [f"caution: {text}" for text in self.cautions]
         return "\n".join([head, *rows])
 
 
