@@ -125,6 +125,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                "wire_bytes_per_node": sum(sim.wire_bytes) / args.nodes}
         if sim.failures or sim.lost["down"]:  # a scenario with [failures] (or outages): goodput, lost time
             row.update(failures=sim.failures, goodput=sim.goodput, lost_s=sim.lost)
+        if sim.cautions:
+            row["cautions"] = list(sim.cautions)
         if targets:
             row["bandwidth_for_utilization"] = {
                 f"{u:g}": bandwidth_for_utilization(est, name, u, solve_for=args.solve_for) for u in targets}
@@ -147,6 +149,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         if "goodput" in row:
             lost = ", ".join(f"{k} {format_time(v)}" for k, v in row["lost_s"].items())
             print(f"  {row['failures']} failures, goodput {row['goodput']:.1%}; node-time lost: {lost}")
+        for text in row.get("cautions", ()):
+            print(f"  caution: {text}")
         for u, bw in row.get("bandwidth_for_utilization", {}).items():
             where = {"nic": "per NIC", "link": "on the inter-region link"}.get(
                 args.solve_for, f"on the {args.solve_for.removeprefix('link:')} link")

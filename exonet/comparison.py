@@ -250,10 +250,15 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
     scens = [Scenario.coerce(s) for s in scenarios]
     labels = _unique_labels([s.name for s in scens])
     rows, results = [], {}
+    cautioned: dict[str, set[str]] = {}
     for scen, label in zip(scens, labels):
         for name, run in loaded.items():
             sim = simulate(run.trace, scen, history=run.history.get("train_loss"))
             results[(name, label)] = sim
+            for text in sim.cautions:
+                if text not in cautioned.setdefault(label, set()):  # once per scenario, whichever runs reach it
+                    cautioned[label].add(text)
+                    warnings.warn(f"compare: scenario {label}: {text}", stacklevel=2)
             k = run.trace.num_nodes
             servers = run.trace.meta.get("servers", 0)
             trainers = k - servers

@@ -170,3 +170,15 @@ def test_estimate_with_partial_participation_runs_every_rank():
     e = estimate("diloco:H=1,participation=0.25", params=1e5, nodes=8, steps=6, step_time=1.0)
     assert sum(e.trace.payload_bytes(r) for r in range(8)) > 0
     e.trace.validate()
+
+
+def test_compare_warns_once_per_scenario_where_many_streams_overflow_a_queue():
+    """A scenario whose phases overflow a shaped queue with 16 streams (1 MB all-reduces: 500 kB a ring phase
+    between 2 nodes, a 10 ms queue at 10 Mbit/s holds 12.5 kB) is named once, whichever runs reach it; the
+    ideal scenario is not."""
+    base = Scenario.from_dict({"name": "shaped", "network": {"bandwidth": "10 Mbit/s", "queue": "10 ms",
+                                                            "streams": 16}})
+    with pytest.warns(UserWarning, match="scenario shaped: phases overflow the shaped queue with 16 TCP") as caught:
+        compare({"a": small_trace(2), "b": small_trace(2)}, [base, base.replace(name="ideal", queue=None, streams=None)])
+    assert sum("overflow" in str(w.message) for w in caught) == 1
+    assert not any("scenario ideal" in str(w.message) for w in caught)

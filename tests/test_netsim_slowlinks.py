@@ -256,3 +256,19 @@ def test_the_result_cautions_where_many_streams_overflow_a_queue(network, nbytes
     assert len(result.cautions) == 1 and f"{network['streams']} TCP streams" in result.cautions[0]
     assert ("initial window" in result.cautions[0]) is short
     assert f"caution: {result.cautions[0]}" in result.summary()
+
+
+def test_estimate_prints_and_reports_the_caution(tmp_path, capsys):
+    import json
+
+    from exonet.cli import main
+
+    path = tmp_path / "nccl.toml"
+    path.write_text('name = "nccl"\n[network]\nbandwidth = "50 Mbit/s"\nqueue = "50 ms"\nstreams = 16\n')
+    args = ["estimate", "--model-params", "1e6", "--strategy", "ddp", "--nodes", "4", "--steps", "2",
+            "--step-time", "0.1", "--scenario", str(path)]
+    assert main(args) == 0
+    assert "  caution: phases overflow the shaped queue with 16 TCP streams" in capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["scenarios"][0]
+    assert len(row["cautions"]) == 1 and "16 TCP streams" in row["cautions"][0]
