@@ -179,6 +179,7 @@ def test_compare_warns_once_per_scenario_where_many_streams_overflow_a_queue():
     base = Scenario.from_dict({"name": "shaped", "network": {"bandwidth": "10 Mbit/s", "queue": "10 ms",
                                                             "streams": 16}})
     with pytest.warns(UserWarning, match="scenario shaped: phases overflow the shaped queue with 16 TCP") as caught:
-        compare({"a": small_trace(2), "b": small_trace(2)}, [base, base.replace(name="ideal", queue=None, streams=None)])
+        ideal = base.replace(name="ideal", queue=None, streams=None)
+        compare({"a": small_trace(2), "b": small_trace(2)}, [base, ideal])
     assert sum("overflow" in str(w.message) for w in caught) == 1
     assert not any("scenario ideal" in str(w.message) for w in caught)
