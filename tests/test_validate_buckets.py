@@ -33,7 +33,7 @@ def test_ddp_buckets_and_broadcast_on_a_shallow_tbf_queue():
     m = run_case(case)
     model, ideal = m.predict(), m.predict(ideal=True)
     print(f"\nreal {m.real:.3f} s ({m.times}), ideal {ideal:.3f} s, model {model:.3f} s, "
-          f"{m.retransmits} retransmissions, {m.drops} drops")
+          f"losses {m.losses}")
     for trace in m.traces:
         for events in trace.events:
             colls = [e for e in events if isinstance(e, Collective)]
@@ -41,7 +41,7 @@ def test_ddp_buckets_and_broadcast_on_a_shallow_tbf_queue():
                 [("broadcast", MIB // 4, False)] + [("all_reduce", b, True) for b in case.buckets])
             kinds = [type(e).__name__ for e in events if isinstance(e, (Collective, Wait, Step))]
             assert kinds == case.steps * (["Collective"] * 5 + ["Wait"] * 4 + ["Step"])
-    assert m.drops > 0 and m.retransmits > 0
+    assert m.losses["drops"] > 0 and m.losses["retransmits"] > 0
     assert abs(model - m.real) / m.real <= 0.10
     mine = [name for _, name in leftovers(include_live=True) if name.startswith(f"exv{os.getpid():x}-")]
     assert mine == [] and f"exv{os.getpid():x}-" not in subprocess.run(

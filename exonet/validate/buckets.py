@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from exonet.netsim import simulate
 from exonet.trace import Event, Trace
-from exonet.validate.netns import Network, NodeLink, Shaper, qdisc_drops, retransmissions
+from exonet.validate.netns import Network, NodeLink, Shaper, network_losses
 from exonet.validate.slowlinks import shaped_scenario
 
 MIB = 1 << 20
@@ -69,8 +69,7 @@ class BucketMeasurement:
     case: BucketCase
     times: list[float]  # real seconds per repetition, warm-up dropped
     traces: list[Trace] = field(repr=False)
-    retransmits: int = 0
-    drops: int = 0
+    losses: dict[str, int] = field(default_factory=dict)  # netns.LOSS_COUNTERS over the case, summed over nodes
 
     @property
     def real(self) -> float:
@@ -87,15 +86,14 @@ def run_case(case: BucketCase, port: int = 29700) -> BucketMeasurement:
     from exonet.validate.cases import launch_nodes
 
     with Network([NodeLink(case.rate, shaper=case.shaper)] * case.k) as net:
-        before = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
+        before = network_losses(net, case.k)
         reports = launch_nodes(net, case.k, "exonet.validate.buckets", asdict(case), port)
-        after = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
+        after = network_losses(net, case.k)
     times, traces = [], []
     for rep in range(1, case.repeats + 1):  # 0 is the warm-up
         times.append(max(r["ends"][rep] for r in reports) - max(r["starts"][rep] for r in reports))
         traces.append(Trace(case.k, {"case": case.name}, [r["events"][rep] for r in reports]))
-    return BucketMeasurement(case, times, traces, sum(a[0] - b[0] for a, b in zip(after, before)),
-                             sum(a[1] - b[1] for a, b in zip(after, before)))
+    return BucketMeasurement(case, times, traces, {name: after[name] - before[name] for name in after})
 
 
 def matrix() -> list[BucketCase]:
@@ -109,7 +107,7 @@ def report(ms: Sequence[BucketMeasurement], log: Callable[[str], None] = print) 
     """A markdown table: real, ideal and model per case, with errors and the counters; then median and worst."""
     from exonet.validate.slowlinks import error_table
 
-    error_table([(m.case.name, m.real, m.predict(ideal=True), m.predict(), m.retransmits, m.drops) for m in ms], log)
+    error_table([(m.case.name, m.real, m.predict(ideal=True), m.predict(), m.losses) for m in ms], log)
 
 
 # ---------------------------------------------------------------- the node side

@@ -127,11 +127,41 @@ def qdisc_drops(netns: str) -> int:
     return sum(int(m) for m in re.findall(r"dropped (\d+)", text))
 
 
+def _mib(text: str, prefix: str) -> dict[str, int]:
+    """A ``/proc/net/snmp``-style table's counters for one protocol (a header line, then a value line)."""
+    rows = [line.split() for line in text.splitlines() if line.startswith(prefix)]
+    return {k: int(v) for k, v in zip(rows[0][1:], rows[1][1:])} if len(rows) >= 2 else {}
+
+
 def retransmissions(netns: str) -> int:
     """TCP segments retransmitted in ``netns`` so far (``/proc/net/snmp``, Tcp RetransSegs)."""
     text = _sh("ip", "netns", "exec", netns, "cat", "/proc/net/snmp", check=False).stdout
-    rows = [line.split() for line in text.splitlines() if line.startswith("Tcp:")]
-    return int(dict(zip(rows[0], rows[1]))["RetransSegs"]) if len(rows) >= 2 else 0
+    return _mib(text, "Tcp:").get("RetransSegs", 0)
+
+
+# What each loss counter of a case counts, and where the kernel keeps it.
+LOSS_COUNTERS = {
+    "retransmits": "segments retransmitted (Tcp RetransSegs)",
+    "timeouts": "retransmission timeouts (TcpExt TCPTimeouts)",
+    "probes": "tail loss probes sent (TcpExt TCPLossProbes)",
+    "drops": "packets the qdiscs dropped (tc -s qdisc)",
+}
+
+
+def loss_counters(netns: str) -> dict[str, int]:
+    """``LOSS_COUNTERS`` in ``netns`` so far: each namespace has its own TCP MIBs and qdiscs."""
+    ext = _mib(_sh("ip", "netns", "exec", netns, "cat", "/proc/net/netstat", check=False).stdout, "TcpExt:")
+    return {"retransmits": retransmissions(netns), "timeouts": ext.get("TCPTimeouts", 0),
+            "probes": ext.get("TCPLossProbes", 0), "drops": qdisc_drops(netns)}
+
+
+def network_losses(net: "Network", k: int) -> dict[str, int]:
+    """``loss_counters`` summed over the first ``k`` nodes of ``net``."""
+    totals = dict.fromkeys(LOSS_COUNTERS, 0)
+    for r in range(k):
+        for name, value in loss_counters(net.netns(r)).items():
+            totals[name] += value
+    return totals
 
 
 @dataclass(frozen=True)

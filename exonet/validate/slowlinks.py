@@ -4,10 +4,10 @@ Each case shapes every node's egress the way a real host is shaped (``netns.Shap
 FIFO that the ACKs of the incoming flow share with the outgoing data, a queue bounded by
 tbf's ``latency``, kernel TCP defaults), runs ``exonet.validate.streams`` in every namespace
 (a ring all-reduce over ``streams`` TCP connections per neighbour pair), and records the
-median wall time of the repeats after a warm-up, the TCP retransmissions and the qdisc
-drops. ``scenario`` turns the case's shaper configuration (rate, burst, latency, streams)
-into the scenario that describes it, nothing fitted; ``ideal`` is the same link without
-the real-link terms.
+median wall time of the repeats after a warm-up, and the TCP losses: retransmissions,
+retransmission timeouts, tail loss probes (each namespace's own MIBs) and the qdisc drops.
+``scenario`` turns the case's shaper configuration (rate, burst, latency, streams) into the
+scenario that describes it, nothing fitted; ``ideal`` is the same link without the real-link terms.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
 from exonet.trace import Trace
-from exonet.validate.netns import Network, NodeLink, Shaper, qdisc_drops, retransmissions
+from exonet.validate.netns import Network, NodeLink, Shaper, network_losses
 
 MSS_OVERHEAD = 66  # bytes per packet a shaper counts besides the TCP payload: Ethernet 14 + IP 20 + TCP 32 (timestamps)
 
@@ -83,19 +83,26 @@ class SlowCase:
 class SlowMeasurement:
     case: SlowCase
     times: list[float]  # seconds per repeat, warm-up dropped (slowest rank's)
-    retransmits: int
-    drops: int
+    losses: dict[str, int]  # netns.LOSS_COUNTERS over the whole case (warm-up included), summed over the nodes
 
     @property
     def real(self) -> float:
         return statistics.median(self.times)
+
+    @property
+    def retransmits(self) -> int:
+        return self.losses["retransmits"]
+
+    @property
+    def drops(self) -> int:
+        return self.losses["drops"]
 
 
 def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
     """Shape K namespaces per ``case``, run the multi-stream ring in each and read the counters."""
     nodes = [NodeLink(case.rate, shaper=case.shaper)] * case.k
     with Network(nodes, mtu=None if case.mtu == 1500 else case.mtu) as net:
-        before = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
+        before = network_losses(net, case.k)
         procs = [
             subprocess.Popen([*net.exec_prefix(r), sys.executable, "-m", "exonet.validate.streams", str(r), str(case.k),
                               str(case.streams), str(case.nbytes), str(case.repeats + 1), str(port),
@@ -109,11 +116,9 @@ def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
             if p.returncode:
                 raise RuntimeError(f"{case.name}: node program failed: {err.strip()[-2000:]}")
             outs.append(json.loads(out.strip().splitlines()[-1]))
-        after = [(retransmissions(net.netns(r)), qdisc_drops(net.netns(r))) for r in range(case.k)]
+        after = network_losses(net, case.k)
     per_repeat = [max(o["times"][i] for o in outs) for i in range(case.repeats + 1)][1:]  # drop the warm-up
-    retrans = sum(a[0] - b[0] for a, b in zip(after, before))
-    drops = sum(a[1] - b[1] for a, b in zip(after, before))
-    return SlowMeasurement(case, per_repeat, retrans, drops)
+    return SlowMeasurement(case, per_repeat, {name: after[name] - before[name] for name in after})
 
 
 def matrix() -> list[SlowCase]:
@@ -174,20 +179,21 @@ def back_to_back() -> list[SlowCase]:
 
 def report(ms: Sequence[SlowMeasurement], log: Callable[[str], None] = print) -> None:
     """A markdown table: real, ideal and new model per case, with errors and the counters; then median and worst."""
-    error_table([(m.case.name, m.real, m.case.predict(ideal=True), m.case.predict(), m.retransmits, m.drops)
-                 for m in ms], log)
+    error_table([(m.case.name, m.real, m.case.predict(ideal=True), m.case.predict(), m.losses) for m in ms], log)
 
 
-def error_table(rows: Sequence[tuple[str, float, float, float, int, int]], log: Callable[[str], None] = print) -> None:
-    """Rows of (case, real s, ideal s, model s, retransmissions, drops) as a markdown table, then each model's
-    median and worst |error|."""
-    log("| case | real s | ideal s (err) | model s (err) | retrans | drops |")
-    log("|---|---|---|---|---|---|")
+def error_table(rows: Sequence[tuple[str, float, float, float, dict[str, int]]],
+                log: Callable[[str], None] = print) -> None:
+    """Rows of (case, real s, ideal s, model s, loss counters) as a markdown table, then each model's median and
+    worst |error|. The counters cover the whole case, warm-up included (``netns.LOSS_COUNTERS``)."""
+    log("| case | real s | ideal s (err) | model s (err) | retrans | timeouts | probes | drops |")
+    log("|---|---|---|---|---|---|---|---|")
     errors: dict[str, list[float]] = {"ideal": [], "model": []}
-    for name, real, ideal, model, retransmits, drops in rows:
+    for name, real, ideal, model, losses in rows:
         errors["ideal"].append(abs(ideal - real) / real)
         errors["model"].append(abs(model - real) / real)
         log(f"| {name} | {real:.3f} | {ideal:.3f} ({(ideal - real) / real:+.1%}) | "
-            f"{model:.3f} ({(model - real) / real:+.1%}) | {retransmits} | {drops} |")
+            f"{model:.3f} ({(model - real) / real:+.1%}) | {losses['retransmits']} | {losses['timeouts']} | "
+            f"{losses['probes']} | {losses['drops']} |")
     for which, errs in errors.items():
         log(f"{which}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}")
