@@ -15,7 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", choices=("ci", "full", "slowlinks"), default="ci",
                    help="ci: K=2,4 at 10 and 40 Mbit/s plus one DDP run (about 2 min); full: the README matrix; "
                         "slowlinks: tbf-shaped rings over 1-16 TCP streams against the queue model, with the matrix's "
-                        "corners and DDP's concurrent buckets over gloo (about 15 min)")
+                        "corners, per-tensor all-reduces back to back and DDP's concurrent buckets over gloo "
+                        "(about 20 min)")
     p.add_argument("--measurements", help="calibrate from your own measurements (CSV: op,nodes,bytes,count,bandwidth,"
                                           "seconds) instead of running namespaces")
     p.add_argument("--run", metavar="RUN_DIR",
