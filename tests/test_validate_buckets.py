@@ -51,3 +51,46 @@ def test_ddp_buckets_and_broadcast_on_a_shallow_tbf_queue():
     mine = [name for _, name in leftovers(include_live=True) if name.startswith(f"exv{os.getpid():x}-")]
     assert mine == [] and f"exv{os.getpid():x}-" not in subprocess.run(
         ["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+
+
+def test_the_slowlinks_matrix_command_reports_every_table(monkeypatch, capsys):
+    """``exonet validate --matrix slowlinks`` runs the matrix, the held-out cases, the corners, the back-to-back
+    cases and DDP's buckets, and prints each table with its loss counters (the runs themselves are stubbed:
+    each case 'measures' its own model time, so every model error is 0)."""
+    from exonet.validate import buckets, command, netns, slowlinks
+    from exonet.validate.slowlinks import SlowMeasurement
+
+    losses = {"retransmits": 1, "timeouts": 2, "probes": 3, "drops": 4}
+    monkeypatch.setattr(netns, "privilege", lambda: None)
+    monkeypatch.setattr(slowlinks, "run_case", lambda case: SlowMeasurement(case, [case.predict()], dict(losses)))
+    monkeypatch.setattr(buckets, "run_case", lambda case: _stub_ddp(case))
+    assert command.main(["--matrix", "slowlinks"]) == 0
+    out = capsys.readouterr().out
+    for title, cases in (("read the recovery constant from", slowlinks.matrix()), ("held out", slowlinks.held_out()),
+                         ("the matrix's corners", slowlinks.corners()), ("back to back", slowlinks.back_to_back()),
+                         ("DDP", buckets.matrix())):
+        assert f"{len(cases)} cases ({title}" in out
+    assert out.count("| case | real s | ideal s (err) | model s (err) | retrans | timeouts | probes | drops |") == 5
+    assert out.count("model: median |error| 0.0%, worst 0.0%") == 5
+    assert "| 1 | 2 | 3 | 4 |" in out
+
+
+def _stub_ddp(case: BucketCase) -> BucketMeasurement:
+    """A measurement of ``case`` whose one repeat took exactly what the model replays for its trace."""
+    from exonet.trace import Trace
+
+    trace = Trace(case.k)
+    for r in range(case.k):
+        for _ in range(case.steps):
+            trace.add_collective(r, "broadcast", case.broadcast)
+            trace.add_compute(r, case.forward_s)
+            ids = []
+            for size in case.buckets:
+                trace.add_compute(r, case.backward_s / len(case.buckets))
+                ids.append(trace.add_collective(r, "all_reduce", size, async_op=True))
+            for cid in ids:
+                trace.add_wait(r, cid)
+            trace.add_step(r)
+    m = BucketMeasurement(case, [0.0], [trace], {"retransmits": 1, "timeouts": 2, "probes": 3, "drops": 4})
+    m.times = [m.predict()]
+    return m
