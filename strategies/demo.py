@@ -73,7 +73,7 @@ def dct_basis(n: int, dtype: torch.dtype = torch.float32, device: torch.device |
     """
     if n < 1:
         raise ValueError(f"dct_basis: n must be >= 1, got {n}")
-    return _dct_basis64(n).to(dtype=dtype, device=device)
+    return _dct_basis64(n).to(dtype=dtype, device=device, copy=True)  # the caller's own: the cache stays intact
 
 
 def largest_divisor(n: int, limit: int) -> int:
