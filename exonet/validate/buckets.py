@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from exonet.netsim import simulate
+from exonet.scenario import Scenario
 from exonet.trace import Event, Trace
+from exonet.validate.cases import launch_nodes
 from exonet.validate.netns import Network, NodeLink, Shaper, network_losses
-from exonet.validate.slowlinks import shaped_scenario
+from exonet.validate.slowlinks import error_table, shaped_scenario
 
 MIB = 1 << 20
 
@@ -60,7 +62,7 @@ class BucketCase:
         return (f"DDP K={self.k} {self.rate * 8 / 1e6:g} Mbit/s {s.kind} latency {s.latency * 1e3:g} ms, "
                 f"buckets {sizes} MiB + broadcast {self.broadcast / MIB:g} MiB")
 
-    def scenario(self, *, ideal: bool = False) -> Any:
+    def scenario(self, *, ideal: bool = False) -> Scenario:
         return shaped_scenario(self.rate, self.shaper, streams=1, ideal=ideal, compute={"mode": "wall"})
 
 
@@ -83,8 +85,6 @@ class BucketMeasurement:
 
 def run_case(case: BucketCase, port: int = 29700) -> BucketMeasurement:
     """Shape K namespaces per ``case``, run the DDP steps in each and read the counters."""
-    from exonet.validate.cases import launch_nodes
-
     with Network([NodeLink(case.rate, shaper=case.shaper)] * case.k) as net:
         before = network_losses(net, case.k)
         reports = launch_nodes(net, case.k, "exonet.validate.buckets", asdict(case), port)
@@ -105,8 +105,6 @@ def matrix() -> list[BucketCase]:
 
 def report(ms: Sequence[BucketMeasurement], log: Callable[[str], None] = print) -> None:
     """A markdown table: real, ideal and model per case, with errors and the counters; then median and worst."""
-    from exonet.validate.slowlinks import error_table
-
     error_table([(m.case.name, m.real, m.predict(ideal=True), m.predict(), m.losses) for m in ms], log)
 
 

@@ -12,16 +12,14 @@ scenario that describes it, nothing fitted; ``ideal`` is the same link without t
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
 from exonet.trace import Trace
+from exonet.validate.cases import launch_nodes
 from exonet.validate.netns import Network, NodeLink, Shaper, network_losses
 
 MSS_OVERHEAD = 66  # bytes per packet a shaper counts besides the TCP payload: Ethernet 14 + IP 20 + TCP 32 (timestamps)
@@ -101,21 +99,11 @@ class SlowMeasurement:
 def run_case(case: SlowCase, port: int = 29600) -> SlowMeasurement:
     """Shape K namespaces per ``case``, run the multi-stream ring in each and read the counters."""
     nodes = [NodeLink(case.rate, shaper=case.shaper)] * case.k
+    job = {"streams": case.streams, "nbytes": case.nbytes, "repeats": case.repeats + 1,
+           "slice_bytes": case.slice_bytes, "count": case.count}
     with Network(nodes, mtu=None if case.mtu == 1500 else case.mtu) as net:
         before = network_losses(net, case.k)
-        procs = [
-            subprocess.Popen([*net.exec_prefix(r), sys.executable, "-m", "exonet.validate.streams", str(r), str(case.k),
-                              str(case.streams), str(case.nbytes), str(case.repeats + 1), str(port),
-                              str(case.slice_bytes), str(case.count)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for r in range(case.k)
-        ]
-        outs = []
-        for p in procs:
-            out, err = p.communicate(timeout=600)
-            if p.returncode:
-                raise RuntimeError(f"{case.name}: node program failed: {err.strip()[-2000:]}")
-            outs.append(json.loads(out.strip().splitlines()[-1]))
+        outs = launch_nodes(net, case.k, "exonet.validate.streams", job, port)
         after = network_losses(net, case.k)
     per_repeat = [max(o["times"][i] for o in outs) for i in range(case.repeats + 1)][1:]  # drop the warm-up
     return SlowMeasurement(case, per_repeat, {name: after[name] - before[name] for name in after})

@@ -15,18 +15,22 @@ been reduced), so ring steps overlap. This program does the same with one thread
 ``streams = 1`` is gloo's one connection per pair. Only the bytes move: the reduction is
 arithmetic on a few MB, which the shaped links at tens of Mbit/s make negligible.
 
-Run one per node namespace: ``python -m exonet.validate.streams RANK K STREAMS BYTES REPEATS PORT SLICE COUNT``;
-a repeat is COUNT all-reduces back to back (each blocking, as per-tensor all-reduces are). It prints one
-JSON line: the wall seconds of each repeat (``time.perf_counter``, between barriers).
+``exonet.validate.slowlinks`` runs one per node namespace (``cases.launch_nodes``: rank, K and port from
+the environment) on a job of ``streams``, ``nbytes``, ``repeats``, ``slice_bytes`` and ``count``; a repeat is
+``count`` all-reduces back to back (each blocking, as per-tensor all-reduces are). Each node pickles the
+wall seconds of each repeat (``time.perf_counter``, between barriers).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 from exonet.validate.netns import address
 
@@ -133,19 +137,20 @@ def _barrier(right: list[socket.socket], left: list[socket.socket]) -> None:
         _recv_exact(left[0], memoryview(one))
 
 
-def main(argv: list[str]) -> None:
-    rank, k, streams, nbytes, repeats, port, slice_bytes, count = map(int, argv)
-    right, left = _connect(rank, k, streams, port)
+def main(spec: dict[str, int], out: Path) -> None:
+    """One node of a case (``cases.launch_nodes`` runs it): its rank, K and port from the environment."""
+    rank, k, port = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["MASTER_PORT"])
+    right, left = _connect(rank, k, spec["streams"], port)
     times = []
-    for _ in range(repeats):
+    for _ in range(spec["repeats"]):
         _barrier(right, left)
         t0 = time.perf_counter()
-        for _ in range(count):
-            ring_all_reduce(right, left, k, nbytes, slice_bytes)
+        for _ in range(spec["count"]):
+            ring_all_reduce(right, left, k, spec["nbytes"], spec["slice_bytes"])
         times.append(time.perf_counter() - t0)
     _barrier(right, left)
-    print(json.dumps({"rank": rank, "times": times}), flush=True)
+    (out / f"rank{rank}.pkl").write_bytes(pickle.dumps({"times": times}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
