@@ -52,8 +52,8 @@ def plain_dct(n: int) -> torch.Tensor:
 def assert_reproduces(round_trip: Callable[[], torch.Tensor], x: torch.Tensor, atol: float) -> None:
     """``round_trip()`` gives ``x`` back within ``atol``.
 
-    Twice in about fifty full test runs, a float64 round trip of 64-wide blocks missed inside a long pytest
-    process and never in isolation or in thousands of repeats. A miss is therefore recomputed: if the same
+    Twice (one full CI, one quick loop), a float64 round trip of 64-wide blocks missed inside a long pytest
+    process, and never in isolation or in repeats. A miss is therefore recomputed: if the same
     ops on the same input give a different answer that is right, the platform's matmul was at fault, and the
     test says so in a warning; an answer that is wrong twice alike is the codec's and fails.
     """
