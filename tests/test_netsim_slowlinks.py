@@ -191,10 +191,13 @@ def test_shallow_queue_with_many_streams_on_real_tbf_links():
           f"losses {m.losses}, {elapsed:.0f} s")
     assert m.drops > 0 and m.retransmits > 0  # the effect is loss, measured
     assert elapsed < 180
-    # Nine runs of this case measured medians of 3.83-4.65 s, the model's bound is 3.82-4.67 s: a run past
-    # it is measured once more and judged on the median of all its repeats (a model error reproduces, a
-    # burst of other work on this shared 2-core machine does not).
-    if abs(model - m.real) / m.real > 0.10:
+    # Medians of nine repeats have spanned 3.66-4.65 s (single repeats 3.3-5.2 s: which streams time out is
+    # chance), the model's bound is 3.82-4.67 s: a run past it is measured again, up to twice, and judged on
+    # the median of all its repeats (a model error reproduces, TCP's luck and other work on this shared
+    # 2-core machine do not).
+    for _ in range(2):
+        if abs(model - m.real) / m.real <= 0.10:
+            break
         again = run_case(case)
         m = SlowMeasurement(case, m.times + again.times, {k: m.losses[k] + again.losses[k] for k in m.losses})
         print(f"measured again: real {m.real:.3f} s over {len(m.times)} repeats")
