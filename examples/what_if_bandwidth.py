@@ -109,7 +109,7 @@ def main() -> None:
                         help="replay the measured thread-CPU time of each step instead of FLOPs at --tflops")
     parser.add_argument("--base", default="datacenter",
                         help="single-region preset (or TOML path) whose NIC bandwidth is swept; its uplink/downlink "
-                             "are dropped, per-node overrides stay")
+                             "are dropped and per-node NICs set to each swept rate")
     parser.add_argument("--out", type=Path, default=Path("what_if_bandwidth.png"),
                         help="where to write the time-to-target vs bandwidth plot (PNG)")
     args = parser.parse_args()

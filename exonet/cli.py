@@ -154,8 +154,11 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         for u, bw in row.get("bandwidth_for_utilization", {}).items():
             where = {"nic": "per NIC", "link": "on the inter-region link"}.get(
                 args.solve_for, f"on the {args.solve_for.removeprefix('link:')} link")
-            need = "not reachable at any bandwidth" if bw is None else f"{format_rate(bw / 8)} {where}"
-            print(f"  compute utilisation {float(u):.0%} needs {need}")
+            if bw is None:
+                print(f"  compute utilisation {float(u):.0%} is out of reach: no bandwidth {where} gets there "
+                      f"(latency, the TCP window, set-up or uneven compute bound it)")
+            else:
+                print(f"  compute utilisation {float(u):.0%} needs {format_rate(bw / 8)} {where}")
     return 0
 
 

@@ -131,7 +131,7 @@ def test_cli_solves_for_the_link_in_words(tmp_path, capsys):
                     '[[links]]\nbetween = ["us", "eu"]\nbandwidth = "1 Gbit/s"\nlatency = "40 ms"\n')
     args = ["estimate", "--model-params", "1e8", "--layers", "4", "--strategy", "diloco:H=10", "--nodes", "4",
             "--steps", "30", "--step-time", "0.1", "--scenario", str(path), "--solve-utilization", "0.5"]
-    assert main(args) == 0 and "not reachable at any bandwidth" in capsys.readouterr().out
+    assert main(args) == 0 and "is out of reach: no bandwidth per NIC gets there" in capsys.readouterr().out
     assert main([*args, "--solve-for", "link"]) == 0
     assert "compute utilisation 50% needs" in (out := capsys.readouterr().out) and "on the inter-region link" in out
 

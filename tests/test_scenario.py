@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from exonet import Scenario, ScenarioError
 from exonet.scenario import ALGORITHMS, FAMILIES, Resolved, list_presets
+from exonet.scenario.scenario import NIC_KEYS
 from exonet.trace import OPS
 
 PRESETS = ["datacenter", "cross-region", "cross-continent", "home-broadband", "mobile-edge", "hetero-cluster"]
@@ -489,3 +490,20 @@ def test_replace_bandwidth_means_both_directions_of_every_nic():
     assert set(r.uplink) == set(r.downlink) == {100e6 / 8 * eff}
     kept = Scenario.load("home-broadband").replace(bandwidth="100 Mbit/s", uplink="5 Mbit/s", nodes=[]).resolve(2)
     assert set(kept.uplink) == {5e6 / 8 * eff} and set(kept.downlink) == {100e6 / 8 * eff}
+
+
+def test_replace_bandwidth_moves_the_nodes_own_nics_and_keeps_their_ranks_and_speeds():
+    home = Scenario.load("home-broadband")
+    fast = home.replace(bandwidth="1 Gbit/s")
+    eff = home.to_dict()["network"]["efficiency"]
+    r, before = fast.resolve(8), home.resolve(8)
+    assert set(r.uplink) == set(r.downlink) == {1e9 / 8 * eff}  # the slow quarter's 10 Mbit/s uplink too
+    assert r.speed == before.speed and min(before.uplink) == 10e6 / 8 * eff
+
+    def rest(s: Scenario) -> list[dict]:
+        return [{k: v for k, v in n.items() if k not in NIC_KEYS} for n in s.to_dict()["nodes"]]
+
+    assert rest(fast) == rest(home)
+    # given nodes in the same call, those are the nodes
+    mine = home.replace(bandwidth="1 Gbit/s", nodes=[{"ranks": [0], "uplink": "1 Mbit/s"}]).resolve(2)
+    assert mine.uplink == (1e6 / 8 * eff, 1e9 / 8 * eff)

@@ -68,6 +68,7 @@ from exonet.scenario.schema import (
 __all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "FailureSpec", "HostSpec", "LinkSpec", "Resolved", "Scenario",
            "list_presets"]
 
+NIC_KEYS = ("bandwidth", "uplink", "downlink")  # what a [[nodes]] entry may set of its own NIC
 
 # ---------------------------------------------------------------- presets and files
 def list_presets() -> list[str]:
@@ -170,9 +171,10 @@ class Scenario:
         Network keys go by name; ``network``/``compute``/``stragglers``/``hosts`` take a dict merged
         into that table; ``regions``/``links``/``nodes``/``events`` take a list that replaces
         the array; ``name``/``description`` a string. A value of None removes the key.
-        ``bandwidth`` means both directions, so it also clears the network's ``uplink`` and
-        ``downlink`` unless the same call sets them (per-node ``[[nodes]]`` overrides stay:
-        pass ``nodes=[]`` to drop them too).
+        ``bandwidth`` means both directions of every NIC: it clears the network's ``uplink`` and
+        ``downlink`` unless the same call sets them, and sets each ``[[nodes]]`` entry's own
+        ``bandwidth``/``uplink``/``downlink`` to it unless the call sets ``nodes`` (the entries
+        stay, with their ranks and speeds: a sweep of home-broadband moves its slow uplinks too).
         """
         data = copy.deepcopy(self._data)
         for key, value in changes.items():
@@ -193,6 +195,9 @@ class Scenario:
                     for direction in ("uplink", "downlink"):
                         if direction not in changes:
                             data["network"].pop(direction, None)
+                    if "nodes" not in changes and "nodes" in data:
+                        data["nodes"] = [{k: value if k in NIC_KEYS else v for k, v in node.items()}
+                                         for node in data["nodes"]]
             else:
                 valid = ["name", "description", *TABLES, *ARRAYS, *NETWORK]
                 hint = did_you_mean(key, valid)
