@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                        dtype="bf16", scenario=failing)
         res = simulate_estimate(est, failing)
         lost = res.lost
-        rows.append({"strategy": label, "units": units, "nodes": len(res.per_node), "failures": res.failures,
+        rows.append({"strategy": label, "units": units, "nodes": res.trainers, "failures": res.failures,
                      "goodput": res.goodput,
                      "wall_clock_s": res.wall_clock_s, "lost": lost, "seconds": time.perf_counter() - t0})
-        machine = len(res.per_node) * res.wall_clock_s  # a server is a node too
+        machine = res.trainers * res.wall_clock_s  # the trainers' time: a server waits by design
         print(f"| {label} | {units} × {DEVICES // units} | {res.failures} | {res.goodput:.1%} | "
               f"{res.wall_clock_s / 3600:.2f} h | {lost['lost_work'] / machine:.1%} | {lost['down'] / machine:.1%} | "
               f"{lost['waiting'] / machine:.1%} |")

@@ -390,3 +390,24 @@ def test_servers_fail_like_any_rank_unless_failures_servers_is_false():
         {"name": "f", "network": NET, "failures": {**failing, "servers": False}}).describe()
     with pytest.raises(ScenarioError, match="failures.servers: expected true or false"):
         scenario(mtbf="20 s", servers="no")
+
+
+def test_utilisation_goodput_and_lost_time_count_the_trainers_not_the_server():
+    """Two trainers compute 1 s a step and send 1 MB to the server (the last rank, trace meta "servers"), which
+    only receives: they never wait (a message flows as its sender issues it), so utilisation is 1, where
+    counting the server would cap it at 2/3, and the trainers' machine time is all accounted for."""
+    steps, c, nbytes = 5, 1.0, 1_000_000
+    t = Trace(num_nodes=3, meta={"servers": 1})
+    for _ in range(steps):
+        for r in (0, 1):
+            t.add_compute(r, c)
+            t.add_collective(r, "send", nbytes, group=(r, 2), async_op=True)
+            t.add_step(r)
+        for r in (0, 1):
+            t.add_collective(2, "recv", nbytes, group=(r, 2))
+    res = simulate(t, Scenario.from_dict({"name": "calm", "network": NET}))
+    last = 2 * nbytes / B + ALPHA  # the last two messages, after the last compute, share the server's downlink
+    assert res.wall_clock_s == pytest.approx(steps * c + last, rel=1e-9)
+    assert res.servers == 1 and res.utilization == pytest.approx(2 * steps * c / (2 * res.wall_clock_s), rel=1e-12)
+    machine = 2 * res.wall_clock_s
+    assert res.goodput * machine + sum(res.lost.values()) == pytest.approx(machine, rel=1e-12)

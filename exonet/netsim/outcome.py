@@ -39,10 +39,12 @@ class Outcomes:
             ranks = [ranks[0]] * len(ranks)
             self._events *= len(ranks)
         wall = max(self._last_end, *(kept(rk) for rk in ranks))
-        return self._outcome(ranks, wall, self._step_ends, self._wire, self._events, history)
+        return self._outcome(ranks, wall, self._step_ends, self._wire, self._events, history, self.resolved.servers)
 
-    def job_result(self, ranks: Sequence[int], events: int = 0, history: Sequence[float] | None = None) -> SimResult:
-        """The outcome of the job on ``ranks`` (global ranks, in the job's order), once ``result`` has run.
+    def job_result(self, ranks: Sequence[int], events: int = 0, history: Sequence[float] | None = None,
+                   servers: int = 0) -> SimResult:
+        """The outcome of the job on ``ranks`` (global ranks, in the job's order, its last ``servers`` serving),
+        once ``result`` has run.
 
         Its wall-clock is when its last rank or collective ended; its step i ends when its slowest rank
         ends it. Only valid when the job's collectives stay among its ranks (``simulate`` makes sure).
@@ -53,7 +55,7 @@ class Outcomes:
                 for i in range(max(len(rk.step_ends) for rk in states))]
         last = max((t for members, t in self._group_end.items() if members[0] in own), default=0)
         wire = [self._wire[r] for r in ranks]
-        return self._outcome(states, max(last, *(kept(rk) for rk in states)), ends, wire, events, history)
+        return self._outcome(states, max(last, *(kept(rk) for rk in states)), ends, wire, events, history, servers)
 
     def link_loads(self, jobs: Sequence[Sequence[int]]) -> list[LinkLoad]:
         """Every link that carried bytes, in all and per job (each job a list of global ranks),
@@ -72,24 +74,33 @@ class Outcomes:
                 for i, load in enumerate(self._links(span)) if i in carried]
 
     def _outcome(self, ranks: Sequence[RankState], wall: int, ends: Sequence[int], wire: Sequence[float], events: int,
-                 history: Sequence[float] | None) -> SimResult:
-        """The SimResult of ``ranks`` (each rank's state, in the result's order) ending at tick ``wall``."""
+                 history: Sequence[float] | None, servers: int = 0) -> SimResult:
+        """The SimResult of ``ranks`` (each rank's state, in the result's order) ending at tick ``wall``.
+
+        Utilisation and goodput are the trainers' (all but the last ``servers`` ranks): a parameter server
+        waits for updates by design, and counting it would cap an asynchronous run at K/(K+1) with an
+        idle network.
+        """
         if history is not None and len(history) != len(ends):
             raise ValueError(f"simulate: history has {len(history)} losses but the trace has {len(ends)} steps")
-        nodes, timelines, total, lost = [], [], 0, 0
+        nodes, timelines, total, lost = [], [], 0, 0  # total and lost: the trainers' ticks
+        trainers = len(ranks) - servers
         for r, rk in enumerate(ranks):
+            trains = r < trainers
             timeline = Timeline(rk.times, bytes(rk.kinds), seconds(rk.t))
             if rk.t <= wall:
                 times = NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step,
                                   seconds(rk.lost), _down(self._cm.down[rk.rank], seconds(rk.t)))
-                total, lost = total + rk.compute, lost + rk.lost
+                if trains:
+                    total, lost = total + rk.compute, lost + rk.lost
             else:  # an elastic node whose thrown-away time runs past the run's end: the run's part of it
                 timeline = timeline.clipped(seconds(wall))
                 compute, comm = timeline.seconds(COMPUTE), timeline.seconds(COMM)
                 dropped = seconds(rk.compute) - compute  # all of it thrown away (see RankState.kept)
                 times = NodeTimes(r, compute, comm, seconds(wall) - compute - comm, rk.step,
                                   max(0.0, seconds(rk.lost) - dropped), _down(self._cm.down[rk.rank], seconds(wall)))
-                total, lost = total + ticks(compute), lost + ticks(times.lost_s)
+                if trains:
+                    total, lost = total + ticks(compute), lost + ticks(times.lost_s)
             nodes.append(times)
             timelines.append(timeline)
         return SimResult(
@@ -97,7 +108,7 @@ class Outcomes:
             per_node=nodes,
             step_end_times=[seconds(t) for t in ends],
             wire_bytes=[round(b) for b in wire],
-            utilization=total / (len(nodes) * wall) if wall > 0 else 0.0,
+            utilization=total / (trainers * wall) if wall > 0 else 0.0,
             scenario_name=self.name,
             num_steps=len(ends),
             events=events,
@@ -108,8 +119,9 @@ class Outcomes:
             link_loads=[c.plan.load for c in self._ended],
             failures=sum(len([t for t in self._cm.fail_starts(rk.rank) if t < seconds(min(rk.t, wall))])
                          for rk in ranks),
-            goodput=(total - lost) / (len(nodes) * wall) if wall > 0 else 0.0,
+            goodput=(total - lost) / (trainers * wall) if wall > 0 else 0.0,
             cautions=self._topo.cautions(),
+            servers=servers,
         )
 
     def _links(self, wall: float) -> list[LinkLoad]:

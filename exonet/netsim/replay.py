@@ -92,8 +92,8 @@ def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any]
     sim = Simulation(resolved, fast_path=fast_path, name=name)
     sim.feed_trace(whole)
     result = sim.result()
-    result.jobs = [sim.job_result(ranks, sum(map(len, t.events)), None if history is None else history[j])
-                   for j, (t, ranks) in enumerate(zip(traces, jobs))]
+    result.jobs = [sim.job_result(ranks, sum(map(len, t.events)), None if history is None else history[j],
+                                  t.meta.get("servers", 0)) for j, (t, ranks) in enumerate(zip(traces, jobs))]
     result.links = sim.link_loads(jobs)
     return result
 

@@ -28,7 +28,8 @@ and the rest of the machine time, node-seconds summed over nodes, is ``SimResult
 for a member to come back, for the run to end) and ``comm`` (Σ comm_s, exposed
 communication, recovery transfers included), so that
 goodput · nodes · wall_clock_s + Σ lost == nodes · wall_clock_s. Without failures goodput
-equals utilization.
+equals utilization. Here, and in ``utilization``, nodes are the trainers: the ``servers`` last
+ranks of a parameter-server run wait for updates by design and are left out.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class SimResult:
         per_node: by rank, each node's compute_s / comm_s / idle_s.
         step_end_times: simulated time at which step i ended on its slowest node.
         wire_bytes: bytes each node sent on the wire under the chosen algorithms.
-        utilization: total compute ÷ (nodes × wall clock).
+        utilization: total compute ÷ (nodes × wall clock), over the trainers (a server's waiting is its job).
         goodput: useful compute ÷ (nodes × wall clock), compute less the work failures threw away.
         failures: how many failures struck nodes before their last event.
         scenario_name: the scenario's name ("" when it had none).
@@ -132,11 +133,17 @@ class SimResult:
     failures: int = 0  # failures that struck nodes before their last event
     goodput: float = 0.0  # useful compute ÷ (nodes × wall clock): compute less the work failures threw away
     cautions: tuple[str, ...] = ()  # where the replay is in a regime real links were measured slower than modelled
+    servers: int = 0  # the last ranks serve (a parameter server): utilisation, goodput and lost count the others
+
+    @property
+    def trainers(self) -> int:
+        """How many ranks train: all but the ``servers`` (utilisation, goodput and ``lost`` are theirs)."""
+        return len(self.per_node) - self.servers
 
     @property
     def lost(self) -> dict[str, float]:
-        """Node-seconds not spent on useful compute, by cause: lost_work, down, waiting, comm."""
-        nodes = self.per_node
+        """Trainer-seconds not spent on useful compute, by cause: lost_work, down, waiting, comm."""
+        nodes = self.per_node[:self.trainers]
         return {
             "lost_work": sum(p.lost_s for p in nodes),
             "down": sum(p.down_s for p in nodes),
