@@ -87,7 +87,11 @@ def time_to_loss(history: Mapping[str, list], step_end_times: Sequence[float], t
 
 @dataclass
 class Comparison:
-    """The table compare returns: ``rows`` (one dict per run × scenario) plus the SimResults behind them."""
+    """The table compare returns: ``rows`` (one dict per run × scenario) plus the SimResults behind them.
+
+    A row's ``time_to_target_s`` is None where the run's loss never reached the target, and NaN where
+    the run has no loss to judge by (a bare trace): the table shows "not reached" and "—".
+    """
 
     rows: list[dict[str, Any]]
     results: dict[tuple[str, str], Any]
@@ -114,7 +118,7 @@ class Comparison:
 
         def cell(key: str, fmt: str, value: Any) -> str:
             if value is None or (isinstance(value, float) and math.isnan(value)):
-                return "—" if key != "time_to_target_s" else "not reached"
+                return "not reached" if key == "time_to_target_s" and value is None else "—"
             if key in ("wall_clock_s", "time_to_target_s"):
                 return format_time(value)
             if "_bytes_per_" in key:
@@ -184,7 +188,10 @@ def _curve(run: Run, sim: Any, loss: str) -> list[tuple[float, float]]:
     return _smooth(sim.loss_vs_time()) if run.history.get("train_loss") else []
 
 
-def _first_below(curve: list[tuple[float, float]], target: float) -> float | None:
+def _time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """When ``curve`` first reaches ``target``: None if it never does, NaN if there is no curve to judge by."""
+    if not curve:
+        return math.nan
     return next((t for t, value in curve if value <= target), None)
 
 
@@ -271,7 +278,7 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
                 "nodes": k,
                 "steps": run.trace.num_steps(0),
                 "wall_clock_s": sim.wall_clock_s,
-                "time_to_target_s": None if target_loss is None else _first_below(_curve(run, sim, loss), target_loss),
+                "time_to_target_s": None if target_loss is None else _time_to(_curve(run, sim, loss), target_loss),
                 "final_loss": final,
                 "trainers": trainers,
                 "servers": servers,

@@ -61,6 +61,15 @@ def test_compare_matches_simulate_on_the_same_trace(tiny_run):
     assert md.count("\n") == 5 and "home-broadband" in md
 
 
+def test_to_target_tells_not_reached_from_no_loss_to_judge_by(tiny_run):
+    import math
+
+    table = compare({"run": tiny_run, "bare": tiny_run.trace}, ["datacenter"], target_loss=1e-9)
+    run, bare = table.rows
+    assert run["time_to_target_s"] is None and math.isnan(bare["time_to_target_s"])
+    lines = table.to_markdown().splitlines()
+    assert "| not reached |" in lines[2] and "| not reached |" not in lines[3] and "| — |" in lines[3]
+
 def test_fit_with_scenario_simulates_and_resimulates(tiny_run):
     sim = tiny_run.simulate("cross-region")
     assert sim.loss_vs_time()[-1] == (sim.step_end_times[-1], tiny_run.history["train_loss"][-1])
