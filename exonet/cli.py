@@ -176,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quickstart",
                        help="train DDP, DiLoCo, SPARTA and DeMo on digits (K=4) and compare them on three networks")
     p.add_argument("--out", default="exonet_quickstart", help="folder for the runs, plot and traces")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--steps", type=int, default=400, help="optimizer steps per node (default 400)")
+    p.add_argument("--nodes", type=int, default=4, help="K, the node processes each strategy trains with (default 4)")
     p.add_argument("--scenario", action="append", help="scenario to compare in (repeatable); default: three presets")
     p.set_defaults(func=_cmd_quickstart)
 

@@ -72,11 +72,16 @@ def quickstart(out_dir: Path = Path("exonet_quickstart"), steps: int = 400, node
 
     Returns the comparison of the small runs (its table is the second one printed).
     """
-    from exonet import LocalTrainer, compare
+    from exonet import LocalTrainer, Scenario, compare
     from exonet.toy import digits, digits_mlp
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    for value, what in ((steps, "steps"), (nodes, "nodes")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"quickstart: {what} must be an integer >= 1, got {value!r}")
     scenarios = list(scenarios or DEFAULT_SCENARIOS)
+    for name in scenarios:  # a misspelt scenario fails now, not after four trainings
+        Scenario.coerce(name).resolve(nodes)
+    out_dir.mkdir(parents=True, exist_ok=True)
     results = {}
     for name, strategy in quickstart_strategies().items():
         print(f"training {name} with K={nodes} for {steps} steps ...", flush=True)

@@ -59,3 +59,16 @@ def test_the_quickstart_tables_are_identical_run_to_run(tmp_path, capsys):
     assert "compute model per scenario:" in printed_first
     assert "datacenter: counted FLOPs / (989 TFLOP/s" in printed_first
     assert "projected to 2e+05 parameters (bf16), 2 nodes" in printed_first
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"scenarios": ["datacenter", "nowhere"]}, "unknown scenario preset 'nowhere'"),
+    ({"nodes": 0}, "nodes must be an integer >= 1, got 0"),
+    ({"steps": -1}, "steps must be an integer >= 1, got -1"),
+])
+def test_bad_arguments_fail_before_any_training(tmp_path, capsys, kwargs, match):
+    from exonet.errors import ScenarioError
+
+    with pytest.raises((ScenarioError, ValueError), match=match):
+        quickstart(out_dir=tmp_path / "qs", **kwargs)
+    assert "training" not in capsys.readouterr().out and not (tmp_path / "qs").exists()
