@@ -106,6 +106,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from exonet.units import format_bytes, format_rate, format_time
 
     targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
+    if args.solve_for is not None and not targets:
+        raise ValueError(f"--solve-for {args.solve_for}: says what --solve-utilization varies; give that too")
+    args.solve_for = args.solve_for or "nic"
     est = estimate(args.strategy, params=args.model_params, nodes=args.nodes, steps=args.steps,
                    step_time=args.step_time, tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu,
                    dtype=args.dtype, layers=args.layers, model=args.model, scenario=args.scenario[0])
@@ -214,22 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--model-params", type=float, help="parameter count of a transformer-like stack, e.g. 7e9")
     model.add_argument("--model", help="module:factory returning an nn.Module (built on the meta device)")
-    p.add_argument("--layers", type=int, default=24, help="blocks in the --model-params stack (default 24)")
+    p.add_argument("--layers", type=int, help="blocks in the --model-params stack (default 24)")
     p.add_argument("--strategy", required=True, help="e.g. ddp, diloco:H=500, sparta:p_sparta=0.005")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
     p.add_argument("--step-time", type=float, help="compute seconds per step per node")
-    p.add_argument("--tokens-per-step", type=float, help="tokens per node per step (with --tflops, --mfu)")
-    p.add_argument("--tflops", type=float, help="device peak TFLOP/s")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (default 0.4)")
+    p.add_argument("--tokens-per-step", type=float,
+                   help="tokens per node per step (with --tflops and --mfu, or the scenario's device)")
+    p.add_argument("--tflops", type=float, help="device peak TFLOP/s (default: the scenario's device)")
+    p.add_argument("--mfu", type=float,
+                   help="model FLOPs utilisation (default 0.4, or the scenario's with its device)")
     p.add_argument("--dtype", default="fp32", help="parameter/transfer dtype: fp32, bf16, fp16")
     p.add_argument("--hosts", type=int, metavar="G",
                    help="G consecutive nodes per host (NVLink-class fabric, 450 GB/s and 1 us per device, hierarchical "
                         "collectives), unless the scenario has [hosts]")
     p.add_argument("--solve-utilization", metavar="U,U,...",
                    help="find the NIC bandwidth (within 1%%) at which compute utilisation reaches each U, e.g. 0.5,0.9")
-    p.add_argument("--solve-for", default="nic", metavar="nic|link|link:A/B",
+    p.add_argument("--solve-for", metavar="nic|link|link:A/B",
                    help="what --solve-utilization varies: every NIC (default), the scenario's only inter-region link, "
                         "or the link between regions A and B")
     p.add_argument("--json", action="store_true", help="print a machine-readable result")

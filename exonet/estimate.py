@@ -45,6 +45,7 @@ from exonet.strategies.base import NodeContext, Strategy
 from exonet.trace import Collective, Compute, Step, Trace
 
 DEFAULT_LAYERS = 24
+DEFAULT_MFU = 0.4  # model FLOPs utilisation when neither --mfu nor a scenario's device gives one
 FORWARD_SHARE = 1 / 3  # forward 2·P FLOPs per token, backward 4·P (Kaplan et al. 2020)
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -280,7 +281,7 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
 
 def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: int, steps: int,
              step_time: float | None = None, tokens_per_step: float | None = None, tflops: float | None = None,
-             mfu: float = 0.4, dtype: str = "fp32", layers: int = DEFAULT_LAYERS,
+             mfu: float | None = None, dtype: str = "fp32", layers: int | None = None,
              model: str | Callable[[], torch.nn.Module] | None = None, scenario: Any = None) -> Estimate:
     """Build the trace a run would produce, from the strategy's own logic on meta tensors.
 
@@ -291,10 +292,10 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         steps: optimizer steps per node.
         step_time: compute seconds per step per node; or give tokens_per_step, tflops and mfu.
         tokens_per_step: tokens per node per step (compute = 6 · params · tokens FLOPs).
-        tflops: device peak TFLOP/s.
-        mfu: model FLOPs utilisation.
+        tflops: device peak TFLOP/s; without it, the scenario's device (``[compute]`` tflops and mfu).
+        mfu: model FLOPs utilisation (default 0.4, or the scenario's with its device).
         dtype: parameter/transfer dtype: fp32, bf16 or fp16.
-        layers: blocks in the default stack.
+        layers: blocks in the default stack (default 24; a ``model`` has its own).
         model: instead of ``params``, a model: "module:factory", or a factory, built on the meta device.
         scenario: where a strategy that reacts to simulated time (``Strategy.asynchronous``) is run on the
             online clock; required for those, unused by the others.
@@ -303,12 +304,14 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         strategy = parse_strategy(strategy)
     if dtype not in DTYPES:
         raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
         raise ValueError(f"--layers must be an integer >= 1, got {layers!r}")
     torch_dtype = DTYPES[dtype]
     if model is not None:
         if params is not None:
             raise ValueError("estimate: give --model-params or --model, not both")
+        if layers is not None:
+            raise ValueError("estimate: --layers shapes the --model-params stack; a --model has its own layers")
         if isinstance(model, str):
             spec = model
             make_model: Callable[[], torch.nn.Module] = lambda: load_model(spec, torch_dtype)  # noqa: E731
@@ -328,16 +331,28 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
     if not (params >= 1 and nodes >= 1 and steps >= 1):
         raise ValueError(f"estimate: params, nodes and steps must be >= 1, got {params}, {nodes}, {steps}")
     flops = 6.0 * params * (tokens_per_step or 0.0)
-    if step_time is None:
-        if not (tokens_per_step and tflops):
-            raise ValueError("estimate: give --step-time, or --tokens-per-step with --tflops (and --mfu)")
+    device = ""
+    if step_time is not None:
+        if tflops is not None or mfu is not None:
+            raise ValueError("estimate: give --step-time, or --tokens-per-step with --tflops and --mfu, not both "
+                             "(--step-time is the compute time itself)")
+    else:
+        if not tokens_per_step:
+            raise ValueError("estimate: give --step-time, or --tokens-per-step (with --tflops and --mfu, or a "
+                             "scenario whose [compute] names a device)")
+        if tflops is None:
+            tflops, scenario_mfu, device = _scenario_device(scenario)
+            mfu = scenario_mfu if mfu is None else mfu
+        mfu = DEFAULT_MFU if mfu is None else mfu
+        if not tflops > 0:
+            raise ValueError(f"--tflops must be > 0, got {tflops}")
         if not 0 < mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {mfu}")
         step_time = flops / (tflops * 1e12 * mfu)
     if step_time < 0 or not math.isfinite(step_time):
         raise ValueError(f"--step-time must be a finite number >= 0, got {step_time}")
     if model is None:
-        count = int(params)
+        count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
         net = make_model()
         described = (f"{layers} transformer-like blocks of 12·d² parameters, d = {net.width}, "
@@ -364,8 +379,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
     assumptions = [
         f"model: {real_params:,} parameters ({dtype}): {described}",
         f"compute: {step_time:.4g} s per step on every node"
-        + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g})"
-           if tokens_per_step and tflops else "")
+        + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g}{device})"
+           if tflops is not None else "")
         + "; forward a third, backward two thirds, in reverse parameter order, each tensor's share by its size",
         "compute inside strategy.step() (e.g. transforms, quantisation) is not counted; a scenario's [compute] "
         "device is replaced by this compute (its per-node speeds and jitter still apply)",
@@ -374,6 +389,22 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
          else "every node behaves like rank 0"),
     ]
     return Estimate(trace, real_params, step_time, assumptions, rerun)
+
+
+def _scenario_device(scenario: Any) -> tuple[float, float, str]:
+    """The device of ``scenario``'s ``[compute]`` (TFLOP/s, MFU, and words saying so), for ``--tokens-per-step``
+    without ``--tflops``."""
+    from exonet.scenario import Scenario
+
+    if scenario is None:
+        raise ValueError("estimate: --tokens-per-step needs --tflops (and --mfu), or a scenario whose [compute] "
+                         "names a device")
+    chosen = Scenario.coerce(scenario)
+    r = chosen.resolve(1)
+    if r.compute_mode != "flops" or not r.tflops:
+        raise ValueError(f"estimate: --tokens-per-step without --tflops takes the scenario's device, but scenario "
+                         f"{chosen.name!r} times compute by {r.compute_mode!r}, not by FLOPs; give --tflops")
+    return r.tflops, r.mfu, f", the device of scenario {chosen.name!r}"
 
 
 def scenario_for_estimate(scenario: Any) -> Any:

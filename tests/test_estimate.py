@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from exonet.estimate import LayerStack, estimate, simulate_estimate
+from exonet.scenario import Scenario
 from exonet.toy import bench_mlp
 from exonet.trace import Collective, Compute, Step, Wait
 
@@ -42,6 +43,28 @@ def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_paramet
     with pytest.raises(ValueError, match="not both"):
         estimate("ddp", params=1e6, model="exonet.toy:bench_mlp", nodes=2, steps=1, step_time=1.0)
 
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"step_time": 1.0, "tokens_per_step": 1000, "tflops": 100}, "--step-time, or --tokens-per-step .* not both"),
+    ({"step_time": 1.0, "mfu": 0.5}, "not both"),
+    ({"model": "exonet.toy:digits_mlp", "params": None, "step_time": 1.0, "layers": 4}, "a --model has its own layers"),
+    ({"tokens_per_step": 1000}, "needs --tflops .*or a scenario"),
+    ({"tokens_per_step": 1000, "scenario": "datacenter"}, None),
+    ({"tokens_per_step": 1000, "scenario": {"name": "m", "network": {"bandwidth": "1 Gbit/s"}}},
+     "scenario 'm' times compute by 'measured', not by FLOPs; give --tflops"),
+    ({"tokens_per_step": 1000, "tflops": 0.0}, "--tflops must be > 0"),
+])
+def test_compute_is_given_one_way_and_the_other_options_are_not_ignored(kwargs, match):
+    args = {"params": 1e6, "nodes": 2, "steps": 1, **kwargs}
+    if match is not None:
+        with pytest.raises(ValueError, match=match):
+            estimate("ddp", **args)
+        return
+    est = estimate("ddp", **args)  # the scenario's device: datacenter's TFLOP/s and MFU
+    r = Scenario.load("datacenter").resolve(1)
+    assert est.step_time_s == pytest.approx(6 * 1e6 * 1000 / (r.tflops * 1e12 * r.mfu), rel=1e-6)
+    assert "the device of scenario 'datacenter'" in est.assumptions[1]
+    assert " at " not in estimate("ddp", params=1e6, nodes=2, steps=1, step_time=1.0).assumptions[1]
 
 def test_overlap_beats_one_flat_all_reduce_in_an_estimate():
     scenario = {"name": "lan", "network": {"bandwidth": "10 Gbit/s"}}
