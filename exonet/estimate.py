@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import copy
 import importlib
+import inspect
 import math
 import threading
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ import torch
 
 from exonet.communicator import Communicator
 from exonet.estimate_hub import OnlineHub, RankLink
+from exonet.scenario.schema import did_you_mean
 from exonet.strategies.base import NodeContext, Strategy
 from exonet.trace import Collective, Compute, Step, Trace
 
@@ -169,16 +171,26 @@ def parse_strategy(spec: str) -> Strategy:
     key = name.strip().lower().replace("-", "_")
     if key not in STRATEGIES:
         raise ValueError(f"--strategy: unknown strategy {name!r}; valid: {', '.join(sorted(STRATEGIES))}")
+    cls = STRATEGIES[key]
+    # a spec names the strategy's own arguments: the gym's spellings, which its constructor takes with a
+    # warning for old code, are an error here
+    names = [n for n, p in inspect.signature(cls).parameters.items() if p.kind is not p.VAR_KEYWORD]
     kwargs: dict[str, Any] = {}
     for item in filter(None, (a.strip() for a in args.split(","))):
         k, eq, v = item.partition("=")
         if not eq:
             raise ValueError(f"--strategy: expected key=value in {item!r} (e.g. diloco:H=500)")
+        k = k.strip()
+        if k not in names:
+            same = [n for n in names if n.lower() == k.lower()]
+            hint = f" (did you mean {same[0]!r}?)" if same else did_you_mean(k, names)
+            raise ValueError(f"--strategy {name.strip()}: unknown argument {k!r}{hint}; "
+                             f"{cls.__name__} takes {', '.join(names)}")
         try:
-            kwargs[k.strip()] = ast.literal_eval(v.strip())
+            kwargs[k] = ast.literal_eval(v.strip())
         except (ValueError, SyntaxError):
-            kwargs[k.strip()] = v.strip()
-    return STRATEGIES[key](**kwargs)
+            kwargs[k] = v.strip()
+    return cls(**kwargs)
 
 
 def _fire_grad_hooks(p: torch.nn.Parameter) -> None:

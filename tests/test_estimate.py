@@ -73,3 +73,17 @@ def test_overlap_beats_one_flat_all_reduce_in_an_estimate():
     flat = simulate_estimate(estimate("ddp:overlap=False", **kwargs).trace, scenario)
     assert over.per_node[0].compute_s == pytest.approx(flat.per_node[0].compute_s) == pytest.approx(0.6)
     assert 0.6 <= over.wall_clock_s < flat.wall_clock_s
+
+
+@pytest.mark.parametrize(("spec", "match"), [
+    ("diloco:H=50,outer_lr=0.7", r"--strategy diloco: unknown argument 'outer_lr' \(did you mean 'outer_optim'\?\)"),
+    ("diloco:h=5", r"unknown argument 'h' \(did you mean 'H'\?\)"),
+    ("ddp:H=5", "unknown argument 'H'; DDPStrategy takes optim_spec, max_norm, bucket_cap_mb"),
+    ("sparta:p=0.01", "unknown argument 'p'.*takes inner_optim, p_sparta"),  # the gym's spelling: a warning in code
+])
+def test_a_strategy_spec_names_only_the_strategys_own_arguments(spec, match):
+    from exonet.estimate import parse_strategy
+
+    with pytest.raises(ValueError, match=match):
+        parse_strategy(spec)
+    assert parse_strategy("diloco:H=50,outer_optim='sgd'").H == 50
