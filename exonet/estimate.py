@@ -370,6 +370,10 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         described = (f"{layers} transformer-like blocks of 12·d² parameters, d = {net.width}, "
                      f"and a {net.vocab}×{net.width} embedding")
     real_params = sum(p.numel() for p in net.parameters())
+    if model is None and not params / 2 <= real_params <= 2 * params:
+        raise ValueError(f"--model-params {params:g}: {layers} transformer-like blocks cannot hold about that many "
+                         f"parameters (the nearest stack has {real_params:,}); give a count such as 1.5e9, or other "
+                         f"--layers")
     strategy.check_world(nodes)
     rerun = None
     if strategy.asynchronous:

@@ -317,7 +317,13 @@ class Trace:
         lines = text.splitlines()
         if not lines:
             raise TraceError(f"{path}: empty file, expected an exonet trace")
-        header = _parse_line(path, 1, lines[0], strict=False)  # meta is free-form: Python's NaN may sit in it
+        try:
+            header = _parse_line(path, 1, lines[0], strict=False)  # meta is free-form: Python's NaN may sit in it
+        except TraceError:
+            if _is_json(text):  # a JSON document (a run's config.json, a Chrome trace): the wrong file
+                raise TraceError(f"{path}: one JSON document, not an exonet trace (a trace is JSON Lines, a header "
+                                 f"then one event per line: a run directory's trace.jsonl)") from None
+            raise
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise TraceError(f"{path}:1: not an exonet trace (expected a header with format={FORMAT!r})")
         if header.get("version") != VERSION:
@@ -498,6 +504,14 @@ def _parse_line(path: Path, lineno: int, line: str, strict: bool = True) -> Any:
         raise TraceError(f"{path}:{lineno}: not valid JSON ({exc})") from None
     except RecursionError:
         raise TraceError(f"{path}:{lineno}: not valid JSON (nested too deeply)") from None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _reject_constant(name: str) -> Any:

@@ -38,6 +38,8 @@ def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_paramet
     assert abs(sum(p.numel() for p in stack.parameters()) - 1e9) <= 64 * 1792
     with pytest.raises(ValueError, match="--layers"):
         estimate("ddp", params=1e6, nodes=2, steps=1, step_time=1.0, layers=0)
+    with pytest.raises(ValueError, match=r"--model-params 1.5: 24 transformer-like blocks cannot hold .* has 288\)"):
+        estimate("ddp", params=1.5, nodes=2, steps=1, step_time=1.0)  # 1.5e9 meant
     with pytest.raises(ValueError, match="--model"):
         estimate("ddp", model="no_such_module:f", nodes=2, steps=1, step_time=1.0)
     with pytest.raises(ValueError, match="not both"):

@@ -49,6 +49,12 @@ def test_truncated_and_corrupt_files_name_the_file(tmp_path):
         Trace.load(tmp_path / "bad.jsonl")
     with pytest.raises(TraceError, match="no such trace"):
         Trace.load(tmp_path / "missing.jsonl")
+    (tmp_path / "config.json").write_text('{\n  "strategy": "DDP"\n}\n')  # valid JSON, the wrong file
+    with pytest.raises(TraceError, match=r"config\.json: one JSON document, not an exonet trace .*trace\.jsonl"):
+        Trace.load(tmp_path / "config.json")
+    (tmp_path / "broken.jsonl").write_text('{"format": \n')
+    with pytest.raises(TraceError, match=r"broken\.jsonl:1: not valid JSON"):
+        Trace.load(tmp_path / "broken.jsonl")
 
 
 def test_scaled_is_a_what_if_copy():
