@@ -205,17 +205,31 @@ class Communicator:
         of one and the whole world are skipped.
         """
         for ranks in groups:
-            key = tuple(sorted(int(r) for r in ranks))
+            key = self._key(ranks)
             if len(key) < 2 or len(key) == self.world_size or key in self._groups:
                 continue
             with self.blocking():
                 self._groups[key] = dist.new_group(list(key))
 
+    def _key(self, ranks: Sequence[int]) -> tuple[int, ...]:
+        """``ranks`` as a group's sorted members; a rank out of range, or named twice, is an error.
+
+        (A group as long as the world is the world: a typo such as [0, 1, 2, 9] must not pass for it.)
+        """
+        key = tuple(sorted(int(r) for r in ranks))
+        bad = [r for r in key if not 0 <= r < self.world_size]
+        if bad:
+            raise ValueError(f"group {list(ranks)}: rank {bad[0]} is not a rank in [0, {self.world_size})")
+        twice = sorted({r for r in key if key.count(r) > 1})
+        if twice:
+            raise ValueError(f"group {list(ranks)}: rank {twice[0]} is named twice; name each member once")
+        return key
+
     def group_of(self, ranks: GroupArg) -> Any:
         """The process group for ``ranks`` (None = everyone); it must have been declared on every rank."""
         if ranks is None:
             return None
-        key = tuple(sorted(int(r) for r in ranks))
+        key = self._key(ranks)
         if len(key) == self.world_size:
             return None
         if self.rank not in key:
@@ -228,11 +242,11 @@ class Communicator:
     def _members(self, ranks: GroupArg) -> tuple[int, ...] | None:
         if ranks is None:
             return None
-        key = tuple(sorted(int(r) for r in ranks))
+        key = self._key(ranks)
         return None if len(key) == self.world_size else key
 
     def group_size(self, ranks: GroupArg) -> int:
-        return self.world_size if ranks is None else len(set(ranks))
+        return self.world_size if ranks is None else len(self._key(ranks))
 
     # ------------------------------------------------------------- plumbing
     def _run(self, op: str, payload: torch.Tensor, group: GroupArg, async_op: bool,
