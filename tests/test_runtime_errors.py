@@ -108,3 +108,81 @@ def test_a_users_code_sent_by_value_keeps_its_file_and_line(tmp_path):
     with pytest.raises(ZeroDivisionError) as info:
         f(0)
     assert f'File "{path}", line 2, in f' in "".join(traceback.format_tb(info.tb))
+
+
+class SkipsInit(DDPStrategy):
+    def __init__(self, lr: float = 1e-3):  # forgets super().__init__()
+        self.lr = lr
+
+
+class SkipsSetup(DDPStrategy):
+    def setup(self, model, comm, ctx):  # forgets super().setup(...)
+        self.extra = 1
+
+
+def test_a_strategy_that_skips_the_base_init_fails_in_the_parent_naming_the_fix():
+    from exonet.toy import synthetic_classification, tiny_mlp
+
+    with pytest.raises(TypeError, match=r"fit: SkipsInit.__init__ did not call super\(\).__init__\(...\)"):
+        LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4)).fit(SkipsInit(), num_nodes=2, max_steps=1,
+                                                                           progress=False)
+
+
+@pytest.mark.slow
+def test_a_strategy_that_skips_the_base_setup_is_named_by_its_node():
+    from exonet.toy import synthetic_classification, tiny_mlp
+
+    with pytest.raises(NodeFailure, match=r"SkipsSetup.setup did not call super\(\).setup\(model, comm, ctx\)"):
+        LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4)).fit(SkipsSetup(), num_nodes=1, max_steps=1,
+                                                                           batch_size=8, progress=False)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"timeout_s": 0}, ValueError, r"fit: timeout_s must be > 0, got 0"),
+    ({"timeout_s": -5}, ValueError, r"fit: timeout_s must be > 0"),
+    ({"timeout_s": "10"}, TypeError, r"fit: timeout_s must be a number, got '10'"),
+    ({"shuffle": "no"}, TypeError, r"fit: shuffle must be True or False, got 'no'"),
+    ({"count_flops": "yes"}, TypeError, r"fit: count_flops must be True or False"),
+    ({"run_dir": __file__}, ValueError, r"fit: run_dir must be a folder .* got the file"),
+])
+def test_fit_arguments_are_checked_before_any_node_starts(kwargs, error, match):
+    from exonet.toy import synthetic_classification, tiny_mlp
+
+    with pytest.raises(error, match=match):
+        LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4)).fit(DDPStrategy(), num_nodes=2, max_steps=1,
+                                                                           progress=False, **kwargs)
+
+
+class StallsRankOne(DDPStrategy):
+    def step(self):
+        if self.rank == 1 and self.local_step == 1:
+            import time
+
+            time.sleep(6)  # in its own code, not in a collective: its peer's all-reduce times out
+        super().step()
+
+
+@pytest.mark.slow
+def test_a_collective_that_times_out_names_the_rank_that_was_not_in_one():
+    from exonet.toy import synthetic_classification, tiny_mlp
+
+    with pytest.raises(NodeFailure, match=r"(?s)node 0 failed: .*Timed out.*\(exonet: a collective waited longer "
+                                          r"than fit's timeout_s=2 s for its peers; rank 1 was not in a collective"):
+        LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4)).fit(StallsRankOne(), num_nodes=2, max_steps=3,
+                                                                           batch_size=8, timeout_s=2, progress=False)
+
+
+class PassesUnequalSizes(DDPStrategy):
+    def step(self):
+        self.comm.all_reduce(torch.zeros(4 if self.rank == 0 else 8))  # gloo aborts the process it reaches
+        super().step()
+
+
+@pytest.mark.slow
+def test_a_node_gloo_aborts_for_unequal_sizes_is_told_what_to_check():
+    from exonet.toy import synthetic_classification, tiny_mlp
+
+    with pytest.raises(NodeFailure, match=r"killed by signal SIGABRT \(gloo aborts a node whose peers pass a different "
+                                          r"size to one collective: check that every rank passes the same shape"):
+        LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4)).fit(PassesUnequalSizes(), num_nodes=2,
+                                                                           max_steps=2, batch_size=8, progress=False)

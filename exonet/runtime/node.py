@@ -164,6 +164,16 @@ class TrainNode:
     # ----------------------------------------------------------------- data
     # Loaders get private generators: the global RNG (dropout ...) is the model's alone, so
     # a checkpoint's RNG state does not depend on when loaders were created.
+    def _setup_strategy(self) -> None:
+        """Bind the strategy to this node; an override of ``setup`` that skipped the base's is named here."""
+        cfg = self.cfg
+        self.strategy.setup(self.model, self.comm,
+                            NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
+        if getattr(self.strategy, "comm", None) is not self.comm:
+            name = type(self.strategy).__name__
+            raise TypeError(f"{name}.setup did not call super().setup(model, comm, ctx): the base Strategy binds "
+                            f"the model, the communicator and the optimizer there")
+
     def _val_loader(self) -> DataLoader | None:
         if self.val_data is None or self.rank != self.cfg.evaluator:
             return None
@@ -211,8 +221,7 @@ class TrainNode:
         if cfg.count_flops:  # the FLOP profile's hooks, before the strategy's own, so spans split first
             for i, p in enumerate(self._grad_params()):
                 p.register_post_accumulate_grad_hook(lambda _, i=i: self._grad_ready(i))
-        self.strategy.setup(self.model, self.comm,
-                            NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
+        self._setup_strategy()
         first = next(batches)
         flops, self._flops_at = self._count_flops(first) if cfg.count_flops else (0.0, [])
         if cfg.resume_dir is not None:
@@ -258,8 +267,7 @@ class TrainNode:
         """
         cfg = self.cfg
         val_loader = self._val_loader()
-        self.strategy.setup(self.model, self.comm,
-                            NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
+        self._setup_strategy()
         self.heartbeat.started()
         self.comm.begin()
 

@@ -55,7 +55,7 @@ from exonet.runtime.messages import (
 from exonet.runtime.node import NodeConfig, node_main
 from exonet.runtime.record import RunRecord
 from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value, shared_bytes
-from exonet.runtime.watchdog import SLOTS, Watchdog
+from exonet.runtime.watchdog import BLOCKED, SLOTS, Watchdog
 from exonet.strategies.base import Strategy
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,10 @@ ECHO_S = 0.5  # how long a node's error waits for the failure it may echo (a pee
 
 def _exit_reason(code: int | None) -> str:
     if code is not None and code < 0:
+        if -code == signal.SIGABRT:
+            return ("killed by signal SIGABRT (gloo aborts a node whose peers pass a different size to one "
+                    "collective: check that every rank passes the same shape and dtype; the node's stderr has "
+                    "gloo's own message)")
         try:
             return f"killed by signal {signal.Signals(-code).name}"
         except ValueError:
@@ -214,7 +218,18 @@ class Supervisor:
                     first = min(first, msg, key=lambda m: m.at)
                 elif msg is not None:
                     self._handle(msg)
-        return NodeFailure(first.rank, first.traceback.rstrip())
+        return NodeFailure(first.rank, first.traceback.rstrip() + self._timeout_hint(first.traceback))
+
+    def _timeout_hint(self, text: str) -> str:
+        """For a collective that timed out: which ranks were not in one then (the likely stragglers)."""
+        if "Timed out" not in text and "DistStoreError" not in text:
+            return ""
+        free = [r for r, p in enumerate(self.procs) if p.exitcode is None and r not in self.record.done
+                and not self.beats[r * SLOTS + BLOCKED]]
+        who = (f"rank {', '.join(map(str, free))} {'was' if len(free) == 1 else 'were'} not in a collective then"
+               if free else "every rank was in one (mismatched calls: another op, group or order on some rank?)")
+        return (f"\n(exonet: a collective waited longer than fit's timeout_s={self.cfg.timeout_s:g} s for its "
+                f"peers; {who}. Raise timeout_s if a rank is merely slow.)")
 
     def _check_alive(self) -> None:
         for rank, p in enumerate(self.procs):

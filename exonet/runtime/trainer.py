@@ -183,6 +183,9 @@ class LocalTrainer:
         if not isinstance(strategy, Strategy):
             raise TypeError("fit: strategy must be an exonet.strategies.Strategy instance, "
                             f"got {type(strategy).__name__}")
+        if not hasattr(strategy, "optim_spec"):  # set by Strategy.__init__ alone
+            raise TypeError(f"fit: {type(strategy).__name__}.__init__ did not call super().__init__(...): the base "
+                            f"Strategy sets the optimizer, clipping and schedule there")
         k = _check_int("num_nodes", num_nodes, 1)
         strategy.check_world(k)
         batch_size = _check_int("batch_size", batch_size, 1)
@@ -205,7 +208,13 @@ class LocalTrainer:
                              f"{', '.join(RESERVED_LOADER_ARGS)} itself (use batch_size, shuffle and seed)")
         if progress_timeout_s is not None:
             check_range("fit: progress_timeout_s", progress_timeout_s, low=0, low_open=True)
+        check_range("fit: timeout_s", timeout_s, low=0, low_open=True)
+        for name, flag in (("shuffle", shuffle), ("count_flops", count_flops), ("progress", progress)):
+            if not isinstance(flag, bool):  # "no" is truthy: a string would silently mean True
+                raise TypeError(f"fit: {name} must be True or False, got {flag!r}")
         run_dir = one_of(run_dir=run_dir, save_dir=legacy.get("save_dir"))
+        if run_dir is not None and os.path.exists(run_dir) and not os.path.isdir(run_dir):
+            raise ValueError(f"fit: run_dir must be a folder (runs are created inside it), got the file {run_dir!r}")
         if checkpoint_interval is not None:
             _check_int("checkpoint_interval", checkpoint_interval, 1)
             if run_dir is None and resume_from is None:
