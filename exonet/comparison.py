@@ -216,13 +216,13 @@ def _smooth(points: list[tuple[float, float]], window: int = 10) -> list[tuple[f
     return out
 
 
-def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: float | None = None,
-            loss: str = "auto") -> Comparison:
+def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenarios: Sequence[Any],
+            target_loss: float | None = None, loss: str = "auto") -> Comparison:
     """Replay every run in every scenario.
 
     Args:
         runs: name → FitResult, Trace, run directory, or a folder of runs (every complete run in it;
-            incomplete ones are left out with a warning).
+            incomplete ones are left out with a warning); or one folder, or a list (named by their folders).
         scenarios: Scenario objects, preset names or paths.
         target_loss: report the simulated time at which each run first reached this loss.
         loss: the quantity of "to target" and of ``plot``: "validation", "train", or "auto" (validation when
@@ -235,6 +235,14 @@ def compare(runs: Mapping[str, Any], scenarios: Sequence[Any], target_loss: floa
     from exonet.netsim import simulate
     from exonet.scenario import Scenario
 
+    if isinstance(runs, (str, os.PathLike)):
+        runs = [runs]
+    if isinstance(runs, (list, tuple)):  # named by their folders, or by position
+        runs = {Path(obj).name if isinstance(obj, (str, os.PathLike)) else f"run {i}": obj
+                for i, obj in enumerate(runs)}
+    if not isinstance(runs, Mapping):
+        raise TypeError(f"compare: runs must map names to runs (FitResult, Trace, run directory or folder of runs), "
+                        f"or be a folder or a list of them, got {type(runs).__name__}")
     if not runs:
         raise ValueError("compare: runs is empty; pass a mapping of name -> FitResult, Trace or run directory")
     if isinstance(scenarios, (str, os.PathLike, Scenario)):

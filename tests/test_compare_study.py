@@ -70,6 +70,16 @@ def test_to_target_tells_not_reached_from_no_loss_to_judge_by(tiny_run):
     lines = table.to_markdown().splitlines()
     assert "| not reached |" in lines[2] and "| not reached |" not in lines[3] and "| — |" in lines[3]
 
+def test_compare_takes_a_folder_of_runs_or_a_list_as_well_as_a_mapping(tiny_run):
+    from pathlib import Path
+
+    folder = Path(tiny_run.run_dir).parent
+    by_folder, by_list = compare(str(folder), "datacenter"), compare([tiny_run.run_dir], "datacenter")
+    assert [r["run"] for r in by_list.rows] == [Path(tiny_run.run_dir).name]
+    assert len(by_folder.rows) == 1 and by_folder.rows[0]["wall_clock_s"] == by_list.rows[0]["wall_clock_s"]
+    with pytest.raises(TypeError, match="compare: runs must map names to runs .* got int"):
+        compare(42, "datacenter")
+
 def test_fit_with_scenario_simulates_and_resimulates(tiny_run):
     sim = tiny_run.simulate("cross-region")
     assert sim.loss_vs_time()[-1] == (sim.step_end_times[-1], tiny_run.history["train_loss"][-1])
