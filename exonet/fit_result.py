@@ -19,7 +19,7 @@ MODEL_METHODS = frozenset({"state_dict", "load_state_dict", "parameters", "named
                            "cuda", "forward", "requires_grad_", "zero_grad"})
 
 
-@dataclass
+@dataclass(repr=False)
 class FitResult:
     """The outcome of ``LocalTrainer.fit``.
 
@@ -52,6 +52,26 @@ class FitResult:
         if name in MODEL_METHODS:
             return getattr(self.model, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        """One line: what ran and how it ended (the default printed every loss and the whole model)."""
+        from exonet.units import format_bytes, format_time
+
+        strategy = self.config.get("strategy", {})
+        parts = [f"{strategy.get('strategy', '?') if isinstance(strategy, dict) else strategy}",
+                 f"K={self.trace.num_nodes}", f"{self.trace.num_steps(0)} steps"]
+        if self.history.get("eval"):
+            last = self.history["eval"][-1]
+            parts.append(f"val loss {last['loss']:.4g} at step {last.get('step', '?')}")
+        elif self.history.get("train_loss"):
+            parts.append(f"train loss {self.history['train_loss'][-1]:.4g}")
+        parts.append(f"payload/node {format_bytes(self.payload_bytes(0))}")
+        parts.append(f"real {format_time(self.real_time_s)}")
+        if self.sim is not None:
+            parts.append(f"simulated {format_time(self.sim.wall_clock_s)} in {self.sim.scenario_name!r}")
+        if self.run_dir is not None:
+            parts.append(f"run_dir={str(self.run_dir)!r}")
+        return f"FitResult({', '.join(parts)})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the averaged model (the older gym's fit returned it)."""

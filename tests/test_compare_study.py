@@ -202,3 +202,10 @@ def test_compare_warns_once_per_scenario_where_many_streams_overflow_a_queue():
         compare({"a": small_trace(2), "b": small_trace(2)}, [base, ideal])
     assert sum("overflow" in str(w.message) for w in caught) == 1
     assert not any("scenario ideal" in str(w.message) for w in caught)
+
+
+def test_a_fit_result_prints_as_one_line_saying_what_ran_and_how_it_ended(tiny_run):
+    text = repr(tiny_run)
+    assert text.startswith("FitResult(DDPStrategy, K=2, 6 steps, val loss ") and "at step 6" in text
+    assert "payload/node" in text and f"run_dir={str(tiny_run.run_dir)!r}" in text and "\n" not in text
+    assert len(text) < 160 + len(str(tiny_run.run_dir))  # not every loss and the whole model
