@@ -45,6 +45,7 @@ from exonet.estimate_hub import OnlineHub, RankLink
 from exonet.scenario.schema import did_you_mean
 from exonet.strategies.base import NodeContext, Strategy
 from exonet.trace import Collective, Compute, Step, Trace
+from exonet.units import plural
 
 DEFAULT_LAYERS = 24
 DEFAULT_MFU = 0.4  # model FLOPs utilisation when neither --mfu nor a scenario's device gives one
@@ -367,13 +368,13 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
         net = make_model()
-        described = (f"{layers} transformer-like blocks of 12·d² parameters, d = {net.width}, "
+        described = (f"{plural(layers, 'transformer-like block')} of 12·d² parameters, d = {net.width}, "
                      f"and a {net.vocab}×{net.width} embedding")
     real_params = sum(p.numel() for p in net.parameters())
     if model is None and not params / 2 <= real_params <= 2 * params:
-        raise ValueError(f"--model-params {params:g}: {layers} transformer-like blocks cannot hold about that many "
-                         f"parameters (the nearest stack has {real_params:,}); give a count such as 1.5e9, or other "
-                         f"--layers")
+        blocks = plural(layers, "transformer-like block")
+        raise ValueError(f"--model-params {params:g}: {blocks} cannot hold about that many parameters (the nearest "
+                         f"stack has {real_params:,}); give a count such as 1.5e9, or other --layers")
     strategy.check_world(nodes)
     rerun = None
     if strategy.asynchronous:

@@ -18,7 +18,7 @@ from typing import Any
 from exonet.estimate import estimate, simulate_estimate
 from exonet.scenario import Scenario
 from exonet.strategies.base import Strategy
-from exonet.units import format_bytes, format_time
+from exonet.units import format_bytes, format_time, plural
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Scale:
 
     def describe(self, nodes: int) -> str:
         """The one line that says how the projection is made."""
-        return (f"projected to {self.params:.3g} parameters ({self.dtype}), {nodes} nodes, "
+        return (f"projected to {self.params:.3g} parameters ({self.dtype}), {plural(nodes, 'node')}, "
                 f"{self.tokens_per_node_step:,} tokens per node per step: each strategy's own step logic on meta "
                 f"tensors (exonet estimate), compute = 6·P·tokens at the scenario's TFLOP/s x MFU, {self.steps} steps "
                 f"simulated and scaled to {self.per_steps:,}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from exonet.netsim.result import SimResult
 from exonet.netsim.spans import COMM, COMPUTE, IDLE
+from exonet.units import plural
 
 COLORS = {COMPUTE: "#4c72b0", COMM: "#dd8452", IDLE: "#d9d9d9"}
 ASYNC_COLOR = "#55a868"
@@ -115,8 +116,8 @@ def draw(result: SimResult, path: str | os.PathLike, *, links: int = 3, title: s
         legend.append(Patch(color=ASYNC_COLOR, label="async collective in flight"))
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(legend), fontsize=8,
               frameon=False, borderaxespad=-1.8)
-    ax.set_title(title or f"{result.scenario_name or 'simulation'}: {n} nodes, {result.num_steps} steps, "
-                          f"{result.wall_clock_s:.4g} s simulated", pad=24)
+    ax.set_title(title or f"{result.scenario_name or 'simulation'}: {plural(n, 'node')}, "
+                          f"{plural(result.num_steps, 'step')}, {result.wall_clock_s:.4g} s simulated", pad=24)
     if top:
         lx = axes[1][0]
         index = {id(link): i for i, link in enumerate(result.links)}

@@ -164,3 +164,8 @@ def format_time(seconds: float) -> str:
     """A duration in the unit a person would read it in ("30 ms", "2.5 min")."""
     steps = [(1e-9, "ns"), (1e-6, "us"), (1e-3, "ms"), (1.0, "s"), (60.0, "min"), (3600.0, "h")]
     return _scaled(float(seconds), steps, "s")
+
+
+def plural(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in agreement: "1 node", "4 nodes" (English plurals in -s only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -407,7 +407,8 @@ class Scenario:
         if "failures" in p:
             lines.extend(_failures(FailureSpec(**p["failures"]), num_nodes))
         if num_nodes is not None:
-            lines.append(f"  resolved for {num_nodes} nodes{f' ({servers} serving)' if servers else ''}:")
+            serving = f" ({servers} serving)" if servers else ""
+            lines.append(f"  resolved for {units.plural(num_nodes, 'node')}{serving}:")
             lines.extend(_layout(self.resolve(num_nodes, servers)))
         return "\n".join(lines)
 
@@ -448,7 +449,7 @@ def _failures(f: FailureSpec, num_nodes: int | None) -> list[str]:
     secs = units.format_time
     repair = {"fixed": secs(f.repair), "exponential": f"Exp(mean {secs(f.repair)})",
               "lognormal": f"lognormal(mean {secs(f.repair)}, sigma {f.sigma:g})"}[f.distribution]
-    nodes = "nodes" if num_nodes is None else f"{num_nodes} nodes"
+    nodes = "nodes" if num_nodes is None else units.plural(num_nodes, "node")
     per_hour = f.expected_failures(1 if num_nodes is None else num_nodes, 3600.0)
     cycle = secs(f.mtbf + f.repair + f.restart)
     return [f"  failures    per node: up Exp(mtbf {secs(f.mtbf)}), then down {repair} + restart {secs(f.restart)}, "
