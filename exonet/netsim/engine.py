@@ -168,7 +168,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         self._set_up: set[tuple[int, ...]] = set()  # groups whose one-time set-up is paid
         for r, outages in enumerate(self._cm.down):
             for t0, t1 in outages:
-                self._schedule_outage(r, t0, t1)
+                self._schedule_outage(r, ticks(t0), ticks(t1))
             self._ranks[r].gate = 0 in self._cm.gated_steps[r]
         self._failing = 0  # failure calls on the agenda
         self._stalled: dict[int, int] = {}  # rank -> its next failure, while nothing else can move
@@ -328,7 +328,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         for length in lengths:
             if length > 0:
                 self._cm.add_down(rk.rank, t0, t0 + length)
-                self._schedule_outage(rk.rank, t0, t0 + length)
+                self._schedule_outage(rk.rank, rk.t, rk.t + ticks(length))
         return True
 
     def _group(self, rank: int, group: tuple[int, ...] | None) -> tuple[int, ...]:

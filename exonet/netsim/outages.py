@@ -13,10 +13,11 @@ from exonet.netsim.agenda import OUTAGE, seconds, ticks
 class Outages:
     """Putting ranks down and up: scheduled windows and the failure process."""
 
-    def _schedule_outage(self, rank: int, t0: float, t1: float) -> None:
-        """Take ``rank`` down over [t0, t1) seconds."""
-        self._agenda.at(ticks(t0), self._outage, rank, True, order=(OUTAGE, rank))
-        self._agenda.at(ticks(t1), self._outage, rank, False, order=(OUTAGE, rank))
+    def _schedule_outage(self, rank: int, t0: int, t1: int) -> None:
+        """Take ``rank`` down over ticks [t0, t1) (ticks: an outage starting at a rank's cursor, which may be
+        now, must not round to before it)."""
+        self._agenda.at(t0, self._outage, rank, True, order=(OUTAGE, rank))
+        self._agenda.at(t1, self._outage, rank, False, order=(OUTAGE, rank))
 
     def _schedule_failure(self, rank: int, k: int) -> None:
         """Put ``rank``'s k-th failure on the agenda (drawn now if need be): its start (not before now), its end."""
