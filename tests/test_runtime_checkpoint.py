@@ -62,7 +62,11 @@ def resumed(tmp_path_factory):
 
 def test_killed_run_keeps_its_last_committed_checkpoint(resumed):
     _, after_kill, _ = resumed
-    assert after_kill["latest"] == {"step": 4, "dir": "step-00000004"}
+    latest = after_kill["latest"]
+    assert {k: latest[k] for k in ("step", "dir")} == {"step": 4, "dir": "step-00000004"}
+    # each rank's first loss, which a resumed run's divergence watch measures against (its mean: step 0's loss)
+    assert sorted(latest["references"]) == ["0", "1"]
+    assert sum(latest["references"].values()) / 2 == pytest.approx(after_kill["history"]["train_loss"][0], rel=1e-6)
     assert after_kill["files"] == sorted([
         "config.json", "metrics.jsonl", "trace.jsonl", "status.json", "checkpoints/latest.json",
         "checkpoints/step-00000004/node-0.pt", "checkpoints/step-00000004/node-1.pt",
@@ -144,3 +148,26 @@ def test_demo_resumes_exactly_from_its_checkpointed_dct_momentum(tmp_path):
     for a, b in zip(whole.model.parameters(), again.model.parameters()):
         assert torch.equal(a, b)
     assert again.history["train_loss"] == whole.history["train_loss"]
+
+
+def test_a_resumed_run_judges_divergence_against_the_first_losses_of_the_run_it_continues(tmp_path):
+    from exonet.errors import DivergenceError
+    from exonet.runtime.checkpoint import CheckpointBook, load_latest
+    from exonet.runtime.divergence import DivergenceWatch
+    from exonet.trace import Trace
+
+    watch = DivergenceWatch()
+    watch.restore({0: 2.3, 1: 2.2})  # the untrained losses; the resumed run first reports a trained 0.06
+    watch.check(0, 101, 0.06)
+    watch.check(0, 108, 0.82)  # over 10x 0.06, far under 10x 2.3: a healthy run's spike
+    with pytest.raises(DivergenceError, match="over 10x its first \\(2.3\\)"):
+        watch.check(0, 109, 23.5)
+    book = CheckpointBook(tmp_path / "checkpoints", 2)
+    trace = Trace(2)
+    for node in range(2):
+        (book.root / "step-00000004").mkdir(parents=True, exist_ok=True)
+        torch.save({}, book.root / "step-00000004" / f"node-{node}.pt")
+    book.commit(4, {"train_loss": [2.25, 1.0]}, trace, {0: 2.3, 1: 2.2})
+    assert load_latest(tmp_path, 2).references == {0: 2.3, 1: 2.2}
+    book.commit(4, {"train_loss": [2.25, 1.0]}, trace)  # as a checkpoint written before references were kept
+    assert load_latest(tmp_path, 2).references == {0: 2.25, 1: 2.25}

@@ -101,12 +101,17 @@ class CheckpointBook:
         del self._reports[step]
         return True
 
-    def commit(self, step: int, history: dict[str, list], trace: Trace) -> None:
-        """Make ``step`` the checkpoint to resume from, then drop older ones."""
+    def commit(self, step: int, history: dict[str, list], trace: Trace,
+               references: dict[int, float] | None = None) -> None:
+        """Make ``step`` the checkpoint to resume from, then drop older ones (``references``: each rank's
+        first loss, which the divergence watch of a resumed run measures against)."""
         folder = step_dir(self.root, step)
         write_metrics(folder / "metrics.jsonl", history)
         trace.save(folder / "trace.jsonl")
-        write_json(self.root / LATEST, {"step": step, "dir": folder.name})
+        record: dict[str, Any] = {"step": step, "dir": folder.name}
+        if references:
+            record["references"] = {str(rank): loss for rank, loss in references.items()}
+        write_json(self.root / LATEST, record)
         self.prune(below=step)
 
     def prune(self, below: float = float("inf")) -> None:
@@ -126,6 +131,7 @@ class Resume:
     folder: Path
     history: dict[str, list]
     trace: Trace
+    references: dict[int, float]  # each rank's first loss in the run resumed (exonet.runtime.divergence)
 
 
 def load_latest(run_path: Path, num_nodes: int) -> Resume:
@@ -147,4 +153,11 @@ def load_latest(run_path: Path, num_nodes: int) -> Resume:
     if trace.num_nodes != num_nodes:
         raise ValueError(f"resume_from: the checkpoint holds {trace.num_nodes} nodes, "
                          f"this fit has num_nodes={num_nodes}")
-    return Resume(record["step"], folder, read_metrics(folder / "metrics.jsonl"), trace)
+    history = read_metrics(folder / "metrics.jsonl")
+    saved = record.get("references")
+    if isinstance(saved, dict):
+        references = {int(rank): float(loss) for rank, loss in saved.items()}
+    else:  # a checkpoint from before references were kept: the first step's mean loss stands for each rank's
+        first = (history.get("train_loss") or [None])[0]
+        references = {} if first is None else dict.fromkeys(range(num_nodes), float(first))
+    return Resume(record["step"], folder, history, trace, references)

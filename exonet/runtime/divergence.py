@@ -33,6 +33,16 @@ class DivergenceWatch:
         self._first: dict[int, float] = {}
         self._warned: set[int] = set()
 
+    @property
+    def references(self) -> dict[int, float]:
+        """Each rank's first loss, the reference for runaway (a checkpoint keeps it for the resumed run)."""
+        return dict(self._first)
+
+    def restore(self, references: dict[int, float]) -> None:
+        """Continue a resumed run: its ranks' first losses are those of the run it continues, not the
+        already trained losses it reports first."""
+        self._first.update(references)
+
     def check(self, rank: int, step: int, loss: float) -> None:
         """Raise or warn if ``loss`` (rank's training loss at 0-based ``step``) is non-finite or runaway."""
         if self.policy == "ignore":

@@ -178,7 +178,8 @@ class Supervisor:
         kind, rank = type(msg), msg.rank
         if kind is Checkpointed:
             if self.book is not None and self.book.report(rank, msg.step):
-                self.book.commit(msg.step, *self.record.snapshot(msg.step))
+                watch = self.record.watch
+                self.book.commit(msg.step, *self.record.snapshot(msg.step), watch.references if watch else None)
         elif kind is NodeError:
             raise self._blame(msg)
         else:
@@ -337,6 +338,8 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
     sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
     sup.record.watch = watch
+    if resume is not None and watch is not None:
+        watch.restore(resume.references)
     t0 = time.perf_counter()
     finished = False
     try:
