@@ -33,6 +33,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 from exonet.bench._procmem import MIB, TreeSampler
 
+NOISE_BYTES = 100 * MIB  # run-to-run spread of the summed PSS of K node processes (seen: -83 MiB of 'extra')
+
 DIM = 64
 ROW_BYTES = DIM * 4 + 8  # float32 features and an int64 label
 
@@ -113,6 +115,9 @@ def main(argv: list[str]) -> dict[str, Any]:
     size = rows * ROW_BYTES
     print(f"memory bench: K={args.nodes}, DDP on the bench MLP, {args.steps} steps; dataset {size / MIB:.0f} MiB "
           f"({rows} rows) against {args.tiny_rows} rows; summed PSS of parent, forkserver and nodes")
+    if size < NOISE_BYTES * 5:
+        print(f"  caution: K processes' memory varies by about {NOISE_BYTES / MIB:.0f} MiB from run to run, so below "
+              f"{5 * NOISE_BYTES / 2**30:.1f} GiB (--gib) the extra and its ratio are mostly that noise")
     figures: dict[str, Any] = {"nodes": args.nodes, "dataset_bytes": size, "kinds": {}}
     for kind in args.kinds.split(","):
         tiny = measure_fresh(kind, args.tiny_rows, args.nodes, args.steps)
