@@ -12,7 +12,7 @@ import abc
 import inspect
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -196,19 +196,16 @@ class Strategy(abc.ABC):
         self.optim_spec = OptimSpec.coerce(optim_spec, "optim_spec", _default_inner())
         if max_norm is not None:
             check_range("max_norm", max_norm, low=0, low_open=True)
-        if lr_scheduler == "lambda_cosine":  # the seed gym's spelling: warm-up, then cosine if cosine_anneal
-            seed_kwargs = dict(lr_scheduler_kwargs or {})
-            unknown = set(seed_kwargs) - {"warmup_steps", "cosine_anneal"}
+        if lr_scheduler == "lambda_cosine":  # the seed gym's schedule, its defaults and its arithmetic
+            unknown = set(lr_scheduler_kwargs or {}) - set(GYM_LAMBDA_COSINE)
             if unknown:
-                raise ValueError(f"lr_scheduler_kwargs: 'lambda_cosine' takes warmup_steps and cosine_anneal, "
+                raise ValueError(f"lr_scheduler_kwargs: 'lambda_cosine' takes {', '.join(GYM_LAMBDA_COSINE)}, "
                                  f"not {', '.join(sorted(unknown))}")
-            warmup_steps = seed_kwargs.get("warmup_steps", warmup_steps)
-            lr_scheduler = "cosine" if seed_kwargs.get("cosine_anneal", True) else None
-            lr_scheduler_kwargs = None
-        if lr_scheduler is not None and lr_scheduler != "cosine" and not (
+        elif lr_scheduler is not None and lr_scheduler != "cosine" and not (
             isinstance(lr_scheduler, type) and issubclass(lr_scheduler, torch.optim.lr_scheduler.LRScheduler)
         ):
-            raise ValueError(f"lr_scheduler must be None, 'cosine' or a torch LRScheduler class, got {lr_scheduler!r}")
+            raise ValueError(f"lr_scheduler must be None, 'cosine', 'lambda_cosine' or a torch LRScheduler class, "
+                             f"got {lr_scheduler!r}")
         check_range("warmup_steps", warmup_steps, low=0, integer=True)
         check_range("cosine_min_ratio", cosine_min_ratio, low=0, high=1)
         self.max_norm = max_norm
@@ -298,6 +295,8 @@ class Strategy(abc.ABC):
     def _build_scheduler(self, optimizer: torch.optim.Optimizer, max_steps: int):
         if isinstance(self.lr_scheduler, type):
             return self.lr_scheduler(optimizer, **self.lr_scheduler_kwargs)
+        if self.lr_scheduler == "lambda_cosine":
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, gym_lambda_cosine(self.lr_scheduler_kwargs, max_steps))
         if self.lr_scheduler is None and self.warmup_steps == 0:
             return None
         warmup, floor, cosine = self.warmup_steps, self.cosine_min_ratio, self.lr_scheduler == "cosine"
@@ -311,6 +310,29 @@ class Strategy(abc.ABC):
             return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# the seed gym's lambda_cosine: its keys and defaults
+GYM_LAMBDA_COSINE = {"warmup_steps": 1, "cosine_anneal": False, "max_steps": None}
+
+
+def gym_lambda_cosine(kwargs: dict[str, Any], max_steps: int) -> Callable[[int], float]:
+    """The seed gym's ``lambda_cosine`` factor, as it computes it: linear warm-up from 0 over ``warmup_steps``
+    (default 1), then constant, or with ``cosine_anneal`` a cosine down to 0.1 at ``max_steps`` (the fit's, or
+    the smaller given)."""
+    warmup = kwargs.get("warmup_steps", GYM_LAMBDA_COSINE["warmup_steps"])
+    cosine = kwargs.get("cosine_anneal", GYM_LAMBDA_COSINE["cosine_anneal"])
+    end = min(kwargs["max_steps"], max_steps) if kwargs.get("max_steps") is not None else max_steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(warmup, 1)
+        if not cosine:
+            return 1.0
+        progress = (step - warmup) / max(1, end - warmup)
+        return 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)) + 0.1
+
+    return factor
 
 
 def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:

@@ -10,6 +10,7 @@ stand-in data. Only their imports differ from the gym's.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import warnings
 from functools import partial
@@ -236,3 +237,28 @@ def test_the_gym_nanogpt_example_runs_with_only_its_imports_changed(tmp_path, mo
         (run,) = [p for p in os.scandir("checkpoints") if p.is_dir() and p.name.endswith(f"{name}_run")]
         with open(os.path.join(run.path, "validation.csv")) as f:
             assert [int(r["step"]) for r in csv.DictReader(f)] == [2, 4]
+
+
+@pytest.mark.parametrize(("kwargs", "want"), [
+    # the gym's defaults: one warm-up step from 0, then constant (no cosine unless asked)
+    ({}, [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    ({"warmup_steps": 4}, [0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    # cosine from the end of warm-up to max_steps, floored at 0.1 of the base lr
+    ({"warmup_steps": 2, "cosine_anneal": True},
+     [0.0, 0.5] + [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 8)) for s in range(2, 10)]),
+    # max_steps in the kwargs ends the cosine sooner than the fit's
+    ({"warmup_steps": 2, "cosine_anneal": True, "max_steps": 6},
+     [0.0, 0.5] + [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 4)) for s in range(2, 10)]),
+])
+def test_lambda_cosine_is_the_gyms_schedule(kwargs, want):
+    s = SimpleReduceStrategy(lr_scheduler="lambda_cosine", lr_scheduler_kwargs=kwargs)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = s._build_scheduler(opt, 10)
+    got = []
+    for _ in range(10):
+        got.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert got == pytest.approx(want, abs=1e-12)
+    with pytest.raises(ValueError, match="'lambda_cosine' takes warmup_steps, cosine_anneal, max_steps, not min_lr"):
+        SimpleReduceStrategy(lr_scheduler="lambda_cosine", lr_scheduler_kwargs={"min_lr": 0.1})
