@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from exonet import LocalTrainer, NodeFailure, Trace, TraceError
 from exonet.rundir import load_run
@@ -29,6 +29,13 @@ def fit(model: torch.nn.Module | None = None, train: Any = DATA, strategy: Any =
     trainer = LocalTrainer(model if model is not None else tiny_mlp(), train)
     return trainer.fit(strategy if strategy is not None else DDPStrategy(), progress=False,
                        **{"num_nodes": 2, "max_steps": 2, "batch_size": 8, **kwargs})
+
+
+class Stream(IterableDataset):
+    """Samples by iteration only: they cannot be dealt to nodes by index."""
+
+    def __iter__(self):
+        return iter(DATA)
 
 
 class LockHolder(torch.nn.Module):
@@ -109,9 +116,18 @@ CASES: list[Any] = [
     # LocalTrainer
     ("model not a Module", lambda: LocalTrainer("mlp", DATA), TypeError, r"model must be a torch.nn.Module, got str"),
     ("train_dataset neither", lambda: LocalTrainer(tiny_mlp(), 5), TypeError,
-     r"train_dataset must be a Dataset or a factory f\(rank, num_nodes, train\), got int"),
+     r"train_dataset must be a map-style Dataset .* or a factory f\(rank, num_nodes, train\) returning one, got int"),
     ("val_dataset neither", lambda: LocalTrainer(tiny_mlp(), DATA, 5), TypeError,
-     r"val_dataset must be a Dataset or a factory"),
+     r"val_dataset must be a map-style Dataset"),
+    ("train_dataset iterable", lambda: LocalTrainer(tiny_mlp(), Stream()), TypeError,
+     r"LocalTrainer: train_dataset must be a map-style Dataset \(with __len__ and __getitem__: nodes are dealt "
+     r"samples by index\).*got Stream"),
+    ("val_dataset iterable", lambda: LocalTrainer(tiny_mlp(), DATA, Stream()), TypeError,
+     r"LocalTrainer: val_dataset must be a map-style Dataset"),
+    ("factory with one argument", lambda: LocalTrainer(tiny_mlp(), lambda rank: DATA).fit(DDPStrategy(), 2), TypeError,
+     r"train_dataset: the factory must take \(rank, num_nodes, train\)"),
+    ("factory returning None", lambda: LocalTrainer(tiny_mlp(), lambda r, k, t: None).fit(DDPStrategy(), 2), TypeError,
+     r"train_dataset \(built by its factory for rank 0\) must be a map-style Dataset .* got NoneType"),
     # what cannot travel to the node processes is named (lambdas and local classes travel by value)
     ("model holding a lock", lambda: fit(model=LockHolder()), TypeError,
      r"model.inner.lock \(_thread.lock\) cannot be pickled .*open them inside the node"),
@@ -133,7 +149,7 @@ CASES: list[Any] = [
     ("max_norm<0", lambda: DDPStrategy(max_norm=-1.0), ValueError, r"max_norm must be > 0"),
     ("max_norm str", lambda: DDPStrategy(max_norm="1"), TypeError, r"max_norm must be a number"),
     ("lr_scheduler unknown", lambda: DDPStrategy(lr_scheduler="linear"), ValueError,
-     r"lr_scheduler must be None, 'cosine' or a torch LRScheduler class, got 'linear'"),
+     r"lr_scheduler must be None, 'cosine', 'lambda_cosine' or a torch LRScheduler class, got 'linear'"),
     ("warmup_steps<0", lambda: DDPStrategy(warmup_steps=-1), ValueError, r"warmup_steps must be >= 0"),
     ("warmup_steps float", lambda: DDPStrategy(warmup_steps=1.5), TypeError, r"warmup_steps must be an integer"),
     ("cosine_min_ratio>1", lambda: DDPStrategy(cosine_min_ratio=2.0), ValueError, r"cosine_min_ratio must be <= 1"),
@@ -226,3 +242,10 @@ def test_a_missing_artifact_is_named(finished_run: Path, tmp_path: Path, name: s
 def test_a_finished_run_loads(finished_run: Path) -> None:
     config, history, trace = load_run(finished_run)
     assert config["num_nodes"] == 2 and len(history["train_loss"]) == 3 and trace.num_steps(0) == 3
+
+
+def test_val_interval_without_a_val_dataset_warns_that_nothing_is_evaluated():
+    with pytest.warns(UserWarning, match=r"fit: val_interval=3 but this LocalTrainer has no val_dataset"):
+        result = LocalTrainer(tiny_mlp(), DATA).fit(DDPStrategy(), 1, max_steps=3, batch_size=8, val_interval=3,
+                                                    progress=False)
+    assert result.history["eval"] == []

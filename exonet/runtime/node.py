@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from exonet.communicator import Communicator
 from exonet.runtime.checkpoint import load_node, save_node
@@ -75,15 +75,37 @@ class NodeConfig:
         return self.num_nodes if self.servers else 0
 
 
+MAP_STYLE = ("a map-style Dataset (with __len__ and __getitem__: nodes are dealt samples by index) or a factory "
+             "f(rank, num_nodes, train) returning one")
+
+
 def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> Dataset:
     """A Dataset is used as given (split later by a sampler); a factory builds this rank's shard."""
-    if isinstance(data, Dataset) or hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+    name = "train_dataset" if train else "val_dataset"
+    if not is_factory(data):
+        check_map_style(name, data)
         return data
-    return data(rank, num_nodes, train)
+    try:
+        built = data(rank, num_nodes, train)
+    except TypeError as exc:
+        if "positional argument" not in str(exc):
+            raise
+        raise TypeError(f"{name}: the factory must take (rank, num_nodes, train), as f(rank, num_nodes, train); "
+                        f"calling it failed: {exc}") from None
+    check_map_style(f"{name} (built by its factory for rank {rank})", built)
+    return built
+
+
+def check_map_style(name: str, data: Any) -> None:
+    """Raise TypeError naming ``name`` unless ``data`` is a dataset nodes can be dealt samples of by index."""
+    if isinstance(data, IterableDataset) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise TypeError(f"{name} must be {MAP_STYLE}, got {type(data).__name__}")
 
 
 def is_factory(data: Any) -> bool:
-    return not (isinstance(data, Dataset) or hasattr(data, "__getitem__") and hasattr(data, "__len__"))
+    """A callable that is not itself a dataset (an IterableDataset is a dataset, not a factory)."""
+    return callable(data) and not isinstance(data, Dataset) and not (hasattr(data, "__getitem__")
+                                                                   and hasattr(data, "__len__"))
 
 
 def epoch_indices(n: int, rank: int, num_nodes: int, seed: int, epoch: int, shuffle: bool, shared: bool) -> list[int]:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from exonet.arguments import check_range, one_of
 from exonet.fit_result import FitResult
 from exonet.runtime.job import Job
-from exonet.runtime.node import NodeConfig, is_factory, resolve_dataset
+from exonet.runtime.node import NodeConfig, check_map_style, is_factory, resolve_dataset
 from exonet.strategies.base import Strategy
 
 DEVICES = ("cpu", "cuda", "mps")
@@ -69,9 +69,8 @@ class LocalTrainer:
         for name, data in (("train_dataset", train_dataset), ("val_dataset", val_dataset)):
             if data is None and name == "val_dataset":
                 continue
-            if is_factory(data) and not callable(data):
-                raise TypeError(f"LocalTrainer: {name} must be a Dataset or a factory f(rank, num_nodes, train), "
-                                f"got {type(data).__name__}")
+            if not is_factory(data):
+                check_map_style(f"LocalTrainer: {name}", data)
         if start_port is not None:
             warnings.warn("LocalTrainer: start_port is ignored; exonet's rendezvous picks a free port itself",
                           stacklevel=2)
@@ -193,6 +192,9 @@ class LocalTrainer:
         if minibatch > batch_size:
             raise ValueError(f"fit: minibatch_size ({minibatch}) must be <= batch_size ({batch_size})")
         _check_int("val_interval", val_interval or 0, 0)
+        if val_interval and self.val_dataset is None:
+            warnings.warn(f"fit: val_interval={val_interval} but this LocalTrainer has no val_dataset, so nothing is "
+                          f"evaluated; pass one as LocalTrainer(model, train_dataset, val_dataset)", stacklevel=2)
         _check_int("val_size", val_size, 0)
         _check_int("seed", seed, 0)
         device_type, backend, device_ids = self._resolve_device(device if device is not None else self.device,
