@@ -47,9 +47,14 @@ def _gym_optim_spec_for_demo(cls_name: str, names: set[str], kwargs: dict[str, A
     kwargs.update(taken)
     dropped = sorted(set(spec.kwargs) - set(taken))
     if spec.cls.__name__ != "SGD" or dropped:
-        warnings.warn(f"{cls_name}: optim_spec gives DeMo its {', '.join(sorted(taken)) or 'nothing'}; DeMo steps "
-                      f"with its own sign-SGD, so {spec.cls.__name__}"
-                      f"{' and ' + ', '.join(dropped) if dropped else ''} are not used", stacklevel=4)
+        given = [k for k in dropped if k in kwargs]  # passed to DeMo itself: those win
+        unused = [k for k in dropped if k not in kwargs]
+        text = (f"{cls_name}: optim_spec gives DeMo its {', '.join(sorted(taken)) or 'nothing'}; DeMo steps with its "
+                f"own sign-SGD, so {spec.cls.__name__} is not used{', nor its ' + ', '.join(unused) if unused else ''}")
+        if given:
+            wins = "wins" if len(given) == 1 else "win"
+            text += f"; the {', '.join(given)} passed to {cls_name} {wins} over the spec's"
+        warnings.warn(text, stacklevel=4)
 
 
 def translate(cls_name: str, names: set[str], kwargs: dict[str, Any], coerce: Callable[..., Any]) -> dict[str, Any]:

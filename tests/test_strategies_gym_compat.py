@@ -91,9 +91,14 @@ def test_the_gym_strategy_names_and_aliases_are_accepted():
     assert SimpleReduceStrategy(optim_spec=spec).optim_spec is spec
     assert FedAvgStrategy(inner_optim_spec=spec, H=3).optim_spec is spec
     assert SPARTADiLoCoStrategy(inner_optim_spec=spec).optim_spec is spec
-    with pytest.warns(UserWarning, match="DeMo steps with its own sign-SGD, so AdamW"):
+    with pytest.warns(UserWarning, match="DeMo steps with its own sign-SGD, so AdamW is not used$"):
         demo = DeMoStrategy(optim_spec=spec, compression_topk=4)
     assert (demo.lr, demo.weight_decay) == (3e-4, 1e-4)
+    # the gym's nanogpt call: weight_decay given to DeMo too, which wins over the spec's
+    with pytest.warns(UserWarning, match=r"so AdamW is not used; the weight_decay passed to DeMoStrategy wins over "
+                                         r"the spec's$"):
+        demo = DeMoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-3, weight_decay=0.1), weight_decay=0.0)
+    assert (demo.lr, demo.weight_decay) == (1e-3, 0.0)
 
 
 def test_shared_keyword_arguments_are_ignored_with_a_warning_that_says_what_the_gym_did():
