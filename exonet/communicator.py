@@ -217,12 +217,12 @@ class Communicator:
         (A group as long as the world is the world: a typo such as [0, 1, 2, 9] must not pass for it.)
         """
         key = tuple(sorted(int(r) for r in ranks))
-        bad = [r for r in key if not 0 <= r < self.world_size]
-        if bad:
-            raise ValueError(f"group {list(ranks)}: rank {bad[0]} is not a rank in [0, {self.world_size})")
-        twice = sorted({r for r in key if key.count(r) > 1})
-        if twice:
-            raise ValueError(f"group {list(ranks)}: rank {twice[0]} is named twice; name each member once")
+        if key and not 0 <= key[0] <= key[-1] < self.world_size:  # sorted: the ends say it (every collective asks)
+            bad = key[0] if key[0] < 0 else key[-1]
+            raise ValueError(f"group {list(ranks)}: rank {bad} is not a rank in [0, {self.world_size})")
+        if len(set(key)) != len(key):
+            twice = next(a for a, b in zip(key, key[1:]) if a == b)
+            raise ValueError(f"group {list(ranks)}: rank {twice} is named twice; name each member once")
         return key
 
     def group_of(self, ranks: GroupArg) -> Any:

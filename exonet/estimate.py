@@ -368,11 +368,10 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
         net = make_model()
-        described = (f"{plural(layers, 'transformer-like block')} of 12·d² parameters, d = {net.width}, "
-                     f"and a {net.vocab}×{net.width} embedding")
+        blocks = plural(layers, "transformer-like block")
+        described = f"{blocks} of 12·d² parameters, d = {net.width}, and a {net.vocab}×{net.width} embedding"
     real_params = sum(p.numel() for p in net.parameters())
     if model is None and not params / 2 <= real_params <= 2 * params:
-        blocks = plural(layers, "transformer-like block")
         raise ValueError(f"--model-params {params:g}: {blocks} cannot hold about that many parameters (the nearest "
                          f"stack has {real_params:,}); give a count such as 1.5e9, or other --layers")
     strategy.check_world(nodes)
