@@ -42,7 +42,11 @@ def test_ddp_buckets_and_broadcast_on_a_shallow_tbf_queue():
             kinds = [type(e).__name__ for e in events if isinstance(e, (Collective, Wait, Step))]
             assert kinds == case.steps * (["Collective"] * 5 + ["Wait"] * 4 + ["Step"])
     assert m.losses["drops"] > 0 and m.losses["retransmits"] > 0
-    if abs(model - m.real) / m.real > 0.10:  # measured once more and judged on all repeats, as the ring test does
+    # three repeats measure 1.44-1.74 s (model 1.49 s); one CI run met a stretch of retransmission timeouts and
+    # measured 2.2 s twice: measured again, up to three times in all, and judged on all repeats, as the ring test
+    for _ in range(2):
+        if abs(model - m.real) / m.real <= 0.10:
+            break
         again = run_case(case)
         m = BucketMeasurement(case, m.times + again.times, m.traces + again.traces)
         model = m.predict()
