@@ -22,14 +22,19 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from exonet.comparison import Run, expand_runs
     from exonet.netsim import simulate
+    from exonet.scenario import Scenario
 
     runs, notes = expand_runs(Path(args.run).name, args.run)
     for note in notes:
         print(f"exonet simulate: note: {note}", file=sys.stderr)
-    for run_name, run_path in runs.items():
-        run = Run.coerce(run_name, run_path)
-        for name in args.scenario:
-            sim = simulate(run.trace, name, history=run.history.get("train_loss"))
+    loaded = {run_name: Run.coerce(run_name, run_path) for run_name, run_path in runs.items()}
+    scenarios = [Scenario.coerce(name) for name in args.scenario]
+    for run in loaded.values():  # every scenario must fit every run before any result is printed
+        for scenario in scenarios:
+            scenario.resolve(run.trace.num_nodes, servers=run.trace.meta.get("servers", 0))
+    for run_name, run in loaded.items():
+        for scenario in scenarios:
+            sim = simulate(run.trace, scenario, history=run.history.get("train_loss"))
             if len(runs) > 1:
                 print(f"run {run_name}:")
             print(sim.summary())

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from exonet.files import output_path
 from exonet.fit_result import FitResult
 from exonet.trace import Trace
 
@@ -171,7 +172,7 @@ class Comparison:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize="small")
         fig.tight_layout()
-        path = Path(path)
+        path = output_path(path)
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path

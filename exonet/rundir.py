@@ -21,29 +21,15 @@ resolves either kind of path to run directories, for ``exonet simulate`` and ``c
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import Any
 
 from exonet.errors import TraceError
+from exonet.files import atomic_file
 from exonet.trace import Trace
-
-
-@contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[IO[bytes]]:
-    """Write ``path`` through a temporary file renamed into place, so a crash never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from exonet.files import output_path
 from exonet.netsim.result import SimResult
 from exonet.netsim.spans import COMM, COMPUTE, IDLE
 from exonet.units import plural
@@ -130,7 +131,7 @@ def draw(result: SimResult, path: str | os.PathLike, *, links: int = 3, title: s
     axes[-1][0].set_xlabel("simulated time (s)")
     axes[-1][0].set_xlim(0, result.wall_clock_s or 1.0)
     fig.tight_layout()
-    path = Path(path)
+    path = output_path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

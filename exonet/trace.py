@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator, Union
 
 from exonet.errors import TraceError
+from exonet.files import atomic_file
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 P2P_OPS = ("send", "recv")
@@ -282,25 +283,16 @@ class Trace:
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike) -> Path:
         """Write the trace atomically (a temporary file renamed into place)."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         n = 0
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps({"format": FORMAT, "version": VERSION, "num_nodes": self.num_nodes,
-                                    "meta": self.meta}) + "\n")
-                for rank, evs in enumerate(self.events):
-                    for e in evs:
-                        f.write(json.dumps(_encode(rank, e), separators=(",", ":")) + "\n")
-                        n += 1
-                f.write(json.dumps({"end": True, "events": n}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        return path
+        with atomic_file(path, "w") as f:
+            f.write(json.dumps({"format": FORMAT, "version": VERSION, "num_nodes": self.num_nodes,
+                                "meta": self.meta}) + "\n")
+            for rank, evs in enumerate(self.events):
+                for e in evs:
+                    f.write(json.dumps(_encode(rank, e), separators=(",", ":")) + "\n")
+                    n += 1
+            f.write(json.dumps({"end": True, "events": n}) + "\n")
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Trace":

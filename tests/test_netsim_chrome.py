@@ -129,3 +129,14 @@ def test_link_series_is_flat_over_a_lone_collective_and_zero_outside_it():
     first = min(duration, edges[1])
     assert series[0, 0] == pytest.approx(4 / 3 * S * first / duration / (B * edges[1]), **exact)
     assert series[0, 2:] == pytest.approx(np.zeros(windows - 2), abs=1e-15)
+
+
+def test_outputs_go_into_folders_made_on_the_way_and_leave_no_temporary_file(tmp_path):
+    """``--chrome-trace out/run.json`` on a fresh checkout: the folder is made (it was a traceback naming
+    the hidden temporary file); the trace and the Chrome trace land whole, nothing else beside them."""
+    trace = overlapped_trace()
+    saved = trace.save(tmp_path / "a" / "b" / "run.jsonl")
+    assert Trace.load(saved).events == trace.events
+    chrome = simulate(trace, two_regions()).to_chrome_trace(tmp_path / "c" / "x.json")
+    assert json.loads(chrome.read_text())["traceEvents"]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["run.jsonl", "x.json"]

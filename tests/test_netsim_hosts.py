@@ -217,3 +217,22 @@ def test_hosts_must_be_whole_and_inside_one_region():
     sc = two_regions(3, 1e9, hosts={"devices": 2, "bandwidth": "1 Tbit/s"})
     with pytest.raises(ScenarioError, match=r"host 1 \(ranks 2-3\) spans regions 'eu', 'us'"):
         sc.resolve(6)
+
+
+def test_a_per_host_nic_is_set_on_the_hosts_lowest_rank_and_elsewhere_is_an_error():
+    """With nic = "per-host" a host's devices share its lowest rank's NIC: an override on another rank
+    changed nothing while describe() showed it; now it is an error naming the entry and the rank to use.
+    On the lowest rank it slows the host's whole inter-host traffic."""
+    t = Trace(8)
+    for r in range(8):
+        t.add_collective(r, "all_reduce", 10_000_000)
+    base = {"name": "h", "network": {"bandwidth": "10 Gbit/s", "latency": "10 us"},
+            "hosts": {"devices": 4, "bandwidth": "450 GB/s", "nic": "per-host"}}
+    with pytest.raises(ScenarioError, match=r"nodes\[0\] sets the NIC of rank 3, .* share rank 0's NIC"):
+        simulate(t, dict(base, nodes=[{"ranks": [3], "bandwidth": "10 Mbit/s"}]))
+    fast = simulate(t, base).wall_clock_s
+    for ranks in ([0], [0, 1, 2, 3]):
+        slow = simulate(t, dict(base, nodes=[{"ranks": ranks, "bandwidth": "10 Mbit/s"}])).wall_clock_s
+        assert slow > 100 * fast
+    speed_only = dict(base, nodes=[{"ranks": [3], "speed": 0.5}])  # not a NIC: allowed anywhere
+    assert simulate(t, speed_only).wall_clock_s == pytest.approx(fast)

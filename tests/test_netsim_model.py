@@ -469,6 +469,31 @@ def test_compute_mode_picks_what_a_span_costs(net, mode, expected):
         simulate(t, net(1, compute_mode="flops"))
 
 
+def test_a_trace_without_flops_is_timed_by_its_seconds_in_a_flops_scenario_and_says_so(net):
+    """A hand-built trace (seconds only) in a FLOPs preset took no compute at all (utilisation 0): it is
+    timed by its wall seconds, with a caution; a trace that counts FLOPs anywhere keeps FLOPs timing, and
+    jobs of both kinds on one network are an error naming them."""
+    flops = net(1, compute_mode="flops", tflops=2.0, mfu=0.5)
+    t = Trace(1)
+    t.add_compute(0, 2.0, cpu_s=0.5)
+    t.add_step(0)
+    result = simulate(t, flops)
+    assert result.wall_clock_s == pytest.approx(2.0, **exact) and result.utilization == pytest.approx(1.0)
+    assert len(result.cautions) == 1 and "compute timed by the trace's wall seconds" in result.cautions[0]
+    assert "caution: compute timed by the trace's wall seconds" in result.summary()
+    preset = simulate(t, "cross-region")
+    assert preset.wall_clock_s == pytest.approx(2.0, **exact) and "'cross-region'" in preset.cautions[0]
+    counted = Trace(1)
+    counted.add_compute(0, 2.0, flops=4e12)
+    counted.add_compute(0, 1.0)  # a span without FLOPs beside counted ones is the run's own: it costs 0 s
+    counted.add_step(0)
+    result = simulate(counted, flops)
+    assert result.wall_clock_s == pytest.approx(4.0, **exact) and result.cautions == ()
+    with pytest.raises(ScenarioError, match="job 1's compute spans carry no FLOPs while job 0's do"):
+        simulate([counted, t], net(2, compute_mode="flops", tflops=2.0, mfu=0.5))
+    assert simulate([t, t], net(2, compute_mode="flops", tflops=2.0, mfu=0.5)).cautions
+
+
 def test_down_by_step_from_the_first_step(net):
     event = EventSpec("down", (0,), from_step=0, to_step=1)
     result = simulate(steps(1, 2), net(1, events=(event,)))

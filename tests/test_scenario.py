@@ -247,6 +247,15 @@ def test_replace_network_keys_by_name_and_tables_by_dict() -> None:
     assert base.replace(regions=None, links=None).resolve(2).region == ("default", "default")
 
 
+def test_replace_merges_algorithms_op_by_op_as_the_variants_name_says() -> None:
+    """Chained ``replace(algorithms=...)`` kept only the last op while the name listed both."""
+    s = Scenario.load("datacenter").replace(algorithms={"all_reduce": "star"}).replace(
+        algorithms={"broadcast": "binomial"})
+    assert s.name == "datacenter (algorithms.all_reduce=star) (algorithms.broadcast=binomial)"
+    assert s.resolve(4).algorithms["all_reduce"] == "star" and s.resolve(4).algorithms["broadcast"] == "binomial"
+    assert s.replace(network={"algorithms": {"all_reduce": None}}).resolve(4).algorithms["all_reduce"] == "ring"
+
+
 def test_replace_a_nested_table_that_was_absent() -> None:
     s = Scenario.from_dict(minimal()).replace(stragglers={"jitter": "exponential", "sigma": 0.5})
     assert s.resolve(1).jitter == "exponential"

@@ -78,3 +78,18 @@ def test_cli_timeline_on_the_folder_given_to_fit(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert "timeline: scenario datacenter, 2 nodes, 3 steps" in printed and printed.count("\nnode ") == 2
+
+
+def test_cli_simulate_checks_every_scenario_before_printing_any_result(tmp_path, capsys):
+    """A second --scenario that cannot hold the run failed only after the first one's whole result was
+    printed; now nothing is printed but the error. A chrome trace goes into a folder made on the way."""
+    run = tmp_path / "run.jsonl"
+    overlapped().save(run)
+    hosts3 = tmp_path / "hosts3.toml"
+    hosts3.write_text('name = "h3"\n[network]\nbandwidth = "1 Gbit/s"\n[hosts]\ndevices = 3\nbandwidth = "450 GB/s"\n')
+    assert cli(["simulate", str(run), "--scenario", "datacenter", "--scenario", str(hosts3)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "hosts.devices = 3 does not divide num_nodes=4" in err
+    chrome = tmp_path / "new" / "run.json"
+    assert cli(["simulate", str(run), "--scenario", "datacenter", "--chrome-trace", str(chrome)]) == 0
+    assert chrome.stat().st_size > 0 and "caution: compute timed by the trace's wall seconds" in capsys.readouterr().out

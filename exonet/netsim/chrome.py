@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from exonet.files import atomic_file
 from exonet.netsim.spans import IDLE, KINDS
 
 WINDOWS = 200  # counter samples per link over the run
@@ -51,16 +52,10 @@ def write(result: Any, path: str | os.PathLike) -> Path:
         )
     events.extend(_collectives(result, n))
     events.extend(_links(result, n))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
-            f.write(",\n".join(events))
-            f.write("\n]}\n")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_file(path, "w") as f:
+        f.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
+        f.write(",\n".join(events))
+        f.write("\n]}\n")
     return path
 
 

@@ -19,7 +19,7 @@ from exonet.errors import ScenarioError
 from exonet.netsim.engine import Simulation
 from exonet.netsim.result import SimResult
 from exonet.scenario import Resolved, Scenario
-from exonet.trace import Collective, Event, Trace
+from exonet.trace import Collective, Compute, Event, Trace
 
 
 def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Sequence[Any] | None = None,
@@ -52,9 +52,10 @@ def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Seque
             chosen = Scenario.coerce(scenario)
             resolved, name = chosen.resolve(trace.num_nodes, servers=trace.meta.get("servers", 0)), chosen.name
             _warn_if_decided_elsewhere(trace, chosen)
+        resolved, caution = _compute_timing(resolved, name, [trace])
         sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
         sim.feed_trace(trace)
-        return sim.result(history)
+        return _cautioned(sim.result(history), caution)
     return _simulate_jobs(list(trace), scenario, history, fast_path, placement)
 
 
@@ -84,6 +85,7 @@ def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any]
         resolved, name = chosen.resolve(n), chosen.name
         for t in traces:
             _warn_if_decided_elsewhere(t, chosen)
+    resolved, caution = _compute_timing(resolved, name, traces)
     whole = Trace(n)
     for t, ranks in zip(traces, jobs):
         everyone = tuple(sorted(ranks))
@@ -91,7 +93,7 @@ def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any]
             whole.events[ranks[local]] = [_moved(e, ranks, everyone) for e in events]
     sim = Simulation(resolved, fast_path=fast_path, name=name)
     sim.feed_trace(whole)
-    result = sim.result()
+    result = _cautioned(sim.result(), caution)
     result.jobs = [sim.job_result(ranks, sum(map(len, t.events)), None if history is None else history[j],
                                   t.meta.get("servers", 0)) for j, (t, ranks) in enumerate(zip(traces, jobs))]
     result.links = sim.link_loads(jobs)
@@ -137,6 +139,49 @@ def _moved(e: Event, ranks: list[int], everyone: tuple[int, ...]) -> Event:
         return e
     group = everyone if e.group is None else tuple(ranks[r] for r in e.group)
     return dataclasses.replace(e, group=group)
+
+
+def _compute_timing(resolved: Resolved, name: str, traces: list[Trace]) -> tuple[Resolved, str | None]:
+    """The scenario to replay ``traces`` in, and a caution when it had to change.
+
+    Under ``compute.mode = "flops"`` a span lasts its FLOPs ÷ (TFLOP/s × MFU), so a trace whose compute
+    carries no FLOPs at all (built by hand with seconds, or ``fit(count_flops=False)``) would replay with
+    no compute: such a trace is timed by its wall seconds instead, and the result's cautions say so. Jobs
+    of which some count FLOPs and some do not cannot share one clock: that is an error.
+    """
+    if resolved.compute_mode != "flops":
+        return resolved, None
+    counted = [_counts_flops(t) for t in traces]
+    if None not in counted:
+        return resolved, None
+    if True in counted:
+        raise ScenarioError(f"simulate: job {counted.index(None)}'s compute spans carry no FLOPs while job "
+                            f"{counted.index(True)}'s do, and scenario {name!r} times compute from FLOPs "
+                            "(compute.mode = 'flops'): give every job's spans FLOPs, or replay in a scenario "
+                            "with compute.mode = 'wall'")
+    return dataclasses.replace(resolved, compute_mode="wall"), (
+        f"compute timed by the trace's wall seconds: scenario {name!r} times compute from FLOPs "
+        f"({resolved.tflops:g} TFLOP/s x MFU {resolved.mfu:g}) and this trace's compute spans carry none "
+        "(built by hand, or fit(count_flops=False)); give them FLOPs (Trace.add_compute(..., flops=...)) "
+        "to time them on the scenario's devices")
+
+
+def _counts_flops(trace: Trace) -> bool | None:
+    """True if some compute span carries FLOPs, None if spans take time but none carries FLOPs, else False."""
+    timed = False
+    for events in trace.events:
+        for e in events:
+            if isinstance(e, Compute):
+                if e.flops > 0:
+                    return True
+                timed = timed or e.wall_s > 0
+    return None if timed else False
+
+
+def _cautioned(result: SimResult, caution: str | None) -> SimResult:
+    if caution is not None:
+        result.cautions = (caution, *result.cautions)
+    return result
 
 
 def _warn_if_decided_elsewhere(trace: Trace, scenario: Scenario) -> None:

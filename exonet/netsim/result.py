@@ -112,7 +112,8 @@ class SimResult:
         collectives: every collective and message, in the order they ended.
         cautions: sentences naming where this replay sits in a regime the real-links testbed measured
             the model optimistic in (several TCP streams overflowing a shaped queue), with the measured
-            bound; empty elsewhere. ``summary`` prints them.
+            bound, or that a FLOPs scenario timed a trace without FLOPs by its seconds; empty elsewhere.
+            ``summary`` prints them.
     """
 
     wall_clock_s: float
@@ -132,7 +133,7 @@ class SimResult:
     link_loads: list[Sequence[float]] = field(default_factory=list, repr=False)
     failures: int = 0  # failures that struck nodes before their last event
     goodput: float = 0.0  # useful compute ÷ (nodes × wall clock): compute less the work failures threw away
-    cautions: tuple[str, ...] = ()  # where the replay is in a regime real links were measured slower than modelled
+    cautions: tuple[str, ...] = ()  # regimes real links were measured slower than modelled in; compute timing changed
     servers: int = 0  # the last ranks serve (a parameter server): utilisation, goodput and lost count the others
 
     @property

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from exonet.errors import TraceError
-from exonet.rundir import atomic_file, read_json, read_metrics, write_json, write_metrics
+from exonet.files import atomic_file
+from exonet.rundir import read_json, read_metrics, write_json, write_metrics
 from exonet.strategies.base import Strategy
 from exonet.trace import Trace
 

@@ -169,8 +169,8 @@ class Scenario:
         """A modified copy, for sweeps: ``s.replace(bandwidth="100 Mbit/s", compute={"mode": "wall"})``.
 
         Network keys go by name; ``network``/``compute``/``stragglers``/``hosts`` take a dict merged
-        into that table; ``regions``/``links``/``nodes``/``events`` take a list that replaces
-        the array; ``name``/``description`` a string. A value of None removes the key.
+        into that table (``algorithms`` too, op by op); ``regions``/``links``/``nodes``/``events`` take
+        a list that replaces the array; ``name``/``description`` a string. A value of None removes the key.
         ``bandwidth`` means both directions of every NIC: it clears the network's ``uplink`` and
         ``downlink`` unless the same call sets them, and sets each ``[[nodes]]`` entry's own
         ``bandwidth``/``uplink``/``downlink`` to it unless the call sets ``nodes`` (the entries
@@ -238,13 +238,16 @@ class Scenario:
         up = [net.get("uplink", net.get("bandwidth"))] * n
         down = [net.get("downlink", net.get("bandwidth"))] * n
         speed = [1.0] * n
+        hosts = self._hosts(trainers, region, efficiency)
         for i, node in enumerate(p.get("nodes", [])):
-            for r in self._ranks(node, f"nodes[{i}]", n, trainers):
+            ranks = self._ranks(node, f"nodes[{i}]", n, trainers)
+            if hosts is not None and hosts.nic == "per-host" and any(k in node for k in NIC_KEYS):
+                self._check_host_nic(i, ranks, hosts.devices, trainers)
+            for r in ranks:
                 up[r] = node.get("uplink", node.get("bandwidth", up[r]))
                 down[r] = node.get("downlink", node.get("bandwidth", down[r]))
                 speed[r] = node.get("speed", speed[r])
         algorithms = {**FAMILIES[self._collective()], **net.get("algorithms", {})}
-        hosts = self._hosts(trainers, region, efficiency)
         events = tuple(
             EventSpec(e["kind"], self._ranks(e, f"events[{i}]", n, trainers), e.get("from_step"), e.get("to_step"),
                       e.get("from_s"), e.get("to_s"), e.get("factor", 1.0))
@@ -305,6 +308,17 @@ class Scenario:
                 raise ScenarioError(f"{self._source}: host {first // g} (ranks {first}-{first + g - 1}) spans regions "
                                     f"{', '.join(map(repr, inside))}; a host's devices sit in one region")
         return HostSpec(g, h["bandwidth"] * efficiency, h.get("latency", 0.0), h.get("nic", "per-device"))
+
+    def _check_host_nic(self, i: int, ranks: tuple[int, ...], g: int, trainers: int) -> None:
+        """With ``hosts.nic = "per-host"`` a host's devices use its lowest rank's NIC: a ``[[nodes]]`` NIC
+        on another of its ranks, without that one, would change nothing, so it is an error."""
+        for r in ranks:
+            first = r - r % g
+            if r < trainers and first not in ranks:
+                raise ScenarioError(
+                    f"{self._source}: nodes[{i}] sets the NIC of rank {r}, but with hosts.nic = 'per-host' the devices "
+                    f"of host {r // g} (ranks {first}-{first + g - 1}) share rank {first}'s NIC, which the entry does "
+                    f"not set; give the host's NIC on rank {first} (or every rank of the host)")
 
     def _ranks(self, entry: Mapping[str, Any], path: str, n: int, trainers: int | None = None) -> tuple[int, ...]:
         """An entry's explicit ranks (range-checked), or the last max(1, round(share·trainers)) trainers."""
@@ -437,9 +451,15 @@ def _change_label(key: str, value: Any) -> str:
 
 
 def _assign(table: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``table[key]``, or remove it when ``value`` is None."""
+    """Set ``table[key]``, or remove it when ``value`` is None; a dict merges into a table already there
+    (``algorithms={"broadcast": "binomial"}`` keeps an earlier variant's ``all_reduce``, as its name says)."""
     if value is None:
         table.pop(key, None)
+    elif isinstance(value, Mapping) and isinstance(table.get(key), Mapping):
+        merged = dict(table[key])
+        for sub, item in value.items():
+            _assign(merged, sub, item)
+        table[key] = merged
     else:
         table[key] = copy.deepcopy(value)
 
