@@ -226,7 +226,8 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
             incomplete ones are left out with a warning); or one folder, or a list (named by their folders).
         scenarios: Scenario objects, preset names or paths.
         target_loss: report the simulated time at which each run first reached this loss.
-        loss: the quantity of "to target" and of ``plot``: "validation", "train", or "auto" (validation when
+        loss: the quantity of "final loss", "to target" and ``plot``: "validation" (the last evaluation),
+            "train" (the mean of the last 10 training losses), or "auto" (validation when
             every run with a history evaluated, so asynchronous and time-aware runs read by their models, not
             by per-trainer training losses in arrival order; else train).
 
@@ -280,7 +281,11 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
             trainers = k - servers
             evals = run.history.get("eval") or []
             losses = run.history.get("train_loss") or []
-            final = evals[-1]["loss"] if evals else (sum(losses[-10:]) / len(losses[-10:]) if losses else None)
+            # the same quantity as "to target" and the curves for every row: one column never mixes the two
+            if loss == "validation":
+                final = evals[-1]["loss"] if evals else None
+            else:
+                final = sum(losses[-10:]) / len(losses[-10:]) if losses else None
             rows.append({
                 "run": name,
                 "scenario": label,

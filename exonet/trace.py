@@ -192,10 +192,11 @@ class Trace:
         return sum(1 for e in self._rank(rank) if e is _STEP or isinstance(e, Step))
 
     def payload_bytes_per_step(self, rank: int) -> list[int]:
-        """Payload bytes ``rank`` passed to collectives in each step (trailing events form no step)."""
+        """Payload bytes ``rank`` passed to collectives in each step (trailing events, such as a strategy's
+        ``finish``, form no step: ``payload_bytes`` counts them)."""
         out, acc = [], 0
         for e in self._rank(rank):
-            if isinstance(e, Collective) and e.op != "recv":
+            if isinstance(e, Collective) and self._sends(e):
                 acc += e.nbytes
             elif isinstance(e, Step):
                 out.append(acc)
@@ -204,7 +205,12 @@ class Trace:
 
     def payload_bytes(self, rank: int) -> int:
         """Total payload bytes ``rank`` passed to collectives and sends."""
-        return sum(e.nbytes for e in self._rank(rank) if isinstance(e, Collective) and e.op != "recv")
+        return sum(e.nbytes for e in self._rank(rank) if isinstance(e, Collective) and self._sends(e))
+
+    def _sends(self, e: Collective) -> bool:
+        """Whether the payload of ``e`` goes to another node: not a receive, nor a group of one (a K = 1
+        run's all-reduce sends nothing, as DiLoCo and SPARTA, which skip it there, already counted)."""
+        return e.op != "recv" and (self.num_nodes if e.group is None else len(e.group)) > 1
 
     def collectives(self, rank: int) -> Iterator[Collective]:
         return (e for e in self._rank(rank) if isinstance(e, Collective))

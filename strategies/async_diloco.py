@@ -14,6 +14,8 @@ import torch
 from exonet.strategies.base import NodeContext, OptimSpec, base_options, check_range, outer_spec
 from exonet.strategies.server import ServerStrategy
 
+DN_OPTIONS = frozenset({"lr", "momentum", "nesterov"})  # what of the outer SGD Delayed Nesterov's step reads
+
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
 
@@ -32,10 +34,11 @@ class AsyncDiLoCoStrategy(ServerStrategy):
 
     Delayed Nesterov (``delayed_nesterov=N``, the paper's DN): arrivals are buffered and the
     momentum is applied only every N-th arrival, to the buffer's mean d:
-    m ← β·m + d, θ ← θ − η·(β·m + d) (Nesterov). In between, each arrival's Δ is applied
-    at once without momentum, scaled by ``grad_scale`` c: θ ← θ − η·c·Δ (c = 0: the global
-    parameters move only at the momentum steps). η and β are the outer optimizer's ``lr`` and
-    ``momentum`` (it must be SGD).
+    m ← β·m + d, θ ← θ − η·(β·m + d) (Nesterov; θ ← θ − η·m when the SGD says
+    ``nesterov=False``). In between, each arrival's Δ is applied at once without momentum, scaled by
+    ``grad_scale`` c: θ ← θ − η·c·Δ (c = 0: the global parameters move only at the momentum
+    steps). η, β and the Nesterov flag are the outer optimizer's ``lr``, ``momentum`` and
+    ``nesterov`` (it must be SGD; its other options have no place in this step and are errors).
 
     With ``dynamic_local_updates`` (the paper's DyLU) each trainer's local steps per round are
     proportional to its speed, so that fast trainers do not arrive many times per slow arrival.
@@ -79,7 +82,16 @@ class AsyncDiLoCoStrategy(ServerStrategy):
             if self.outer_optim.cls is not torch.optim.SGD or self.outer_optim.lr is None:
                 raise ValueError("delayed_nesterov: the outer optimizer must be SGD with an lr (and momentum), "
                                  f"got {self.outer_optim!r}; pass delayed_nesterov=None for a naive outer step")
+            unused = sorted(k for k, v in self.outer_optim.kwargs.items() if k not in DN_OPTIONS and v not in (0, None))
+            if unused:
+                raise ValueError(f"outer_optim: Delayed Nesterov's step takes the SGD's lr, momentum and nesterov; "
+                                 f"{', '.join(unused)} would be ignored; pass delayed_nesterov=None for torch's SGD "
+                                 "at every arrival")
         check_range("grad_scale", grad_scale, low=0)
+        if grad_scale and delayed_nesterov is None:
+            raise ValueError(f"grad_scale={grad_scale!r} scales the arrivals between Delayed Nesterov's momentum "
+                             "steps; with delayed_nesterov=None every arrival is a whole outer step and it would be "
+                             "ignored")
         self.delayed_nesterov = delayed_nesterov
         self.grad_scale = grad_scale
 
@@ -112,5 +124,8 @@ class AsyncDiLoCoStrategy(ServerStrategy):
             return
         mean = self.buffer.div_(self.delayed_nesterov)
         self.momentum.mul_(beta).add_(mean)
-        self.global_params.sub_(mean.add_(self.momentum, alpha=beta), alpha=lr)
+        if self.outer_optim.kwargs.get("nesterov", True):  # the method's name: Nesterov unless told nesterov=False
+            self.global_params.sub_(mean.add_(self.momentum, alpha=beta), alpha=lr)
+        else:
+            self.global_params.sub_(self.momentum, alpha=lr)
         self.buffer.zero_()

@@ -208,6 +208,7 @@ class Strategy(abc.ABC):
                              f"got {lr_scheduler!r}")
         check_range("warmup_steps", warmup_steps, low=0, integer=True)
         check_range("cosine_min_ratio", cosine_min_ratio, low=0, high=1)
+        _check_schedule_options(lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio)
         self.max_norm = max_norm
         self.lr_scheduler = lr_scheduler
         self.lr_scheduler_kwargs = dict(lr_scheduler_kwargs or {})
@@ -286,7 +287,7 @@ class Strategy(abc.ABC):
                 continue
             if isinstance(v, OptimSpec):
                 out[k] = v.to_dict()
-            elif isinstance(v, (int, float, str, bool, type(None))):
+            elif _plain(v):  # scalars, and dicts/lists of them: lr_scheduler_kwargs, groups
                 out[k] = v
             elif isinstance(v, type):
                 out[k] = v.__name__
@@ -313,6 +314,32 @@ class Strategy(abc.ABC):
 
 
 # the seed gym's lambda_cosine: its keys and defaults
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is JSON as it stands: a scalar, or a dict (string keys) or list/tuple of such values."""
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return True
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return isinstance(value, (list, tuple)) and all(_plain(v) for v in value)
+
+
+def _check_schedule_options(lr_scheduler: str | type | None, kwargs: dict[str, Any] | None, warmup_steps: int,
+                            cosine_min_ratio: float) -> None:
+    """Each schedule reads its own options: one given to another would be ignored, so it is an error."""
+    own = lr_scheduler is None or lr_scheduler == "cosine"  # exonet's warm-up and cosine
+    if kwargs and own:
+        raise ValueError(f"lr_scheduler_kwargs={kwargs!r} are for a scheduler class or 'lambda_cosine'; "
+                         f"lr_scheduler={lr_scheduler!r} takes warmup_steps= and cosine_min_ratio= (its length is "
+                         "fit's max_steps)")
+    if not own and (warmup_steps or cosine_min_ratio):
+        where = "lr_scheduler_kwargs={'warmup_steps': ...}" if lr_scheduler == "lambda_cosine" else "its own kwargs"
+        raise ValueError(f"warmup_steps and cosine_min_ratio shape lr_scheduler=None or 'cosine', not "
+                         f"{lr_scheduler!r}, which would ignore them; give its warm-up in {where}")
+    if cosine_min_ratio and lr_scheduler is None:
+        raise ValueError(f"cosine_min_ratio={cosine_min_ratio!r} is the cosine schedule's floor; "
+                         "pass lr_scheduler='cosine' too")
+
+
 GYM_LAMBDA_COSINE = {"warmup_steps": 1, "cosine_anneal": False, "max_steps": None}
 
 

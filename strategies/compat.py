@@ -3,7 +3,8 @@
 The gym's ``Strategy`` took ``**kwargs`` and stored them, so a script could pass one set of
 arguments to every strategy (``H=20, p=0.05``) and each used what it knew and silently dropped
 the rest: its SPARTA ignored ``p`` and ran at ``p_sparta=0.005``. exonet accepts such an argument
-with a warning that says it is ignored and what the gym did instead, maps the gym's aliases
+(one some strategy takes) with a warning that says it is ignored and what the gym did instead, calls
+one that no strategy takes an error, maps the gym's aliases
 (``inner_optim_spec=``, DeMo's ``optim_spec=``), and keeps a real misspelling an error with a
 "did you mean": ``h=20`` for ``H``, or ``max_step`` (``fit``'s ``max_steps``).
 """
@@ -80,6 +81,8 @@ def translate(cls_name: str, names: set[str], kwargs: dict[str, Any], coerce: Ca
             if fits is not None:
                 raise TypeError(f"{cls_name}: unexpected argument {name!r}; did you mean fit's {fits!r}? "
                                 f"(pass it to LocalTrainer.fit, not to the strategy)")
+            raise TypeError(f"{cls_name}: unexpected argument {name!r}: no strategy takes it; "
+                            f"valid: {', '.join(sorted(names - {'self'}))}")
         value = kwargs.pop(name)
         meant = GYM_MEANT.get(name)
         if meant in names:
@@ -89,7 +92,8 @@ def translate(cls_name: str, names: set[str], kwargs: dict[str, Any], coerce: Ca
         else:
             users = sorted(c for c, args in KNOWN.items() if name in args and c != cls_name)
             where = f" (an argument of {', '.join(users)})" if users else ""
-            what = f"it is not one of its arguments{where}; the gym accepted and silently ignored it too"
+            what = (f"it is not one of its arguments{where}; a gym script passes one argument list to every "
+                    "strategy, and the gym's strategies dropped what they did not take, as this one does")
         warnings.warn(f"{cls_name}: {name}={value!r} is ignored: {what}", stacklevel=3)
     return kwargs
 

@@ -70,6 +70,20 @@ def test_to_target_tells_not_reached_from_no_loss_to_judge_by(tiny_run):
     lines = table.to_markdown().splitlines()
     assert "| not reached |" in lines[2] and "| not reached |" not in lines[3] and "| — |" in lines[3]
 
+def test_final_loss_is_one_quantity_for_every_row(tiny_run):
+    """A run without evaluations beside one with them: the column held a training mean on one row and a
+    validation loss on the other; it follows "to target" and the curves, training loss for both."""
+    import dataclasses
+
+    train = tiny_run.history["train_loss"]
+    bare = dataclasses.replace(tiny_run, history={"train_loss": train})
+    mixed = compare({"evaluated": tiny_run, "not": bare}, ["datacenter"])
+    assert mixed.loss == "train"
+    assert [r["final_loss"] for r in mixed.rows] == [pytest.approx(sum(train[-10:]) / len(train[-10:]))] * 2
+    alone = compare({"evaluated": tiny_run}, ["datacenter"])
+    assert alone.loss == "validation" and alone.rows[0]["final_loss"] == tiny_run.history["eval"][-1]["loss"]
+
+
 def test_compare_takes_a_folder_of_runs_or_a_list_as_well_as_a_mapping(tiny_run):
     from pathlib import Path
 

@@ -494,6 +494,28 @@ def test_a_trace_without_flops_is_timed_by_its_seconds_in_a_flops_scenario_and_s
     assert simulate([t, t], net(2, compute_mode="flops", tflops=2.0, mfu=0.5)).cautions
 
 
+def test_a_group_of_one_sends_nothing_pays_no_setup_and_counts_no_payload(net):
+    """A K = 1 DDP run was charged home-broadband's 0.5 s set-up and 4P of payload per step, where
+    FedAvg, DiLoCo and SPARTA (which skip the call alone) had none: a group of one connects nothing."""
+    t = Trace(2)
+    for r in range(2):
+        t.add_compute(r, 1.0)
+        t.add_collective(r, "all_reduce", 1000, group=(r,))
+        t.add_step(r)
+    result = simulate(t, net(2, setup=0.5))
+    assert result.wall_clock_s == pytest.approx(1.0, **exact) and result.wire_bytes == [0, 0]
+    assert t.payload_bytes(0) == 0 and t.payload_bytes_per_step(1) == [0]
+    for r in range(2):
+        t.add_collective(r, "all_reduce", 1000)  # the world: set up once, then 2α + S/B
+    result = simulate(t, net(2, setup=0.5))
+    assert result.wall_clock_s == pytest.approx(1.0 + 0.5 + 2 * A + 1000 / B, **exact)
+    assert t.payload_bytes(0) == 1000 and t.payload_bytes_per_step(0) == [0]  # the trailing one forms no step
+    alone = Trace(1)
+    alone.add_collective(0, "all_reduce", 1000)
+    alone.add_step(0)
+    assert alone.payload_bytes(0) == 0 and simulate(alone, net(1, setup=0.5)).wall_clock_s == 0.0
+
+
 def test_down_by_step_from_the_first_step(net):
     event = EventSpec("down", (0,), from_step=0, to_step=1)
     result = simulate(steps(1, 2), net(1, events=(event,)))

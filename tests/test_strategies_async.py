@@ -152,6 +152,20 @@ def test_delayed_nesterov_applies_momentum_every_n_arrivals():
     assert scaled.global_params.tolist() == [-0.125, 0.0, 0.0]  # θ −= η c Δ between momentum steps
 
 
+def test_delayed_nesterov_reads_the_sgds_nesterov_flag_and_rejects_what_it_would_ignore():
+    """nesterov=False, weight_decay and a naive run's grad_scale changed nothing before (max diff 0.0)."""
+    heavy = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5, momentum=0.9, nesterov=False),
+                                           delayed_nesterov=1))
+    heavy.apply(torch.tensor([1.0, 0.0, 0.0]), 0)
+    heavy.apply(torch.tensor([1.0, 0.0, 0.0]), 1)
+    assert torch.allclose(heavy.global_params, torch.tensor([-0.5 * (1 + 1.9), 0.0, 0.0]))  # θ −= η m, m = β m + d
+    with pytest.raises(ValueError, match="weight_decay would be ignored"):
+        AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.7, momentum=0.9, weight_decay=0.5))
+    AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.7, momentum=0.9, weight_decay=0.0))  # a no-op is fine
+    with pytest.raises(ValueError, match="grad_scale=0.5 scales the arrivals between"):
+        AsyncDiLoCoStrategy(delayed_nesterov=None, grad_scale=0.5)
+
+
 def test_naive_async_diloco_takes_an_outer_step_per_arrival():
     s = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5), delayed_nesterov=None))
     s.apply(torch.tensor([1.0, 2.0, 0.0]), 0)

@@ -171,7 +171,18 @@ def test_8bit_transfer_stays_close_to_exact(small_data, streaming_f1_run):
 @pytest.fixture(scope="module")
 def overlapped_run(small_data):
     strategy = StreamingDiLoCoStrategy(H=4, num_fragments=2, delay_steps=2, merge_alpha=0.5)
-    return fit(tiny_mlp(), small_data, strategy, 8)
+    return LocalTrainer(tiny_mlp(), small_data, small_data).fit(
+        strategy, num_nodes=K, max_steps=8, batch_size=8, shuffle=False, progress=False, val_interval=4, val_size=64)
+
+
+def test_the_last_evaluation_is_of_the_returned_model_after_the_sync_in_flight(overlapped_run, small_data):
+    """Fragment 1's sync after step 8 lands in finish(): the final evaluation came before it, so
+    history's last loss was of another model than the one fit returned."""
+    assert [e["step"] for e in overlapped_run.history["eval"]] == [4, 8]
+    rows = torch.utils.data.default_collate([small_data[i] for i in range(64)])
+    with torch.no_grad():
+        returned = float(overlapped_run.model.eval()(rows))
+    assert overlapped_run.history["eval"][-1]["loss"] == pytest.approx(returned, rel=1e-5)
 
 
 def test_overlap_shows_in_the_trace_wait_tau_steps_later(overlapped_run):

@@ -468,7 +468,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
             self._agenda.at(max(t + 1, ticks(up)), self._start, c, order=(START, *c.key))
             return
         group = tuple(sorted(c.members))
-        if self.resolved.setup > 0 and group not in self._set_up:
+        if self.resolved.setup > 0 and len(group) > 1 and group not in self._set_up:  # a group of one connects nothing
             self._set_up.add(group)
             c.setup = ticks(self.resolved.setup)
             self._agenda.at(t + c.setup, self._start, c, order=(START, *c.key))

@@ -268,15 +268,16 @@ class TrainNode:
             self.send(StepDone(self.rank, step, loss, self.comm.mark_step()))
             self.heartbeat.beat()
             done = step + 1
-            if evaluates and (done % cfg.val_interval == 0 or done == cfg.max_steps):
+            if evaluates and done % cfg.val_interval == 0 and done < cfg.max_steps:
                 self._evaluate_own(done, val_loader) if alone else self._evaluate(done, val_loader)
             if cfg.checkpoint_dir is not None and done % cfg.checkpoint_interval == 0 and done < cfg.max_steps:
                 self._checkpoint(done)
-        # the clock ended the run between evaluations
-        if evaluates and done % cfg.val_interval and done < cfg.max_steps:
-            self._evaluate_own(done, val_loader) if alone else self._evaluate(done, val_loader)
 
         self.strategy.finish()
+        # The last evaluation is of the model fit returns: after the exchanges still in flight have landed
+        # (Streaming DiLoCo's overlapped outer step), at the last step or where the clock ended the run.
+        if evaluates and (done == cfg.max_steps or done % cfg.val_interval):
+            self._evaluate_own(done, val_loader) if alone else self._evaluate(done, val_loader)
         tail = self.comm.take_events()
         state = None if cfg.servers else self._own_state() if alone else self._final_state()
         self.send(NodeDone(self.rank, tail, state))

@@ -57,6 +57,7 @@ from exonet.runtime.record import RunRecord
 from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value, shared_bytes
 from exonet.runtime.watchdog import BLOCKED, SLOTS, Watchdog
 from exonet.strategies.base import Strategy
+from exonet.units import format_time
 
 log = logging.getLogger(__name__)
 
@@ -404,8 +405,8 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s,
                  real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
-            print(f"exonet: real {real_time:.2f} s on this machine; simulated {result.sim.wall_clock_s:.2f} s "
-                  f"in scenario {scenario.name!r}")
+            print(f"exonet: real {format_time(real_time)} on this machine; simulated "
+                  f"{format_time(result.sim.wall_clock_s)} in scenario {scenario.name!r}")
     if record.logger is not None:
         if result.sim is not None:
             record.logger.log_simulation(result.sim)

@@ -238,8 +238,8 @@ class LocalTrainer:
         if max_sim_time_s is not None or getattr(strategy, "asynchronous", False):
             what = "max_sim_time_s" if max_sim_time_s is not None else f"{type(strategy).__name__} (asynchronous)"
             if scenario is None:
-                raise ValueError(f"fit: {what} runs on the simulated clock, which decides who is received first: "
-                                 f"pass scenario= too")
+                raise ValueError(f"fit: {what} runs on the simulated clock, which decides what each node hears "
+                                 f"and when (arrivals, deadlines, failures): pass scenario= too")
             if resume_from is not None or checkpoint_interval or not count_flops:
                 raise ValueError(f"fit: {what} needs count_flops=True and cannot checkpoint or resume a run yet")
 
