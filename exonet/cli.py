@@ -108,36 +108,51 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     import json
 
     from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate
+    from exonet.scenario import Scenario
     from exonet.units import format_bytes, format_rate, format_time
 
-    targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
+    try:
+        targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
+    except ValueError:
+        raise ValueError(f"--solve-utilization {args.solve_utilization!r}: expected compute utilisations as "
+                         "numbers in (0, 1], comma-separated, such as 0.5,0.9") from None
     if args.solve_for is not None and not targets:
         raise ValueError(f"--solve-for {args.solve_for}: says what --solve-utilization varies; give that too")
     args.solve_for = args.solve_for or "nic"
-    est = estimate(args.strategy, params=args.model_params, nodes=args.nodes, steps=args.steps,
-                   step_time=args.step_time, tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu,
-                   dtype=args.dtype, layers=args.layers, model=args.model, scenario=args.scenario[0])
+    # --tokens-per-step without --tflops times compute on each scenario's own device: one estimate per scenario
+    own_device = args.step_time is None and args.tflops is None
+    estimates = {}
+    for name in args.scenario if own_device else args.scenario[:1]:
+        estimates[name] = estimate(
+            args.strategy, params=args.model_params, nodes=args.nodes, steps=args.steps, step_time=args.step_time,
+            tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu, dtype=args.dtype,
+            layers=args.layers, model=args.model, scenario=name)
+    est = next(iter(estimates.values()))
+    trainers = args.nodes  # a parameter server, when the strategy has one, is the rank after them
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
-                    "solve_for": args.solve_for,
-                    "assumptions": est.assumptions, "payload_bytes_per_node": est.trace.payload_bytes(0),
+                    "solve_for": args.solve_for, "assumptions": est.assumptions,
+                    "payload_bytes_per_node": sum(est.trace.payload_bytes(r) for r in range(trainers)) / trainers,
                     "scenarios": []}
     if args.hosts is not None:
         from exonet.estimate import with_hosts
 
         report["hosts"] = args.hosts
     for name in args.scenario:
-        if args.hosts is not None:
-            name = with_hosts(name, args.hosts, args.nodes)
-        sim = simulate_estimate(est, name)
+        est = estimates.get(name, est)
+        scenario = with_hosts(name, args.hosts, args.nodes) if args.hosts is not None else name
+        sim = simulate_estimate(est, scenario)
         row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s, "utilization": sim.utilization,
-               "wire_bytes_per_node": sum(sim.wire_bytes) / args.nodes}
-        if sim.failures or sim.lost["down"]:  # a scenario with [failures] (or outages): goodput, lost time
+               "wire_bytes_per_node": sum(sim.wire_bytes[:sim.trainers]) / sim.trainers}
+        failing = "failures" in Scenario.coerce(scenario).to_dict()
+        if failing or sim.failures or sim.lost["down"] or sim.lost["lost_work"]:  # work lost: goodput < utilisation
             row.update(failures=sim.failures, goodput=sim.goodput, lost_s=sim.lost)
+        if est.assumptions != report["assumptions"]:  # this scenario's own device
+            row["assumptions"] = est.assumptions
         if sim.cautions:
             row["cautions"] = list(sim.cautions)
         if targets:
             row["bandwidth_for_utilization"] = {
-                f"{u:g}": bandwidth_for_utilization(est, name, u, solve_for=args.solve_for) for u in targets}
+                f"{u:g}": bandwidth_for_utilization(est, scenario, u, solve_for=args.solve_for) for u in targets}
         report["scenarios"].append(row)
     first = report["scenarios"][0]
     report.update({k: first[k] for k in ("wall_clock_s", "utilization", "bandwidth_for_utilization") if k in first})
@@ -154,6 +169,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         print(f"{row['scenario']}: simulated wall-clock {format_time(row['wall_clock_s'])}, "
               f"compute utilisation {row['utilization']:.1%}, "
               f"wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
+        for a in row.get("assumptions", ()):
+            if a not in report["assumptions"]:
+                print(f"  - {a}")
         if "goodput" in row:
             lost = ", ".join(f"{k} {format_time(v)}" for k, v in row["lost_s"].items())
             print(f"  {row['failures']} failures, goodput {row['goodput']:.1%}; node-time lost: {lost}")

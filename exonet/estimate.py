@@ -341,29 +341,31 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         params = float(sum(p.numel() for p in net.parameters()))
     elif params is None:
         raise ValueError("estimate: give --model-params (a parameter count) or --model module:factory")
-    if not (params >= 1 and nodes >= 1 and steps >= 1):
-        raise ValueError(f"estimate: params, nodes and steps must be >= 1, got {params}, {nodes}, {steps}")
+    if not (params >= 1 and nodes >= 1 and steps >= 1) or not math.isfinite(params):
+        raise ValueError(f"estimate: params, nodes and steps must be finite and >= 1, got {params}, {nodes}, {steps}")
     flops = 6.0 * params * (tokens_per_step or 0.0)
     device = ""
     if step_time is not None:
-        if tflops is not None or mfu is not None:
+        if tflops is not None or mfu is not None or tokens_per_step is not None:
             raise ValueError("estimate: give --step-time, or --tokens-per-step with --tflops and --mfu, not both "
                              "(--step-time is the compute time itself)")
+        if step_time < 0 or not math.isfinite(step_time):
+            raise ValueError(f"--step-time must be a finite number >= 0, got {step_time}")
     else:
-        if not tokens_per_step:
+        if tokens_per_step is None:
             raise ValueError("estimate: give --step-time, or --tokens-per-step (with --tflops and --mfu, or a "
                              "scenario whose [compute] names a device)")
+        if not (tokens_per_step > 0 and math.isfinite(tokens_per_step)):
+            raise ValueError(f"--tokens-per-step must be a finite number > 0, got {tokens_per_step}")
         if tflops is None:
-            tflops, scenario_mfu, device = _scenario_device(scenario)
+            tflops, scenario_mfu, device = _scenario_device(scenario, nodes)
             mfu = scenario_mfu if mfu is None else mfu
         mfu = DEFAULT_MFU if mfu is None else mfu
-        if not tflops > 0:
-            raise ValueError(f"--tflops must be > 0, got {tflops}")
+        if not (tflops > 0 and math.isfinite(tflops)):
+            raise ValueError(f"--tflops must be a finite number > 0, got {tflops}")
         if not 0 < mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {mfu}")
         step_time = flops / (tflops * 1e12 * mfu)
-    if step_time < 0 or not math.isfinite(step_time):
-        raise ValueError(f"--step-time must be a finite number >= 0, got {step_time}")
     if model is None:
         count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
@@ -407,7 +409,7 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
     return Estimate(trace, real_params, step_time, assumptions, rerun)
 
 
-def _scenario_device(scenario: Any) -> tuple[float, float, str]:
+def _scenario_device(scenario: Any, nodes: int) -> tuple[float, float, str]:
     """The device of ``scenario``'s ``[compute]`` (TFLOP/s, MFU, and words saying so), for ``--tokens-per-step``
     without ``--tflops``."""
     from exonet.scenario import Scenario
@@ -416,7 +418,7 @@ def _scenario_device(scenario: Any) -> tuple[float, float, str]:
         raise ValueError("estimate: --tokens-per-step needs --tflops (and --mfu), or a scenario whose [compute] "
                          "names a device")
     chosen = Scenario.coerce(scenario)
-    r = chosen.resolve(1)
+    r = chosen.resolve(nodes)
     if r.compute_mode != "flops" or not r.tflops:
         raise ValueError(f"estimate: --tokens-per-step without --tflops takes the scenario's device, but scenario "
                          f"{chosen.name!r} times compute by {r.compute_mode!r}, not by FLOPs; give --tflops")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -54,7 +56,12 @@ def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_paramet
     ({"tokens_per_step": 1000, "scenario": "datacenter"}, None),
     ({"tokens_per_step": 1000, "scenario": {"name": "m", "network": {"bandwidth": "1 Gbit/s"}}},
      "scenario 'm' times compute by 'measured', not by FLOPs; give --tflops"),
-    ({"tokens_per_step": 1000, "tflops": 0.0}, "--tflops must be > 0"),
+    ({"tokens_per_step": 1000, "tflops": 0.0}, "--tflops must be a finite number > 0"),
+    ({"tokens_per_step": 1000, "tflops": math.inf}, "--tflops must be a finite number > 0, got inf"),
+    ({"step_time": 1.0, "tokens_per_step": 5000}, "not both"),  # the tokens were dropped without a word
+    ({"tokens_per_step": -1000, "tflops": 100}, "--tokens-per-step must be a finite number > 0, got -1000"),
+    ({"tokens_per_step": math.inf, "tflops": 100}, "--tokens-per-step must be a finite number > 0, got inf"),
+    ({"params": math.inf, "step_time": 1.0}, "params, nodes and steps must be finite and >= 1, got inf"),
 ])
 def test_compute_is_given_one_way_and_the_other_options_are_not_ignored(kwargs, match):
     args = {"params": 1e6, "nodes": 2, "steps": 1, **kwargs}

@@ -152,6 +152,31 @@ def test_scaled_warns_that_it_keeps_ddp_buckets_and_not_for_one_collective_a_ste
         bucketed.scaled(compute=2)
 
 
+def test_cli_times_each_scenario_on_its_own_device_and_counts_trainers_only(capsys, tmp_path):
+    """Several --scenario with --tokens-per-step: each took the first one's device, so a result depended on
+    the flags' order; a server's bytes were spread over the trainers (wire per node doubled); work a
+    deadline threw away read as 100% utilisation with no goodput; a [hosts] scenario's device failed."""
+    args = ["--model-params", "1e8", "--layers", "4", "--strategy", "diloco:H=5", "--nodes", "4", "--steps", "10",
+            "--tokens-per-step", "4096"]
+    both = cli_json(capsys, *args, "--scenario", "datacenter", "--scenario", "home-broadband")["scenarios"]
+    alone = [cli_json(capsys, *args, "--scenario", name)["scenarios"][0] for name in ("datacenter", "home-broadband")]
+    assert [r["wall_clock_s"] for r in both] == [r["wall_clock_s"] for r in alone]
+    assert "the device of scenario 'home-broadband'" in " ".join(both[1]["assumptions"])
+    step = ["--model-params", "1e6", "--nodes", "4", "--steps", "20", "--scenario", "datacenter", "--step-time", "1"]
+    served = cli_json(capsys, *step, "--strategy", "async_diloco:H=10")
+    row = served["scenarios"][0]
+    assert row["wire_bytes_per_node"] == served["payload_bytes_per_node"] > 0  # a trainer sends what it passes in
+    late = cli_json(capsys, *step, "--strategy", "diloco:H=5,deadline_s=2")["scenarios"][0]  # every round is late
+    assert late["goodput"] == 0.0 and late["lost_s"]["lost_work"] > 0 and late["utilization"] > 0.99
+    hosts = tmp_path / "hosts8.toml"
+    hosts.write_text('name = "hosts8"\n[network]\nbandwidth = "100 Gbit/s"\n[compute]\nmode = "flops"\n'
+                     'tflops = 989.0\nmfu = 0.4\n[hosts]\ndevices = 8\nbandwidth = "450 GB/s"\n')
+    args16 = ["--model-params", "1e6", "--strategy", "ddp", "--nodes", "16", "--steps", "2", "--tokens-per-step", "512"]
+    assert cli_json(capsys, *args16, "--scenario", str(hosts))["scenarios"][0]["utilization"] > 0
+    assert main(["estimate", *step, "--strategy", "ddp", "--solve-utilization", "0.5,"]) == 2
+    assert "--solve-utilization '0.5,': expected compute utilisations" in capsys.readouterr().err
+
+
 def test_an_estimate_under_failures_reports_goodput_and_the_time_lost(capsys, tmp_path):
     failing = tmp_path / "failing.toml"
     failing.write_text('name = "failing"\n[network]\nbandwidth = "10 Gbit/s"\nlatency = "1 ms"\n'

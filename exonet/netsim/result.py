@@ -27,9 +27,10 @@ and the rest of the machine time, node-seconds summed over nodes, is ``SimResult
 ``lost_work`` (Σ lost_s), ``down`` (Σ down_s), ``waiting`` (Σ idle_s − down_s: for others,
 for a member to come back, for the run to end) and ``comm`` (Σ comm_s, exposed
 communication, recovery transfers included), so that
-goodput · nodes · wall_clock_s + Σ lost == nodes · wall_clock_s. Without failures goodput
-equals utilization. Here, and in ``utilization``, nodes are the trainers: the ``servers`` last
-ranks of a parameter-server run wait for updates by design and are left out.
+goodput · nodes · wall_clock_s + Σ lost == nodes · wall_clock_s. Without failures, outages or
+thrown-away work (a deadline round's late nodes discard theirs) goodput equals utilization.
+Here, and in ``utilization``, nodes are the trainers: the ``servers`` last ranks of a
+parameter-server run wait for updates by design and are left out.
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ class SimResult:
             f"scenario {self.scenario_name or '(unnamed)'}: {len(self.per_node)} nodes, {self.num_steps} steps, "
             f"simulated wall-clock {_duration(self.wall_clock_s)}, compute utilization {self.utilization:.1%}"
         )
-        if self.failures:
+        if self.failures or self.lost["lost_work"] or self.lost["down"]:  # goodput is not the utilisation
             lost = ", ".join(f"{k} {v:.4g} s" for k, v in self.lost.items())
             head += f"\n{self.failures} failures, goodput {self.goodput:.1%}; node-seconds lost: {lost}"
         rows = [f"{'node':>5} {'compute s':>12} {'comm s':>12} {'idle s':>12} {'wire MB':>12}"]
