@@ -47,6 +47,11 @@ def _no_copy_back(_: torch.Tensor) -> None:
     """``_staged``'s copy-back for a tensor the backend reads in place."""
 
 
+def _unwatched(*where: Any) -> contextlib.AbstractContextManager[None]:
+    """The blocking context of a communicator nobody watches: ``where`` (call, peer, number) goes unused."""
+    return contextlib.nullcontext()
+
+
 class Handle:
     """An async collective in flight; ``wait()`` blocks until it ends and returns its result."""
 
@@ -63,7 +68,7 @@ class Handle:
                 self._comm.events.append(Wait(self._cid))
                 self._comm._announce()
             if self._work is not None:
-                with self._comm.blocking():
+                with self._comm.blocking("wait", -1, self._cid):
                     self._work.wait()
                     if self._comm._sync is not None:  # NCCL's wait does not block the host
                         self._comm._sync()
@@ -84,13 +89,14 @@ class Communicator:
         world_size: number of nodes.
         device: where the strategy's tensors live (MPS tensors are staged through CPU).
         backend: the process group backend in use ("gloo" or "nccl").
-        blocking: a context every call that waits on other nodes runs inside (the node passes its
-            heartbeat's, so waiting on the network is never taken for a hang).
+        blocking: a context every call that waits on other nodes runs inside, given the call, its peer and
+            its number (the node passes its heartbeat's, so waiting on the network is never taken for a
+            hang, and a stall says where each node waits).
         clock: the node's link to the online simulated clock, when fit has one.
     """
 
     def __init__(self, rank: int, world_size: int, device: torch.device, backend: str = "gloo", *,
-                 blocking: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+                 blocking: Callable[..., contextlib.AbstractContextManager[None]] = _unwatched,
                  clock: ClockLink | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -208,7 +214,7 @@ class Communicator:
             key = self._key(ranks)
             if len(key) < 2 or len(key) == self.world_size or key in self._groups:
                 continue
-            with self.blocking():
+            with self.blocking("declare_groups"):
                 self._groups[key] = dist.new_group(list(key))
 
     def _key(self, ranks: Sequence[int]) -> tuple[int, ...]:
@@ -273,7 +279,8 @@ class Communicator:
         if announced:  # the clock must see this call before it blocks
             self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, None))
             self._announce()
-        with self.blocking():
+        peer = group[0] + group[1] - self.rank if op in ("send", "recv") else -1  # its (src, dst) pair
+        with self.blocking(op, peer, cid):
             launch(False)
             result = finish()
             if self._sync is not None:
@@ -305,7 +312,7 @@ class Communicator:
         For the runtime's own traffic (evaluation, the final average), used inside ``bookkeeping()``.
         """
         buf, copy_back = self._staged(tensor)
-        with self.blocking():
+        with self.blocking("all_reduce (evaluation or the final averaging)"):
             dist.all_reduce(buf)
         copy_back(buf)
         return tensor
@@ -313,7 +320,7 @@ class Communicator:
     def untraced_broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` with rank ``src``'s copy, outside the algorithm: not traced, not counted."""
         buf, copy_back = self._staged(tensor)
-        with self.blocking():
+        with self.blocking("broadcast (the start-up model)"):
             dist.broadcast(buf, src)
         copy_back(buf)
         return tensor
@@ -408,7 +415,7 @@ class Communicator:
         question = ("recv_any", cid, tensor.numel() * tensor.element_size(), str(tensor.dtype).removeprefix("torch."))
         answer = self.clock.ask(question, events)
         if answer is not None:
-            with self.blocking():
+            with self.blocking("recv", answer[0], cid):
                 dist.recv(out, answer[0])
             if out is not buf:
                 buf.copy_(out)

@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from exonet import LocalTrainer, NodeFailure
 from exonet.rundir import load_run, run_status
-from exonet.runtime.watchdog import SLOTS, Watchdog
-from exonet.strategies import DDPStrategy
+from exonet.runtime.watchdog import BEAT, CALL, CALL_ID, SLOTS, Heartbeat, Watchdog
+from exonet.strategies import DDPStrategy, Strategy
 from exonet.testing import DyingStrategy, FailingModel, SlowEvalModel
 from exonet.toy import synthetic_classification, tiny_mlp
 
@@ -39,8 +40,8 @@ def assert_clean(node_pids, run_root: Path, shm_before: set[str]) -> None:
 def fail(model, strategy=None, **kwargs) -> tuple[NodeFailure, float]:
     t0 = time.monotonic()
     with pytest.raises(NodeFailure) as info:
-        LocalTrainer(model, DATA).fit(strategy or DDPStrategy(), num_nodes=2, max_steps=40, batch_size=8,
-                                      progress=False, **kwargs)
+        LocalTrainer(model, DATA).fit(strategy or DDPStrategy(), **{"num_nodes": 2, "max_steps": 40, "batch_size": 8,
+                                                                     "progress": False, **kwargs})
     return info.value, time.monotonic() - t0
 
 
@@ -80,6 +81,28 @@ def test_a_hung_node_is_named_within_the_progress_timeout(node_pids, tmp_path):
     assert_clean(node_pids, tmp_path, shm)
 
 
+class _SendsAlone(Strategy):
+    """Rank 0 sends to rank 1 in its first step; nobody receives: every node ends up waiting."""
+
+    def step(self) -> None:
+        if self.rank == 0:
+            self.comm.send(torch.zeros(4), 1)
+        self.optimizer_step()
+        self.local_step += 1
+
+
+@pytest.mark.slow
+def test_a_stall_says_where_each_node_waits_and_names_the_odd_one_out(node_pids, tmp_path):
+    """An unmatched send named an innocent rank with "mismatched collectives?" and nothing of where
+    anyone waited; now each node's call is in the message and the odd one out is named."""
+    shm = shm_entries()
+    err, took = fail(tiny_mlp(), _SendsAlone(), num_nodes=3, max_steps=2, progress_timeout_s=2.0, run_dir=tmp_path)
+    assert err.rank == 0 and took < 20
+    assert ("every node is blocked: rank 0 in send to 1 (call #0); ranks 1, 2 in all_reduce (evaluation or the "
+            "final averaging); mismatched calls? rank 0 is the odd one out") in str(err)
+    assert_clean(node_pids, tmp_path, shm)
+
+
 def test_a_long_evaluation_on_rank_0_is_not_a_hang():
     """Rank 0 evaluates for ~1.6 s (longer than the 1.2 s timeout) while rank 1 waits in a collective."""
     result = LocalTrainer(SlowEvalModel(0.2), DATA, DATA).fit(
@@ -94,7 +117,7 @@ class TestBlameRule:
     @staticmethod
     def dog(rows: list[tuple[float, bool, bool]], timeout: float = 10.0) -> Watchdog:
         """rows: (seconds since last beat, blocked, started) per rank."""
-        array = [0.0] * SLOTS * len(rows)
+        array = [0.0, 0.0, 0.0, 0.0, -1.0, -1.0] * len(rows)  # no call, no peer, no number
         dog = Watchdog(array, len(rows), timeout)
         dog.t0 -= 1000  # the run started long ago
         now = time.monotonic()
@@ -115,6 +138,18 @@ class TestBlameRule:
     def test_everyone_blocked_past_the_limit_names_the_longest_waiting(self):
         failure = self.dog([(11, True, True), (15, True, True)]).check(set())
         assert failure.rank == 1 and "every node is blocked" in str(failure)
+
+    def test_everyone_blocked_in_one_call_is_said_without_an_odd_one(self):
+        dog = self.dog([(11, True, True), (15, True, True)])
+        beats = [Heartbeat(dog.array, r) for r in range(2)]
+        with beats[0].blocked("wait", -1, 3):
+            assert dog._waits_in(0) == "wait (call #3)"
+        assert dog.array[CALL] == 0.0 and dog.array[CALL_ID] == -1.0  # restored on the way out
+        with beats[0].blocked("all_gather", -1, 2), beats[1].blocked("all_gather", -1, 2):
+            for r, age in ((0, 11), (1, 15)):
+                dog.array[r * SLOTS + BEAT] = time.monotonic() - age
+            failure = dog.check(set())
+        assert failure.rank == 1 and "every node is blocked: ranks 0, 1 in all_gather (call #2))" in str(failure)
 
     def test_start_up_gets_a_larger_allowance(self):
         assert self.dog([(60, False, False), (1, True, True)]).check(set()) is None

@@ -315,7 +315,7 @@ class ClockLink:
         while True:
             if want is StepDecision and self._steps:
                 return self._steps.popleft()
-            with self._blocked():
+            with self._blocked("the simulated clock"):
                 msg = self._control.recv()
             if type(msg) is want:
                 return msg

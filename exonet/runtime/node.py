@@ -563,7 +563,7 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
                 raise ImportError(f"{name}: {arg.error}")
         from datetime import timedelta
 
-        with heartbeat.blocked():
+        with heartbeat.blocked("rendezvous"):
             store = dist.TCPStore(cfg.store_host, cfg.store_port, cfg.world, is_master=False,
                                   timeout=timedelta(seconds=60))
             dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world,
