@@ -54,9 +54,26 @@ def create_run(root: str | os.PathLike, label: str, config: dict[str, Any]) -> P
     return path
 
 
-def reopen_run(path: Path) -> None:
-    """A resumed run is running again: drop the old status so the folder no longer looks finished."""
-    (path / "status.json").unlink(missing_ok=True)
+def reopen_run(path: Path) -> tuple[dict[str, Any] | None, int]:
+    """A resumed run is running again: drop the old status so the folder no longer looks finished.
+
+    Returns the status it had and how many steps its metrics hold: a resumed fit that fails before
+    passing them puts that status back (``restore_status``) rather than overwrite the run with less.
+    """
+    status = path / "status.json"
+    try:
+        old = read_json(status) if status.exists() else None
+        held = len(read_metrics(path / "metrics.jsonl")["train_loss"])
+    except TraceError:  # a run killed before it could save: nothing whole to keep
+        old, held = None, 0
+    status.unlink(missing_ok=True)
+    return old, held
+
+
+def restore_status(path: Path, status: dict[str, Any] | None) -> None:
+    """Put back the status ``reopen_run`` dropped (nothing, when the run had none)."""
+    if status is not None:
+        write_json(path / "status.json", status)
 
 
 def write_metrics(file: Path, history: dict[str, list]) -> None:

@@ -102,6 +102,28 @@ def test_resume_with_other_settings_is_refused(resumed):
         LocalTrainer(healthy(), DATA, VAL).fit(strategy(), resume_from=run, **{**KW, "seed": 6})
 
 
+class _Wrapped(torch.nn.Module):
+    """The same network one level down: its state_dict keys differ from the checkpoint's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = healthy()
+
+    def forward(self, batch):
+        return self.inner(batch)
+
+
+def test_a_resume_that_fails_before_adding_a_step_leaves_the_run_as_it_was(resumed):
+    """A finished run resumed with the wrong model failed in its nodes after the folder was reopened, and
+    its 12 steps were overwritten by the checkpoint's 8, marked incomplete: now the run stays whole."""
+    run, _, result = resumed
+    status, history = run_status(run), load_run(run)[1]
+    assert status["complete"] and len(history["train_loss"]) == KW["max_steps"]
+    with pytest.raises(NodeFailure, match="state_dict"):
+        LocalTrainer(_Wrapped(), DATA, VAL).fit(strategy(), resume_from=run, checkpoint_interval=4, **KW)
+    assert run_status(run) == status and load_run(run)[1] == history
+
+
 def test_resume_from_a_run_without_checkpoints_is_refused(reference):
     with pytest.raises(TraceError, match=r"latest.json is missing"):
         LocalTrainer(healthy(), DATA, VAL).fit(strategy(), resume_from=reference[0].run_dir, **KW)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from exonet.errors import NodeFailure
 from exonet.fit_result import FitResult
-from exonet.rundir import create_run, read_json, reopen_run, write_run
+from exonet.rundir import create_run, read_json, reopen_run, restore_status, write_run
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
 from exonet.runtime.forkserver import context
@@ -267,10 +267,11 @@ class Supervisor:
 
 
 def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | None,
-              resume_from: str | os.PathLike | None) -> tuple[Path | None, Resume | None]:
-    """The run folder (created now, or the resumed one reopened) and the checkpoint to continue from."""
+              resume_from: str | os.PathLike | None) -> tuple[Path | None, Resume | None, tuple | None]:
+    """The run folder (created now, or the resumed one reopened), the checkpoint to continue from, and
+    what the reopened folder held (its status and steps, see ``reopen_run``)."""
     if resume_from is None:
-        return (create_run(run_dir, label, config) if run_dir is not None else None), None
+        return (create_run(run_dir, label, config) if run_dir is not None else None), None, None
     path = Path(resume_from)
     saved = read_json(path / "config.json")
     ours = json.loads(json.dumps(config, default=repr))
@@ -281,8 +282,7 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
         raise ValueError(f"resume_from: {path} was run with different settings ({details}); "
                          "resume with the arguments of the original fit")
     resume = load_latest(path, config["num_nodes"])
-    reopen_run(path)
-    return path, resume
+    return path, resume, reopen_run(path)
 
 
 def launch(job: Job, *, progress: bool, scenario: Any,
@@ -318,7 +318,7 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     store = dist.TCPStore("127.0.0.1", 0, cfg.world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     cfg = replace(cfg, store_port=store.port)
-    run_path, resume = _open_run(config, label, run_dir, resume_from)
+    run_path, resume, held = _open_run(config, label, run_dir, resume_from)
     book = None
     if cfg.checkpoint_interval and run_path is not None:
         book = CheckpointBook(run_path / "checkpoints", cfg.num_nodes)
@@ -352,8 +352,11 @@ def launch(job: Job, *, progress: bool, scenario: Any,
         real_time = time.perf_counter() - t0
         if book is not None:
             book.prune()
-        if run_path is not None and not finished:
-            write_run(run_path, *sup.record.snapshot(len(sup.record.history["train_loss"])), False, real_time)
+        steps = len(sup.record.history["train_loss"])
+        if run_path is not None and not finished and held is not None and steps <= held[1]:
+            restore_status(run_path, held[0])  # a resume that failed before adding a step leaves the run as it was
+        elif run_path is not None and not finished:
+            write_run(run_path, *sup.record.snapshot(steps), False, real_time)
         if sup.record.logger is not None and not finished:
             sup.record.logger.finish(exit_code=1)
 
