@@ -124,6 +124,24 @@ def test_a_resume_that_fails_before_adding_a_step_leaves_the_run_as_it_was(resum
     assert run_status(run) == status and load_run(run)[1] == history
 
 
+def test_an_edited_or_corrupt_checkpoint_is_named(resumed, tmp_path):
+    """latest.json pointing at another step trained on (to 33 of 20 steps); a truncated node file failed
+    with torch's "failed reading zip archive", naming no file."""
+    import shutil
+
+    run = shutil.copytree(resumed[0], tmp_path / "run")
+    latest = run / "checkpoints" / "latest.json"
+    record = json.loads(latest.read_text())
+    latest.write_text(json.dumps({**record, "step": 5}))
+    with pytest.raises(TraceError, match=rf"latest.json: says step 5, but {record['dir']} holds 8 steps"):
+        LocalTrainer(healthy(), DATA, VAL).fit(strategy(), resume_from=run, checkpoint_interval=4, **KW)
+    latest.write_text(json.dumps(record))
+    node = run / "checkpoints" / record["dir"] / "node-1.pt"
+    node.write_bytes(node.read_bytes()[:100])
+    with pytest.raises(NodeFailure, match=r"node-1.pt: cannot read the checkpoint"):
+        LocalTrainer(healthy(), DATA, VAL).fit(strategy(), resume_from=run, checkpoint_interval=4, **KW)
+
+
 def test_resume_from_a_run_without_checkpoints_is_refused(reference):
     with pytest.raises(TraceError, match=r"latest.json is missing"):
         LocalTrainer(healthy(), DATA, VAL).fit(strategy(), resume_from=reference[0].run_dir, **KW)
@@ -189,7 +207,10 @@ def test_a_resumed_run_judges_divergence_against_the_first_losses_of_the_run_it_
     for node in range(2):
         (book.root / "step-00000004").mkdir(parents=True, exist_ok=True)
         torch.save({}, book.root / "step-00000004" / f"node-{node}.pt")
-    book.commit(4, {"train_loss": [2.25, 1.0]}, trace, {0: 2.3, 1: 2.2})
+        for _ in range(4):
+            trace.add_step(node)
+    losses = {"train_loss": [2.25, 1.0, 0.9, 0.8]}
+    book.commit(4, losses, trace, {0: 2.3, 1: 2.2})
     assert load_latest(tmp_path, 2).references == {0: 2.3, 1: 2.2}
-    book.commit(4, {"train_loss": [2.25, 1.0]}, trace)  # as a checkpoint written before references were kept
+    book.commit(4, losses, trace)  # as a checkpoint written before references were kept
     assert load_latest(tmp_path, 2).references == {0: 2.25, 1: 2.25}

@@ -158,9 +158,11 @@ def test_a_node_that_stops_before_the_budget_says_which_rank_when_and_why():
     data = synthetic_classification(256, 8, 4)
     with pytest.warns(UserWarning, match=r"rank 0 stopped at step 4, at 0\.010 s simulated, before the "
                                          r"max_sim_time_s budget of 0\.1 s: it reached max_steps=4"):
-        LocalTrainer(tiny_mlp(), data).fit(AsyncDiLoCoStrategy(OptimSpec("sgd", lr=0.1), H=2), num_nodes=4,
-                                           batch_size=16, max_steps=4, scenario=Scenario.from_dict(TWO_REGIONS),
-                                           max_sim_time_s=BUDGET, val_size=0, progress=False)
+        result = LocalTrainer(tiny_mlp(), data).fit(
+            AsyncDiLoCoStrategy(OptimSpec("sgd", lr=0.1), H=2), num_nodes=4, batch_size=16, max_steps=4,
+            scenario=Scenario.from_dict(TWO_REGIONS), max_sim_time_s=BUDGET, val_size=0, progress=False)
+    # the settings that decide a time-aware run are in its config (config.json had neither)
+    assert result.config["scenario"] == TWO_REGIONS["name"] and result.config["max_sim_time_s"] == BUDGET
 
 
 @pytest.mark.slow

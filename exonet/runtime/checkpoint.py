@@ -59,7 +59,11 @@ def save_node(root: Path, step: int, rank: int, model: torch.nn.Module, strategy
 def load_node(folder: Path, rank: int, model: torch.nn.Module, strategy: Strategy) -> None:
     """Restore model, strategy and RNG states written by ``save_node`` (call after ``strategy.setup``)."""
     # Our own file from our own run, holding optimizer and RNG objects: a full unpickle is needed.
-    state = torch.load(node_file(folder, rank), map_location="cpu", weights_only=False)
+    file = node_file(folder, rank)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch's reader names no file: "failed reading zip archive"
+        raise TraceError(f"resume_from: {file}: cannot read the checkpoint ({exc})") from None
     model.load_state_dict(state["model"])
     strategy.load_state_dict(state["strategy"])
     _set_rng_state(state["rng"])
@@ -155,6 +159,11 @@ def load_latest(run_path: Path, num_nodes: int) -> Resume:
         raise ValueError(f"resume_from: the checkpoint holds {trace.num_nodes} nodes, "
                          f"this fit has num_nodes={num_nodes}")
     history = read_metrics(folder / "metrics.jsonl")
+    held = {len(history["train_loss"]), *(trace.num_steps(r) for r in range(num_nodes))}
+    if held != {record["step"]}:
+        raise TraceError(f"{latest}: says step {record['step']}, but {folder.name} holds "
+                         f"{' and '.join(map(str, sorted(held)))} steps; the checkpoint is inconsistent "
+                         "(edited or mixed from two runs)")
     saved = record.get("references")
     if isinstance(saved, dict):
         references = {int(rank): float(loss) for rank, loss in saved.items()}

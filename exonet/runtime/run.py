@@ -275,7 +275,7 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
     path = Path(resume_from)
     saved = read_json(path / "config.json")
     ours = json.loads(json.dumps(config, default=repr))
-    ignore = {"threads", "checkpoint_interval"}
+    ignore = {"threads", "checkpoint_interval", "scenario"}  # a synchronous run's scenario only replays it
     diff = sorted(k for k in set(saved) | set(ours) if k not in ignore and saved.get(k) != ours.get(k))
     if diff:
         details = "; ".join(f"{k}: the run had {saved.get(k)!r}, this fit has {ours.get(k)!r}" for k in diff)
@@ -297,7 +297,7 @@ def launch(job: Job, *, progress: bool, scenario: Any,
 
         scenario = Scenario.coerce(scenario)
         scenario.resolve(cfg.world, servers=cfg.servers)  # fail before training, not after
-    config = run_config(strategy, cfg, job.model)
+    config = run_config(strategy, cfg, job.model, scenario)
     label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     if cfg.servers:  # the last ranks serve: a scenario places the trainers without them (Scenario.resolve)
@@ -453,9 +453,10 @@ def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, 
         write_gym_csv(folder, result.history, config["batch_size"] * config["num_nodes"])
 
 
-def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module) -> dict[str, Any]:
-    """The resolved configuration written to config.json."""
+def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module, scenario: Any = None) -> dict[str, Any]:
+    """The resolved configuration written to config.json (``scenario``: the one fit was given, by name)."""
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     keep = ("num_nodes", "max_steps", "batch_size", "minibatch_size", "device_type", "backend", "seed", "shuffle",
-            "autocast", "val_interval", "val_size", "threads", "checkpoint_interval")
-    return {"params": params, **{k: getattr(cfg, k) for k in keep}, "strategy": strategy.config()}
+            "autocast", "val_interval", "val_size", "threads", "checkpoint_interval", "max_sim_time_s")
+    return {"params": params, **{k: getattr(cfg, k) for k in keep}, "strategy": strategy.config(),
+            "scenario": None if scenario is None else scenario.name}
