@@ -72,6 +72,13 @@ def test_sigkill_of_a_computing_node_is_blamed_not_its_waiting_peer(node_pids):
     assert node_pids() == []
 
 
+def test_a_node_that_exits_without_a_word_is_blamed_not_its_peer_whose_connection_reset(node_pids):
+    """os._exit(3) on rank 1 was reported as rank 0's "Connection reset by peer"; rank 1 was never named."""
+    err, took = fail(FailingModel(fail_rank=1, fail_step=4, how="exit"))
+    assert took < 10 and err.rank == 1 and "exited with code 3 without reporting an error" in str(err)
+    assert node_pids() == []
+
+
 def test_a_hung_node_is_named_within_the_progress_timeout(node_pids, tmp_path):
     shm = shm_entries()
     err, took = fail(FailingModel(fail_rank=1, fail_step=4, how="hang"), progress_timeout_s=2.0, run_dir=tmp_path)

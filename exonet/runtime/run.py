@@ -206,18 +206,23 @@ class Supervisor:
                 pipe.send(StepDecision(step, go))
 
     def _blame(self, error: NodeError) -> NodeFailure:
-        """The failure to report for a node's error: a peer killed by a signal, else the earliest error."""
-        first = error
+        """The failure to report for a node's error: a peer that died without a word (killed by a signal,
+        or exited non-zero with nothing left in its pipe: ``os._exit(3)``), else the earliest error."""
+        first, reported = error, {error.rank}
         deadline = time.monotonic() + ECHO_S
         while time.monotonic() < deadline:
             for rank, p in enumerate(self.procs):
-                if p.exitcode is not None and p.exitcode < 0:
-                    return NodeFailure(rank, f"{_exit_reason(p.exitcode)} (node {error.rank} then failed with: "
+                code = p.exitcode
+                if code is None or code == 0 or rank in reported or rank in self.record.done:
+                    continue
+                if code < 0 or self.pipes[rank].closed or not self.pipes[rank].poll(0):
+                    return NodeFailure(rank, f"{_exit_reason(code)} (node {error.rank} then failed with: "
                                              f"{error.traceback.rstrip().splitlines()[-1]})")
             for rank in self._ready(0.02):
                 msg = self._next(rank)
                 if type(msg) is NodeError:
                     first = min(first, msg, key=lambda m: m.at)
+                    reported.add(msg.rank)
                 elif msg is not None:
                     self._handle(msg)
         return NodeFailure(first.rank, first.traceback.rstrip() + self._timeout_hint(first.traceback))
