@@ -281,13 +281,29 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
     saved = read_json(path / "config.json")
     ours = json.loads(json.dumps(config, default=repr))
     ignore = {"threads", "checkpoint_interval", "scenario"}  # a synchronous run's scenario only replays it
-    diff = sorted(k for k in set(saved) | set(ours) if k not in ignore and saved.get(k) != ours.get(k))
+    diff = _differences({k: v for k, v in saved.items() if k not in ignore},
+                        {k: v for k, v in ours.items() if k not in ignore})
     if diff:
-        details = "; ".join(f"{k}: the run had {saved.get(k)!r}, this fit has {ours.get(k)!r}" for k in diff)
+        details = "; ".join(f"{k}: the run had {a!r}, this fit has {b!r}" for k, a, b in diff)
         raise ValueError(f"resume_from: {path} was run with different settings ({details}); "
                          "resume with the arguments of the original fit")
     resume = load_latest(path, config["num_nodes"])
     return path, resume, reopen_run(path)
+
+
+def _earlier_time(held: tuple | None) -> float:
+    """A resumed run's time is every attempt's: what the run it continues took, as its status said."""
+    status = held[0] if held is not None else None
+    earlier = status.get("real_time_s") if isinstance(status, dict) else None
+    return float(earlier) if isinstance(earlier, (int, float)) and math.isfinite(earlier) else 0.0
+
+
+def _differences(a: Any, b: Any, where: str = "") -> list[tuple[str, Any, Any]]:
+    """Where two configs differ, down to the leaf: ("strategy.optim_spec.lr", 0.001, 0.05)."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [(where, a, b)]
+    return [d for k in sorted(set(a) | set(b), key=str)
+            for d in _differences(a.get(k), b.get(k), f"{where}.{k}" if where else str(k))]
 
 
 def launch(job: Job, *, progress: bool, scenario: Any,
@@ -354,7 +370,7 @@ def launch(job: Job, *, progress: bool, scenario: Any,
         finished = True
     finally:
         sup.stop()
-        real_time = time.perf_counter() - t0
+        real_time = time.perf_counter() - t0 + _earlier_time(held)
         if book is not None:
             book.prune()
         steps = len(sup.record.history["train_loss"])
