@@ -242,8 +242,12 @@ def test_reduced_matrix_meets_the_error_bound_on_held_out_cases():
     # A held-out case past the bound is measured twice more and judged on the median of all its repetitions:
     # a model error reproduces, a burst of other work on this shared 2-core machine does not (one such run
     # read 8.98% on one case where its other runs read 0.3-1.2%). The fitted parameters stay as they were.
+    # A median past its 3% is judged the same way: the bandwidth-bound held-out cases over 3% are measured
+    # again (one clean-clone CI read a held-out median of 3.2%: 4 MB all-reduce at K = 4 took 1.307 s against
+    # the calibrated 1.265 s, where other CI runs passed).
+    limit = 0.03 if result.summary("calibrated")[0] > 0.03 else 0.08
     doubtful = [i for i, row in enumerate(result.rows) if row.held_out and row.covered and not row.host_bound
-                and abs(cal.Row.error(row.calibrated, row.real)) > 0.08]
+                and abs(cal.Row.error(row.calibrated, row.real)) > limit]
     for i in doubtful:
         m = measured[i]
         again = [run_cases([m.case], log=lambda line: None)[0] for _ in range(2)]

@@ -129,7 +129,7 @@ class Watchdog:
         odd = min(where.values(), key=len)  # fewest in one call; the first waited longest
         last, rank, _, started = odd[0]
         waits = "; ".join(f"{'ranks' if len(os) > 1 else 'rank'} {', '.join(str(r) for r in sorted(o[1] for o in os))}"
-                          f" in {call}" for call, os in where.items())
+                          f" in {call}" for call, os in sorted(where.items(), key=lambda w: min(o[1] for o in w[1])))
         why = f"every node is blocked: {waits}"
         why += f"; mismatched calls? rank {rank} is the odd one out" if len(where) > 1 else ""
         return NodeFailure(rank, self._message(now - last, started, why))
