@@ -4,8 +4,9 @@ Each node owns six doubles in a small shared array (``ctx.Array("d", SLOTS * K, 
 the time of its last sign of progress (``time.monotonic``, system-wide on Linux), whether it
 is inside a call that blocks on other nodes (a collective, a wait, rendezvous), whether its
 start-up is over, and which blocking call that is (its kind, its peer, its collective number),
-so that a stall can say where each node waits. A node beats at every step, evaluation batch and checkpoint, and on
-entering and leaving a blocking call; the parent reads the array a few times a second.
+so that a stall can say where each node waits. A node beats at every step, evaluation batch
+and checkpoint, and on entering and leaving a blocking call; the parent reads the array a few
+times a second.
 
 Blame rule: a node that is *not* blocked and has shown no progress for longer than its
 allowance is hung, and the one silent longest is blamed. The allowance is
@@ -47,6 +48,7 @@ class Heartbeat:
     def __init__(self, array: Any | None, rank: int) -> None:
         self._a = array if array is not None else [0.0] * SLOTS * (rank + 1)
         self._i = rank * SLOTS
+        self._a[self._i + PEER] = self._a[self._i + CALL_ID] = -1.0  # no blocking call yet: no peer, no number
         self.beat()
 
     def beat(self) -> None:
