@@ -3,7 +3,8 @@
 Every output (a trace, a run directory's JSON, a Chrome trace, a plot) is written under a
 temporary name and renamed into place, so a crash never leaves half a file; a path in a folder
 that does not exist yet gets that folder, as ``--chrome-trace out/run.json`` on a fresh checkout
-expects.
+expects. A name read from a file exonet did not necessarily write (a checkpoint pointer, a
+shard in an index) passes ``plain_name`` first, so it cannot lead out of its folder.
 """
 
 from __future__ import annotations
@@ -12,6 +13,19 @@ import contextlib
 import os
 from pathlib import Path
 from typing import IO, Any, Iterator
+
+
+def plain_name(name: object, where: str, error: type[Exception] = ValueError) -> str:
+    """``name`` if it is a plain file or folder name, one level inside the folder it is read for.
+
+    Anything else raises ``error`` naming ``where`` (the file and entry it came from): not a string,
+    empty, "." or "..", a separator (``/`` or ``\\``, on every system), a drive, or a NUL byte.
+    """
+    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name
+            or os.path.isabs(name) or name[1:2] == ":"):
+        raise error(f"{where}: {name!r} is not a plain name inside its folder (no separators, '..', absolute "
+                    "paths or drives)")
+    return name
 
 
 def output_path(path: str | os.PathLike) -> Path:
