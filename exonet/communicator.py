@@ -53,12 +53,18 @@ def _unwatched(*where: Any) -> contextlib.AbstractContextManager[None]:
 
 
 class Handle:
-    """An async collective in flight; ``wait()`` blocks until it ends and returns its result."""
+    """An async collective in flight; ``wait()`` blocks until it ends and returns its result.
+
+    A checkpoint keeps it as ``state_dict()`` (its id and result: the transfer ends there, untraced)
+    and a resumed node rebuilds it with ``Communicator.restore_handle``: its ``wait()`` then records
+    the same Wait the uninterrupted run records, so the trace and the numerics are unchanged.
+    """
 
     def __init__(self, comm: "Communicator", cid: int, work: Any, finish: Callable[[], Any]) -> None:
         self._comm, self._cid, self._work, self._finish = comm, cid, work, finish
         self._result: Any = None
-        self._done = False
+        self._settled = False  # the transfer has ended and ``_result`` holds it
+        self._done = False  # the strategy has waited (the trace has its Wait, when traced)
 
     def wait(self, traced: bool = True) -> Any:
         """Block until it ends; ``traced=False`` leaves the wait out of the trace (the replay does not wait for it)."""
@@ -67,18 +73,36 @@ class Handle:
             if traced:
                 self._comm.events.append(Wait(self._cid))
                 self._comm._announce()
+            self._settle()
+            self._comm._restart_clock()
+            self._done = True
+        return self._result
+
+    def _settle(self) -> Any:
+        """End the transfer and take its result, recording nothing (the strategy's ``wait`` still records its Wait)."""
+        if not self._settled:
             if self._work is not None:
                 with self._comm.blocking("wait", -1, self._cid):
                     self._work.wait()
                     if self._comm._sync is not None:  # NCCL's wait does not block the host
                         self._comm._sync()
             self._result = self._finish()
-            self._comm._restart_clock()
-            self._done = True
+            self._settled = True
         return self._result
 
     def is_completed(self) -> bool:
         return self._done or self._work is None or self._work.is_completed()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its collective id and result, for a checkpoint (taken inside ``bookkeeping()``: the transfer ends
+        now, untraced; a handle already waited on is no longer in flight and has no state to keep)."""
+        if self._done:
+            raise RuntimeError(f"Handle.state_dict: collective {self._cid} was already waited on; a checkpoint "
+                               "keeps only the handles still in flight")
+        result = self._settle()
+        if not isinstance(result, torch.Tensor):
+            raise TypeError(f"Handle.state_dict: collective {self._cid} returned {type(result).__name__}, not a tensor")
+        return {"cid": self._cid, "result": result.detach().clone()}
 
 
 class Communicator:
@@ -114,6 +138,24 @@ class Communicator:
         self.clock = clock
         self.sitting_out = False  # an elastic node that is down: its work is not the run's and is not traced
         self._restart_clock()
+
+    @property
+    def next_cid(self) -> int:
+        """The id the next collective gets: a checkpoint keeps it, and a resumed node continues from it
+        (set before its first collective), so ids stay unique across the run and restored handles keep theirs."""
+        return self._next_cid
+
+    @next_cid.setter
+    def next_cid(self, value: int) -> None:
+        if self._next_cid:
+            raise RuntimeError(f"Communicator.next_cid: {self._next_cid} collectives were issued already; a resumed "
+                               "node sets it before its first one")
+        self._next_cid = value
+
+    def restore_handle(self, state: dict[str, Any]) -> Handle:
+        """A handle kept in a checkpoint by ``Handle.state_dict``: its transfer is over; its ``wait()`` is traced."""
+        result = state["result"].to(self.device)
+        return Handle(self, int(state["cid"]), None, lambda: result)
 
     # ---------------------------------------------------------------- clock
     def now(self) -> float:

@@ -2,7 +2,8 @@
 
 Layout of ``<run_dir>/<time>-<label>/``::
 
-    config.json      the resolved configuration, written when the run starts
+    config.json      the resolved configuration and the run's id (``run_id``, which its checkpoints
+                     carry too), written when the run starts
     checkpoints/     resumable checkpoints, when asked for (see exonet.runtime.checkpoint)
     metrics.jsonl    one JSON object per line: {"step", "train_loss"} and {"step", "eval": {...}},
                      then a closing line {"end": true, "lines": N}
@@ -17,6 +18,10 @@ failed or was interrupted after saving its history and trace so far.
 
 The folder given to ``fit(run_dir=...)`` holds such runs one level down; ``find_runs``
 resolves either kind of path to run directories, for ``exonet simulate`` and ``compare``.
+
+Every file here is read back as data: JSON (``read_json``, ``read_metrics``), the trace's JSON
+lines (exonet.trace) and checkpoints through ``torch.load(weights_only=True)``; nothing read
+from a run directory can run code, so a run directory from someone else is safe to open.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +56,20 @@ def create_run(root: str | os.PathLike, label: str, config: dict[str, Any]) -> P
         except FileExistsError:
             n += 1
             path = root / f"{base}-{n}"
-    write_json(path / "config.json", config)
+    write_json(path / "config.json", {**config, "run_id": uuid.uuid4().hex})
     return path
+
+
+def run_id(path: Path) -> str:
+    """The id in a run's config.json, which each of its checkpoints carries: a checkpoint from another run
+    is told apart by it. TraceError when config.json has none."""
+    file = path / "config.json"
+    config = read_json(file)
+    value = config.get("run_id") if isinstance(config, dict) else None
+    if not isinstance(value, str) or not value:
+        raise TraceError(f"{file}: no run_id: the run was started by an exonet older than checkpoints that load "
+                         "without code (or the file was edited), so its checkpoints cannot be resumed")
+    return value
 
 
 def reopen_run(path: Path) -> tuple[dict[str, Any] | None, int]:

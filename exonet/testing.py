@@ -7,6 +7,7 @@ models are in ``exonet.toy``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -100,6 +101,38 @@ class RingPassStrategy(Strategy):
         _expect("recv", got, torch.full((self.numel,), float((r - 1) % n)))
         self.optimizer_step()
         self.local_step += 1
+
+
+def write_checkpoint(root: Path, num_nodes: int = 2, steps: int = 4,
+                     references: dict[int, float] | None = None) -> Path:
+    """A new run directory under ``root`` holding a committed checkpoint of ``steps`` steps, made by exonet's
+    own writers without a fit (DDP on ``tiny_mlp`` after one AdamW step, one all-reduce per step and rank):
+    for tests of what a resume reads back."""
+    from exonet.communicator import Communicator
+    from exonet.rundir import create_run
+    from exonet.runtime.checkpoint import CheckpointBook, save_node
+    from exonet.strategies import DDPStrategy, NodeContext
+    from exonet.trace import Trace
+
+    run = create_run(root, "checkpoint", {"num_nodes": num_nodes, "max_steps": 2 * steps})
+    book = CheckpointBook(run / "checkpoints", num_nodes)
+    trace = Trace(num_nodes)
+    for rank in range(num_nodes):
+        for _ in range(steps):
+            trace.add_compute(rank, 0.01)
+            trace.add_collective(rank, "all_reduce", 1024)
+            trace.add_step(rank)
+        comm = Communicator(rank, num_nodes, torch.device("cpu"))
+        comm.next_cid = steps
+        model, strategy = tiny_mlp(), DDPStrategy()
+        strategy.setup(model, comm, NodeContext(rank, num_nodes, 2 * steps, 0, torch.device("cpu")))
+        for p in strategy.params:
+            p.grad = torch.ones_like(p)
+        strategy.optimizer_step()
+        save_node(book.root, steps, rank, model, strategy)
+        book.report(rank, steps)
+    book.commit(steps, {"train_loss": [1.0] * steps, "eval": []}, trace, references)
+    return run
 
 
 def _expect(what: str, got: torch.Tensor, want: torch.Tensor) -> None:

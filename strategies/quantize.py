@@ -25,7 +25,7 @@ n chunks of whole blocks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -129,3 +129,16 @@ class QuantizedAllReduce:
         self.reduce()
         gathered = self._handle.wait()
         return torch.cat([unpack(row, self.bits, self.block) for row in gathered])[: self.numel]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its phase and the result of the phase's collective, for a checkpoint (``Handle.state_dict``)."""
+        return {"phase": self._phase, "numel": self.numel, "bits": self.bits, "block": self.block,
+                "handle": self._handle.state_dict()}
+
+    @classmethod
+    def restore(cls, comm: "Communicator", state: dict[str, Any]) -> "QuantizedAllReduce":
+        """The reduction ``state_dict`` kept, at the same phase: what is left of it is issued and traced as before."""
+        kept = cls.__new__(cls)
+        kept.comm, kept.bits, kept.block, kept.numel = comm, state["bits"], state["block"], state["numel"]
+        kept._phase, kept._handle = state["phase"], comm.restore_handle(state["handle"])
+        return kept

@@ -113,3 +113,17 @@ class ShardedMean:
         shard = self._pending if isinstance(self._pending, torch.Tensor) else self._pending.wait()
         gathered = shard if self.groups.size == 1 else self.comm.all_gather(shard, group=self.groups.inner)
         return gathered.reshape(-1)[: self.numel].clone()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shard's mean across workers (its transfer ends now, untraced), for a checkpoint."""
+        pending = self._pending
+        kept = {"shard": pending.clone()} if isinstance(pending, torch.Tensor) else {"handle": pending.state_dict()}
+        return {"numel": self.numel, **kept}
+
+    @classmethod
+    def restore(cls, groups: ReplicaGroups, comm: Communicator, state: dict[str, Any]) -> "ShardedMean":
+        """The mean ``state_dict`` kept: its ``wait()`` records the wait and the all-gather as before."""
+        kept = cls.__new__(cls)
+        kept.groups, kept.comm, kept.numel = groups, comm, state["numel"]
+        kept._pending = comm.restore_handle(state["handle"]) if "handle" in state else state["shard"].to(comm.device)
+        return kept

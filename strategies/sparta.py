@@ -105,7 +105,7 @@ class SparseAverager:
         if self.comm.world_size == 1:
             return None
         local, values = self._select(step)
-        return Exchange(local, values.clone(), values, self.comm.all_reduce(values, op="avg", async_op=True))
+        return Exchange(local, values.clone(), self.comm.all_reduce(values, op="avg", async_op=True))
 
     def apply(self, exchange: "Exchange | None") -> None:
         """Wait for ``exchange`` and move its coordinates by (average − what this node sent).
@@ -115,22 +115,35 @@ class SparseAverager:
         """
         if exchange is None:
             return
-        exchange.handle.wait()
+        average = exchange.handle.wait()
         if not exchange.local:
             return
         with torch.no_grad():
             sizes = [len(i) for i in exchange.local]
-            for p, i, avg, sent in zip(self.params, exchange.local, exchange.average.split(sizes),
-                                       exchange.sent.split(sizes)):
+            for p, i, avg, sent in zip(self.params, exchange.local, average.split(sizes), exchange.sent.split(sizes)):
                 p.put_(i, (avg - sent).to(p.dtype), accumulate=True)
+
+    def exchange_state(self, exchange: "Exchange | None") -> dict[str, Any] | None:
+        """An exchange in flight as a checkpoint keeps it: where it reads, what this node sent, its handle's result."""
+        if exchange is None:
+            return None
+        return {"local": [i.cpu() for i in exchange.local], "sent": exchange.sent.detach().clone(),
+                "handle": exchange.handle.state_dict()}
+
+    def restore_exchange(self, state: dict[str, Any] | None) -> "Exchange | None":
+        """The exchange ``exchange_state`` kept; applying it moves the coordinates as the original would have."""
+        if state is None:
+            return None
+        device = self.params[0].device
+        return Exchange([i.to(device) for i in state["local"]], state["sent"].to(device),
+                        self.comm.restore_handle(state["handle"]))
 
 
 class Exchange(NamedTuple):
-    """A sparse exchange in flight: where it reads, what this node sent, the buffer being averaged, its handle."""
+    """A sparse exchange in flight: where it reads, what this node sent, its handle (whose wait gives the average)."""
 
     local: list[torch.Tensor]
     sent: torch.Tensor
-    average: torch.Tensor
     handle: Any
 
 
@@ -155,7 +168,8 @@ class SPARTAStrategy(SparseAveraging):
     average of step t's coordinates is launched after step t and applied after step
     t + d, so it travels while the next d steps compute; applying it adds (average − the
     value this node sent), keeping the local progress made meanwhile. ``d = 0`` is the
-    blocking form. Exchanges still in flight at the end are applied by ``finish``.
+    blocking form. Exchanges still in flight at the end are applied by ``finish``; a
+    checkpoint keeps those in flight, so a resumed run applies them at the same steps.
 
     Args:
         inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
@@ -209,3 +223,12 @@ class SPARTAStrategy(SparseAveraging):
     def finish(self) -> None:
         while self._in_flight:
             self.sparse.apply(self._in_flight.popleft())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Also the exchanges in flight (their results taken now): a resumed run applies them when the
+        uninterrupted run would, and records their waits as it would."""
+        return {**super().state_dict(), "in_flight": [self.sparse.exchange_state(e) for e in self._in_flight]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._in_flight = deque(self.sparse.restore_exchange(e) for e in state["in_flight"])

@@ -27,8 +27,9 @@ Exact rules implemented here (the step count t is the number of inner steps done
   ``all_gather`` phase is issued at the first step boundary after the start (when
   τ >= 2, so it overlaps too) or at completion time (τ <= 1), and waited at completion.
 * ``finish()`` completes every round still in flight, in start order. A checkpoint keeps
-  each in-flight round's own Δ; a resumed run issues those reductions again (the
-  transfers in flight died with the old processes), so its numerics are unchanged.
+  each in-flight round as it stands: its own Δ and the result of the collective it waits
+  on (that transfer ends at the checkpoint, untraced). A resumed run picks the round up at
+  the same phase, so it issues, waits and records exactly what the uninterrupted run does.
 * Wire dtype: Δ is computed in fp32 but travels in the parameters' dtype (a bf16 model sends
   bf16, as DiLoCo does); the outer step runs on θ_global in fp32.
 * Replica groups (``replica_size`` G > 1): the ranks of a worker average gradients every step,
@@ -206,7 +207,7 @@ class StreamingDiLoCoStrategy(Strategy):
         self._launch(_Round(f, t, t + self.delay_steps, delta, None))
 
     def _launch(self, r: _Round) -> None:
-        """Issue the round's reduction (on a copy, so ``r.delta`` stays this node's own Δ for checkpoints)."""
+        """Issue the round's reduction (on a copy: ``r.delta`` stays this node's own Δ, a single node's mean)."""
         if self.num_nodes == 1:
             r.pending = None
         elif self.quantize_bits is not None:
@@ -236,9 +237,9 @@ class StreamingDiLoCoStrategy(Strategy):
         self._in_flight.remove(r)
 
     def state_dict(self) -> dict[str, Any]:
-        """Also each in-flight round's own Δ: a resumed run issues those reductions again, as a restarted node must."""
-        rounds = [{"fragment": r.fragment, "start": r.start, "due": r.due, "delta": r.delta.clone()}
-                  for r in self._in_flight]
+        """Also each in-flight round: its Δ and its reduction, whose transfer ends now (``Handle.state_dict``)."""
+        rounds = [{"fragment": r.fragment, "start": r.start, "due": r.due, "delta": r.delta.clone(),
+                   "pending": None if r.pending is None else r.pending.state_dict()} for r in self._in_flight]
         return {**super().state_dict(), "global_params": [g.detach().clone() for g in self.global_params],
                 "outer_optimizers": [o.state_dict() for o in self.outer_optimizers], "in_flight": rounds}
 
@@ -249,6 +250,16 @@ class StreamingDiLoCoStrategy(Strategy):
                 g.copy_(saved)
         for o, saved in zip(self.outer_optimizers, state["outer_optimizers"]):
             o.load_state_dict(saved)
-        self._in_flight = []
-        for r in state["in_flight"]:
-            self._launch(_Round(r["fragment"], r["start"], r["due"], r["delta"].to(self.global_params[0].device), None))
+        device = self.global_params[0].device
+        self._in_flight = [_Round(r["fragment"], r["start"], r["due"], r["delta"].to(device),
+                                  self._restore_pending(r["pending"])) for r in state["in_flight"]]
+
+    def _restore_pending(self, state: dict[str, Any] | None) -> "Handle | QuantizedAllReduce | ShardedMean | None":
+        """A reduction kept by ``state_dict``, of the kind ``_launch`` issues."""
+        if state is None:
+            return None
+        if self.quantize_bits is not None:
+            return QuantizedAllReduce.restore(self.comm, state)
+        if self._replicas is not None:
+            return ShardedMean.restore(self._replicas, self.comm, state)
+        return self.comm.restore_handle(state)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from exonet.runtime.messages import Evaluated, Events, NodeDone, NodeMessage, Query, StepDone
-from exonet.trace import Collective, Event, Step, Trace, Wait
+from exonet.trace import Event, Step, Trace
 
 if TYPE_CHECKING:
     from exonet.runtime.checkpoint import Resume
@@ -27,20 +27,6 @@ def _upto(events: list[Event], steps: int) -> list[Event]:
             if seen == steps:
                 return events[: i + 1]
     return list(events)
-
-
-def _shift_cids(events: list[Event], offset: int) -> list[Event]:
-    """A resumed node numbers its collectives from 0 again: continue the saved trace's numbering."""
-    if not offset:
-        return events
-    out: list[Event] = []
-    for e in events:
-        if isinstance(e, Collective):
-            e = Collective(e.cid + offset, e.op, e.nbytes, e.group, e.async_op, e.dtype, e.start_s, e.end_s)
-        elif isinstance(e, Wait):
-            e = Wait(e.cid + offset)
-        out.append(e)
-    return out
 
 
 class RunRecord:
@@ -62,12 +48,9 @@ class RunRecord:
         self.trainers = num_nodes if trainers is None else trainers
         self.history: dict[str, list] = {"train_loss": [], "eval": []}
         self.events: list[list[Event]] = [[] for _ in range(num_nodes)]
-        self._cid_offset = [0] * num_nodes
-        if resume is not None:
+        if resume is not None:  # its nodes continue the checkpoint's collective ids (exonet.runtime.checkpoint)
             self.history = resume.history
             self.events = [list(evs) for evs in resume.trace.events]
-            self._cid_offset = [1 + max((c.cid for c in resume.trace.collectives(r)), default=-1)
-                                for r in range(num_nodes)]
         self.state: bytes | None = None
         self.logger: Any = None  # a WandbLogger when fit(wandb_project=...) asked for one
         self.watch: Any = None  # a DivergenceWatch (exonet.runtime.divergence) checking every reported loss
@@ -84,7 +67,7 @@ class RunRecord:
         """Take a StepDone, Evaluated, NodeDone, Events or Query message."""
         kind, rank = type(msg), msg.rank
         if kind is StepDone:
-            self.events[rank].extend(_shift_cids(msg.events, self._cid_offset[rank]))
+            self.events[rank].extend(msg.events)
             self._losses.setdefault(msg.step, {})[rank] = msg.loss
             if self.watch is not None:
                 self.watch.check(rank, msg.step, msg.loss)
@@ -96,7 +79,7 @@ class RunRecord:
         elif kind is Events or kind is Query:  # reported before a blocking call (exonet.runtime.clock)
             self.events[rank].extend(msg.events)
         elif kind is NodeDone:
-            self.events[rank].extend(_shift_cids(msg.events, self._cid_offset[rank]))
+            self.events[rank].extend(msg.events)
             if msg.state is not None:
                 self.state = msg.state
             self.done.add(rank)

@@ -280,7 +280,7 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
     path = Path(resume_from)
     saved = read_json(path / "config.json")
     ours = json.loads(json.dumps(config, default=repr))
-    ignore = {"threads", "checkpoint_interval", "scenario"}  # a synchronous run's scenario only replays it
+    ignore = {"threads", "checkpoint_interval", "scenario", "run_id"}  # a synchronous run's scenario only replays it
     diff = _differences({k: v for k, v in saved.items() if k not in ignore},
                         {k: v for k, v in ours.items() if k not in ignore})
     if diff:
@@ -357,6 +357,9 @@ def launch(job: Job, *, progress: bool, scenario: Any,
                          cfg.max_steps, trainers=cfg.num_nodes, synchronous=not strategy.asynchronous,
                          what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__,
                          decides=decides, rewind=not meta.get("elastic", False))
+    if clock is not None and resume is not None:  # the clock replays the run it continues first
+        for rank, events in enumerate(resume.trace.events):
+            clock.feed(rank, events)
     sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
     sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
     sup.record.watch = watch
