@@ -151,9 +151,11 @@ def test_link_latency_defaults_to_network_latency() -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_collective_family_and_per_op_override(family: str) -> None:
-    r = Scenario.from_dict(minimal(collective=family)).resolve(4)
+    backend = {"backend": family} if family in ("nccl", "gloo") else {}  # a library's algorithms need that library
+    r = Scenario.from_dict(minimal(collective=family, **backend)).resolve(4)
     assert r.algorithms == FAMILIES[family]
-    over = Scenario.from_dict(minimal(collective=family, algorithms={"broadcast": "binomial", "all_to_all": "star"}))
+    over = Scenario.from_dict(minimal(collective=family, algorithms={"broadcast": "binomial", "all_to_all": "star"},
+                                      **backend))
     assert over.resolve(4).algorithms == {**FAMILIES[family], "broadcast": "binomial", "all_to_all": "star"}
 
 

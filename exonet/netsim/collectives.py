@@ -121,27 +121,14 @@ import math
 from collections.abc import Callable, Sequence
 
 from exonet.errors import ScenarioError
+from exonet.netsim import gloo, nccl
+from exonet.netsim.rings import ordered, ring_phases
 from exonet.netsim.topology import Phase, Topology
 from exonet.scenario import FAMILIES
 
 CHAIN_MAX_CHUNKS = 64
 
 Members = Sequence[int]
-
-
-def _ring(g: Members, size: float, count: int) -> list[Phase]:
-    n = len(g)
-    phase = tuple((g[i], g[(i + 1) % n], size) for i in range(n))
-    return [phase] * count
-
-
-def _ordered(g: Members, topo: Topology) -> list[int]:
-    """``g`` with each region's members together (regions in the order their lowest member comes), by rank within,
-    so a ring crosses each inter-region link once each way; for contiguous regions this is ``g`` itself."""
-    first: dict[str, int] = {}
-    for r in g:
-        first.setdefault(topo.region(r), len(first))
-    return sorted(g, key=lambda r: (first[topo.region(r)], r))
 
 
 def _levels(g: Members, topo: Topology) -> list[list[list[int]]]:
@@ -160,7 +147,7 @@ def _levels(g: Members, topo: Topology) -> list[list[list[int]]]:
     grid = [list(hosts.values()) for hosts in regions.values()]  # grid[k][i][j]
     H, L = len(grid[0]), len(grid[0][0])
     if any(len(hosts) != H or any(len(h) != L for h in hosts) for hosts in grid):
-        return [[_ordered(g, topo)]]
+        return [[ordered(g, topo)]]
     R = len(grid)
     levels = [
         [[grid[k][i][j] for j in range(L)] for k in range(R) for i in range(H)],
@@ -172,7 +159,7 @@ def _levels(g: Members, topo: Topology) -> list[list[list[int]]]:
 
 def _level_ring(rings: list[list[int]], size: float, count: int) -> list[Phase]:
     """``count`` ring phases of ``size`` on every ring of a level at once."""
-    phase = tuple(m for ring in rings for m in _ring(ring, size, 1)[0])
+    phase = tuple(m for ring in rings for m in ring_phases(ring, size, 1)[0])
     return [phase] * count
 
 
@@ -349,34 +336,40 @@ Builder = Callable[[Members, float, Topology], list[Phase]]
 
 BUILDERS: dict[str, dict[str, Builder]] = {
     "all_reduce": {
-        "ring": lambda g, S, t: _ring(_ordered(g, t), S / len(g), 2 * (len(g) - 1)),
+        "ring": lambda g, S, t: ring_phases(ordered(g, t), S / len(g), 2 * (len(g) - 1)),
         "halving_doubling": lambda g, S, t: _all_reduce_hd(g, S),
         "tree": lambda g, S, t: _all_reduce_tree(g, S),
         "star": lambda g, S, t: [_to_hub(g, S), _from_hub(g, S)],
         "direct": lambda g, S, t: [_pairs(g, S / len(g))] * 2,
         "hierarchical": lambda g, S, t: [*_reduce_scatter_hier(g, S, t), *_all_gather_hier(g, S / len(g), t)],
+        "nccl": lambda g, S, t: nccl.plan("all_reduce", g, S, t),
+        "gloo": lambda g, S, t: gloo.plan("all_reduce", g, S, t),
     },
     "all_gather": {
-        "ring": lambda g, s, t: _ring(_ordered(g, t), s, len(g) - 1),
+        "ring": lambda g, s, t: ring_phases(ordered(g, t), s, len(g) - 1),
         "halving_doubling": lambda g, s, t: _all_gather_hd(g, s),
         "star": lambda g, s, t: [_to_hub(g, s), _from_hub(g, (len(g) - 1) * s)],
         "direct": lambda g, s, t: [_pairs(g, s)],
         "hierarchical": _all_gather_hier,
+        "nccl": lambda g, s, t: nccl.plan("all_gather", g, s, t),
+        "gloo": lambda g, s, t: gloo.plan("all_gather", g, s, t),
     },
     "reduce_scatter": {
-        "ring": lambda g, S, t: _ring(_ordered(g, t), S / len(g), len(g) - 1),
+        "ring": lambda g, S, t: ring_phases(ordered(g, t), S / len(g), len(g) - 1),
         "halving_doubling": lambda g, S, t: _reduce_scatter_hd(g, S),
         "star": lambda g, S, t: [_to_hub(g, S), _from_hub(g, S / len(g))],
         "direct": lambda g, S, t: [_pairs(g, S / len(g))],
         "hierarchical": _reduce_scatter_hier,
+        "nccl": lambda g, S, t: nccl.plan("reduce_scatter", g, S, t),
     },
     "broadcast": {
-        "chain": lambda g, S, t: _broadcast_chain(_ordered(g, t), S, t),
+        "chain": lambda g, S, t: _broadcast_chain(ordered(g, t), S, t),
         "binomial": lambda g, S, t: _broadcast_binomial(g, S),
         "binomial_fanout": lambda g, S, t: _broadcast_fanout(g, S),
         "star": lambda g, S, t: [_from_hub(g, S)],
         "direct": lambda g, S, t: _broadcast_direct(g, S),
         "hierarchical": _broadcast_hier,
+        "nccl": lambda g, S, t: nccl.plan("broadcast", g, S, t),
     },
     "all_to_all": {
         "direct": lambda g, S, t: [_pairs(g, S / len(g))],

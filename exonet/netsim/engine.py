@@ -67,6 +67,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from exonet.errors import ScenarioError, TraceError
+from exonet.netsim import tcp
 from exonet.netsim.agenda import CLAIM, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.collectives import algorithm_names
 from exonet.netsim.compute import FAILED, ComputeModel
@@ -165,6 +166,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         self._any: dict[int, RankState] = {}  # receivers waiting in an any-source receive
         self._received: dict[int, list[tuple[int, float]]] = {}  # receiver -> (sender, seconds) its AnyRecvs took
         self._group_end: dict[tuple[int, ...], int] = {}  # members -> tick their latest collective ended
+        self._rtos: dict[tuple[int, ...], float] = {}  # members -> the RTO of their slowest pair
         self._set_up: set[tuple[int, ...]] = set()  # groups whose one-time set-up is paid
         for r, outages in enumerate(self._cm.down):
             for t0, t1 in outages:
@@ -474,7 +476,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
             self._agenda.at(t + c.setup, self._start, c, order=(START, *c.key))
             return
         c.start = t
-        plan = c.plan = self._planner.plan(c.op, c.members, c.nbytes)
+        plan = c.plan = self._planner.plan(c.op, c.members, c.nbytes, self._halved(t, c.members))
         wire = self._wire
         for r, sent in plan.sent:
             wire[r] += sent
@@ -492,6 +494,26 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
                     self._take_over(t, self._lone)
             self._active[c] = None
             self._begin_phase(t, c, 0)
+
+    @property
+    def lossy(self) -> bool:
+        """Whether a phase so far lost packets to an overflowing queue (the range's stochastic term applies)."""
+        return self._topo.lossy
+
+    def _halved(self, t: int, members: tuple[int, ...]) -> int:
+        """How cold a group's connections are at tick ``t`` (``tcp.halvings``): 0 unless the scenario restarts slow
+        start after idle; a group's first collective opens new connections."""
+        if not self.resolved.slow_start or len(members) < 2:
+            return 0
+        last = self._group_end.get(members)
+        if last is None:
+            return tcp.NEW
+        rto = self._rtos.get(members)
+        if rto is None:  # the slowest pair's: regions and hosts give at most a few distinct latencies
+            rto = self._rtos[members] = tcp.rto(max(self._topo.rtt(members[0], b) for b in members[1:])
+                                                if self._topo.hosts is None and not self.resolved.links
+                                                else max(self._topo.rtt(a, b) for a in members for b in members))
+        return tcp.halvings(seconds(t - last), rto)
 
     def _begin_phase(self, t: int, c: Instance, p: int) -> None:
         """Put phase ``p`` of ``c`` on the network, or hand ``c`` back to the fast path while nothing shares its links.

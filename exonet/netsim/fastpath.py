@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from exonet.netsim import tcp
 from exonet.netsim.collectives import choose, phases
 from exonet.netsim.flows import Batch, Solo
 from exonet.netsim.topology import Phase, Topology
@@ -65,22 +66,31 @@ class Planner:
         self._topo = topology
         self._builders = choose(algorithms)
         self._sharing = sharing
-        self._plans: dict[tuple[str, tuple[int, ...], int], Plan] = {}
+        self._plans: dict[tuple[str, tuple[int, ...], int, int], Plan] = {}
         self._solos: dict[Phase, tuple[Solo, float]] = {}  # each phase run alone, and its duration
         self._prefix: dict[int, tuple[Plan, np.ndarray]] = {}  # id(plan) -> (plan, busy before each phase)
 
-    def plan(self, op: str, members: tuple[int, ...], nbytes: int) -> Plan:
-        """The phases of ``op`` among ``members`` on ``nbytes`` (cached)."""
-        key = (op, members, nbytes)
+    def plan(self, op: str, members: tuple[int, ...], nbytes: int, halved: int = 0) -> Plan:
+        """The phases of ``op`` among ``members`` on ``nbytes`` (cached).
+
+        ``halved`` > 0: the group's connections went cold (``tcp.halvings``; ``tcp.NEW`` for new ones), so
+        each message also pays its pair's slow start.
+        """
+        key = (op, members, nbytes, halved)
         plan = self._plans.get(key)
         if plan is None:
             if op == "p2p":  # one message, members = (sender, receiver)
                 steps = [((members[0], members[1], float(nbytes)),)] if nbytes else []
             else:
                 steps = phases(self._builders[op], members, nbytes, self._topo)
+            if halved:
+                topo, r = self._topo, self._topo.resolved
+                steps = tcp.cold_phases(steps, [topo.lone_rates(p) for p in steps],
+                                        [[topo.rtt(m[0], m[1]) for m in p] for p in steps],
+                                        r.streams, halved, tcp.initial_window(r.mss))
             sent: dict[int, float] = {}
             for phase in steps:
-                for src, _, size in phase:
+                for src, _, size, *_ in phase:
                     sent[src] = sent.get(src, 0.0) + size
             if len(self._plans) >= _CACHE_LIMIT:
                 self._plans.clear()

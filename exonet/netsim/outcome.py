@@ -65,7 +65,7 @@ class Outcomes:
         for plan, count in self._carried.items():
             job = owner[plan.phases[0][0][0]] if plan.phases else None
             for phase in plan.phases:
-                for src, dst, size in phase:
+                for src, dst, size, *_ in phase:
                     for link in self._topo.path(src, dst).links:
                         carried.setdefault(link, [0.0] * len(jobs))[job] += count * self._topo.wire_size(size)
         span = seconds(max(self._last_end, *(rk.t for rk in self._ranks)))
@@ -122,6 +122,7 @@ class Outcomes:
             goodput=(total - lost) / (trainers * wall) if wall > 0 else 0.0,
             cautions=self._topo.cautions(),
             servers=servers,
+            wall_clock_range=(seconds(wall), seconds(wall)),
         )
 
     def _links(self, wall: float) -> list[LinkLoad]:

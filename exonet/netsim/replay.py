@@ -18,6 +18,7 @@ from typing import Any
 from exonet.errors import ScenarioError
 from exonet.netsim.engine import Simulation
 from exonet.netsim.result import SimResult
+from exonet.netsim.spread import with_range
 from exonet.scenario import Resolved, Scenario
 from exonet.trace import Collective, Compute, Event, Trace
 
@@ -53,9 +54,14 @@ def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Seque
             resolved, name = chosen.resolve(trace.num_nodes, servers=trace.meta.get("servers", 0)), chosen.name
             _warn_if_decided_elsewhere(trace, chosen)
         resolved, caution = _compute_timing(resolved, name, [trace])
-        sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
-        sim.feed_trace(trace)
-        return _cautioned(sim.result(history), caution)
+
+        def replay(resolved: Resolved) -> tuple[SimResult, bool]:
+            sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
+            sim.feed_trace(trace)
+            return sim.result(history), sim.lossy
+
+        first, lossy = replay(resolved)
+        return _cautioned(with_range(first, resolved, lossy, lambda r: replay(r)[0]), caution)
     return _simulate_jobs(list(trace), scenario, history, fast_path, placement)
 
 

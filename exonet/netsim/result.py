@@ -111,6 +111,9 @@ class SimResult:
         links: per link (with several traces: every link that carried bytes, and each job's share), its bytes,
             busy time and utilisation (see the module's docstring).
         collectives: every collective and message, in the order they ended.
+        wall_clock_range: (p10, p90) of the wall-clock in seconds, ``wall_clock_s`` being the median: where
+            phases lose packets to an overflowing queue, the spread of the loss-recovery cost measured on the
+            testbed; (wall_clock_s, wall_clock_s) where nothing is stochastic.
         cautions: sentences naming where this replay sits in a regime the real-links testbed measured
             the model optimistic in (several TCP streams overflowing a shaped queue), with the measured
             bound, or that a FLOPs scenario timed a trace without FLOPs by its seconds; empty elsewhere.
@@ -136,6 +139,8 @@ class SimResult:
     goodput: float = 0.0  # useful compute ÷ (nodes × wall clock): compute less the work failures threw away
     cautions: tuple[str, ...] = ()  # regimes real links were measured slower than modelled in; compute timing changed
     servers: int = 0  # the last ranks serve (a parameter server): utilisation, goodput and lost count the others
+    # (p10, p90) seconds around wall_clock_s (the median); zero width where nothing is stochastic (see spread.py)
+    wall_clock_range: tuple[float, float] = (0.0, 0.0)
 
     @property
     def trainers(self) -> int:
@@ -218,6 +223,9 @@ class SimResult:
             f"scenario {self.scenario_name or '(unnamed)'}: {len(self.per_node)} nodes, {self.num_steps} steps, "
             f"simulated wall-clock {_duration(self.wall_clock_s)}, compute utilization {self.utilization:.1%}"
         )
+        low, high = self.wall_clock_range
+        if high > low:
+            head += f"\nwall-clock range (p10-p90): {_duration(low)} to {_duration(high)}"
         if self.failures or self.lost["lost_work"] or self.lost["down"]:  # goodput is not the utilisation
             lost = ", ".join(f"{k} {v:.4g} s" for k, v in self.lost.items())
             head += f"\n{self.failures} failures, goodput {self.goodput:.1%}; node-seconds lost: {lost}"

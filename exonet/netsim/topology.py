@@ -12,7 +12,7 @@ headers, counted as a shaper or NIC counts them); without it, s.
 A TCP window W caps a flow at W / (2α) on its path; on a path with α = 0 the round
 trip is 0 and the window never binds (the scenario schema refuses a window when
 every latency is 0, since it would then do nothing at all). A transfer split over
-``streams`` = N TCP connections has N windows: its cap is N·W / RTT.
+``streams`` = N TCP connections has N windows: its cap is N·W / RTT (``Resolved.inflight``).
 
 With a ``queue`` (Q bytes, or τ seconds at the rate, per NIC direction), a direction that
 a phase saturates holds a standing queue: q = Q/B seconds (τ). The ACKs of a flow leave
@@ -52,19 +52,18 @@ import numpy as np
 
 from exonet.errors import ScenarioError
 from exonet.netsim.flows import REL_TOL, Batch, Shape, max_min
+from exonet.netsim.tcp import INITIAL_WINDOW, SEGMENT
 from exonet.scenario import Resolved
 
 _CACHE_LIMIT = 4096
 # Bytes of link time a stream's losses cost per queue share it holds, read off the netns matrix of
 # exonet/validate/README.md ("Real slow links"); the same at MTU 1500 and 9001, so bytes, not packets.
 RECOVERY_BYTES = 11000.0
-# A stream's first burst: Linux's initial congestion window (RFC 6928) of full segments, 1448 payload bytes
-# each when the scenario gives no mss (MTU 1500 with TCP timestamps).
-INITIAL_WINDOW = 10
-SEGMENT = 1448
 
-# A point-to-point message of a collective phase: (source rank, destination rank, bytes).
-Message = tuple[int, int, float]
+# A point-to-point message of a collective phase: (source rank, destination rank, bytes), optionally with a
+# fourth item, seconds added to its path's latency (negative where a pipelined algorithm hides part of it behind
+# the transfer of the slices before it; see exonet/netsim/nccl.py).
+Message = tuple[int, int, float] | tuple[int, int, float, float]
 Phase = tuple[Message, ...]
 
 
@@ -122,6 +121,12 @@ class Topology:
         self._reach: dict[int, tuple[Sequence[Phase], frozenset[int]]] = {}  # id(plan's phases) -> (phases, links)
         # of the phases that overflowed a queue: whether each stream's piece fit in one initial window
         self._overflows: set[bool] = set()
+        self.lossy = False  # whether a phase lost packets to an overflowing queue: a stochastic regime
+
+    @property
+    def resolved(self) -> Resolved:
+        """The scenario this topology was built from."""
+        return self._resolved
 
     def load(self, phase: Phase) -> np.ndarray:
         """Bytes the messages of ``phase`` put on each link, by link id (wire sizes, headers included)."""
@@ -175,8 +180,8 @@ class Topology:
                 )
             links = (nic_src, link, n + nic_dst)
         latency = r.path_latency(src, dst)
-        window = r.tcp_window
-        cap = r.streams * window / (2.0 * latency) if window is not None and latency > 0 else math.inf
+        inflight = r.inflight
+        cap = inflight / (2.0 * latency) if inflight is not None and latency > 0 else math.inf
         rate = min(cap, *(self.capacity[i] for i in links))
         return Path(links, latency + r.message_overhead * share, cap, rate)
 
@@ -184,6 +189,15 @@ class Topology:
         """The bytes a message of ``size`` payload bytes puts on its links (payload plus packet headers)."""
         mss = self._resolved.mss
         return size if mss is None or size == 0 else size + math.ceil(size / mss) * self._resolved.header_bytes
+
+    def lone_rates(self, phase: Phase) -> np.ndarray:
+        """Each message's max-min rate (bytes/s) when ``phase`` runs alone on the network."""
+        _, shape, _ = self._phase(phase)
+        return max_min(shape.links, shape.cap, np.array([*self.capacity, math.inf]))
+
+    def rtt(self, src: int, dst: int) -> float:
+        """The round trip of a message from ``src`` to ``dst``: twice the one-way latency (host overheads left out)."""
+        return 2.0 * self._resolved.path_latency(src, dst)
 
     def batch(self, phase: Phase, tag: object) -> Batch:
         """The messages of ``phase`` as one batch owned by ``tag``."""
@@ -208,12 +222,14 @@ class Topology:
         """
         hit = self._phases.get(id(phase))
         if hit is None or hit[0] is not phase:
-            pairs = tuple((src, dst) for src, dst, _ in phase)
-            sizes = np.array([self.wire_size(size) for _, _, size in phase], dtype=float)
-            key = pairs if self._resolved.queue is None else (pairs, sizes.tobytes())  # recovery depends on bytes
+            pairs = tuple((m[0], m[1]) for m in phase)
+            sizes = np.array([self.wire_size(m[2]) for m in phase], dtype=float)
+            shift = tuple(m[3] if len(m) > 3 else 0.0 for m in phase)
+            key: object = pairs if not any(shift) else (pairs, shift)
+            key = key if self._resolved.queue is None else (key, sizes.tobytes())  # recovery depends on bytes
             shape = self._shapes.get(key)
             if shape is None:
-                shape = self._shape(pairs, sizes)
+                shape = self._shape(pairs, sizes, shift)
                 if len(self._shapes) >= _CACHE_LIMIT:
                     self._shapes.clear()
                 self._shapes[key] = shape
@@ -222,10 +238,11 @@ class Topology:
             hit = self._phases[id(phase)] = (phase, shape, sizes)
         return hit
 
-    def _shape(self, pairs: Sequence[tuple[int, int]], sizes: np.ndarray) -> Shape:
+    def _shape(self, pairs: Sequence[tuple[int, int]], sizes: np.ndarray, shift: Sequence[float]) -> Shape:
         paths = [self.path(src, dst) for src, dst in pairs]
         return Shape([p.links for p in paths], [a for a, _ in pairs], [b for _, b in pairs],
-                     self._caps(pairs, paths, sizes), [p.latency for p in paths], pad=len(self.capacity))
+                     self._caps(pairs, paths, sizes), [max(0.0, p.latency + d) for p, d in zip(paths, shift)],
+                     pad=len(self.capacity))
 
     def _caps(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path], sizes: np.ndarray) -> list[float]:
         """Each message's rate cap in a phase, with the queue's two terms (see the module docstring).
@@ -247,17 +264,19 @@ class Topology:
         full = (load >= capacity * (1.0 - REL_TOL)) & (np.arange(pad + 1) < 2 * self.num_nodes)  # NIC directions
         crossing = np.bincount(links.ravel(), minlength=pad + 1)
         through = np.bincount(links.ravel(), weights=np.repeat(sizes, width), minlength=pad + 1)
-        waits = self._standing_queues(pairs, paths, caps, rate, full) if r.tcp_window is not None else {}
+        inflight = r.inflight
+        waits = self._standing_queues(pairs, paths, caps, rate, full, inflight) if inflight is not None else {}
         burst = r.streams * INITIAL_WINDOW * (SEGMENT if r.mss is None else r.mss + r.header_bytes)
         out = []
         for (src, dst), p, cap, size in zip(pairs, paths, caps, sizes):
-            if r.tcp_window is not None:
+            if inflight is not None:
                 rtt = 2.0 * r.path_latency(src, dst) + sum(waits.get(link, 0.0) for link in self.path(dst, src).links)
-                cap = r.streams * r.tcp_window / rtt if rtt > 0 else cap
+                cap = inflight / rtt if rtt > 0 else cap
             for link in p.links:
                 keep = self._recovery(link, int(crossing[link]), float(through[link])) if full[link] else 1.0
                 if keep < 1.0:  # its share of what the direction keeps
                     cap = min(cap, keep * self.capacity[link] / int(crossing[link]))
+                    self.lossy = True
                     self._overflows.add(bool(size <= burst))
             out.append(cap)
         return out
@@ -291,11 +310,11 @@ class Topology:
         if nbytes <= queue:
             return 1.0
         per_stream = queue / (transfers * r.streams)
-        e = per_stream / (per_stream + RECOVERY_BYTES)
+        e = per_stream / (per_stream + RECOVERY_BYTES * r.recovery)
         return nbytes / (queue + (nbytes - queue) / e)
 
     def _standing_queues(self, pairs: Sequence[tuple[int, int]], paths: Sequence[Path], caps: Sequence[float],
-                         rate: np.ndarray, full: np.ndarray) -> dict[int, float]:
+                         rate: np.ndarray, full: np.ndarray, window: float) -> dict[int, float]:
         """Seconds of standing queue per NIC direction in a phase, from its allocation without queues (``rate``).
 
         A flow that its window does not limit builds its queue at the first full link of its path;
@@ -303,7 +322,6 @@ class Topology:
         (N·W − rate·2α each), at most Q.
         """
         r = self._resolved
-        window = r.streams * r.tcp_window  # type: ignore[operator]  # the caller checked it is set
         excess: dict[int, float] = {}
         for (src, dst), p, flow, cap in zip(pairs, paths, rate, caps):
             first = next((link for link in p.links if full[link]), None)

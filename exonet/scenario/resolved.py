@@ -62,6 +62,34 @@ class FailureSpec:
         return num_nodes * seconds / (self.mtbf + self.repair + self.restart)
 
 
+# The bytes one TCP stream keeps in flight on a Linux host: min(net.ipv4.tcp_wmem max 4 MiB, tcp_rmem max 6 MiB).
+# A scenario with a `backend` describes real hosts, so this is its `tcp_window` unless it gives one.
+LINUX_WINDOW = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class NcclSpec:
+    """How NCCL runs a scenario's collectives (``[network.nccl]``); the defaults are NCCL's own, see netsim/nccl.py."""
+
+    algorithm: str = "auto"  # "auto" (NCCL's tuner picks per call) | "ring" | "tree"
+    protocol: str = "auto"  # "auto" | "simple" | "ll" | "ll128"
+    channels: int = 2  # rings (and trees) NCCL runs side by side, each on its own connections
+    nic: str = "generic"  # the NIC's vendor, which sets NCCL's socket defaults: "generic" | "aws" | "gcp"
+    socket_threads: int | None = None  # NCCL_SOCKET_NTHREADS (None: the NIC's default)
+    socks_per_thread: int | None = None  # NCCL_NSOCKS_PERTHREAD (None: the NIC's default)
+
+    @property
+    def sockets(self) -> int:
+        """TCP connections that carry a channel's data between two ranks: threads × sockets per thread, at most 64.
+
+        net_socket.cc's defaults: 2 × 8 on AWS (ENA), 4 × 1 on GCP (gVNIC), and none elsewhere, where the data
+        goes down the connection's one control socket.
+        """
+        threads, socks = {"aws": (2, 8), "gcp": (4, 1), "generic": (1, 1)}[self.nic]
+        threads = self.socket_threads or threads
+        return min(64, threads * (self.socks_per_thread or socks))
+
+
 @dataclass(frozen=True)
 class Resolved:
     """A scenario made concrete for ``num_nodes`` ranks; every quantity in SI base units.
@@ -86,6 +114,10 @@ class Resolved:
             None: no queue (the fluid model). ``queue_delay`` turns it into seconds at a rate.
         streams: TCP connections a transfer between two nodes is split over (1: gloo).
         setup: seconds the first collective (or message) of each group pays before it starts.
+        backend: None (the phase model), "nccl" or "gloo": the library whose collectives and sockets run.
+        nccl: how NCCL runs (with backend "nccl"), else None.
+        slow_start: whether a connection idle longer than its RTO restarts from the initial window.
+        inflight: bytes a transfer between two ranks may have in flight (its TCP windows), or None: no cap.
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
         events: transient slowdowns and outages.
@@ -124,6 +156,15 @@ class Resolved:
     hosts: HostSpec | None = None
     failures: FailureSpec | None = None
     servers: int = 0  # the last ``servers`` ranks serve (a parameter server); the rest train
+    backend: str | None = None
+    nccl: NcclSpec | None = None
+    slow_start: bool = False
+    recovery: float = 1.0  # multiplies the loss-recovery cost per stream (netsim's RECOVERY_BYTES): its draw
+
+    @property
+    def inflight(self) -> float | None:
+        """Bytes a transfer may have in flight: ``streams`` TCP windows."""
+        return None if self.tcp_window is None else self.streams * self.tcp_window
 
     def path_latency(self, src: int, dst: int) -> float:
         """One-way latency between two ranks (the fabric's within a host, the inter-region link's across regions)."""

@@ -51,7 +51,7 @@ from typing import Any
 
 from exonet import units
 from exonet.errors import ScenarioError
-from exonet.scenario.resolved import EventSpec, FailureSpec, HostSpec, LinkSpec, Resolved
+from exonet.scenario.resolved import LINUX_WINDOW, EventSpec, FailureSpec, HostSpec, LinkSpec, NcclSpec, Resolved
 from exonet.scenario.schema import (
     ALGORITHMS,
     ARRAYS,
@@ -254,6 +254,8 @@ class Scenario:
             for i, e in enumerate(p.get("events", []))
         )
         compute, strag = p.get("compute", {}), p.get("stragglers", {})
+        backend = net.get("backend")
+        nccl = NcclSpec(**net.get("nccl", {})) if backend == "nccl" else None
         return Resolved(
             num_nodes=n,
             uplink=tuple(x * efficiency for x in up),
@@ -264,14 +266,14 @@ class Scenario:
             speed=tuple(speed),
             algorithms=algorithms,
             sharing=net.get("sharing", "max-min"),
-            tcp_window=net.get("tcp_window"),
+            tcp_window=net.get("tcp_window", LINUX_WINDOW if backend else None),
             mss=net.get("mss"),
             header_bytes=net.get("header_bytes", 0.0),
             message_overhead=net.get("message_overhead", 0.0),
             host_cores=net.get("host_cores"),
-            group_concurrency=net.get("group_concurrency", 1),
+            group_concurrency=net.get("group_concurrency", 2 if backend == "gloo" else 1),
             queue=net.get("queue"),
-            streams=net.get("streams", 1),
+            streams=net.get("streams", nccl.channels * nccl.sockets if nccl is not None else 1),
             setup=net.get("setup", 0.0),
             compute_mode=compute.get("mode", "measured"),
             tflops=compute.get("tflops"),
@@ -284,11 +286,16 @@ class Scenario:
             hosts=hosts,
             failures=FailureSpec(**p["failures"]) if "failures" in p else None,
             servers=servers,
+            backend=backend,
+            nccl=nccl,
+            slow_start=net.get("slow_start_after_idle", backend is not None),
         )
 
     def _collective(self) -> str:
         """``network.collective``; "hierarchical" by default when the scenario has ``[hosts]``, else "ring"."""
-        return self._parsed["network"].get("collective", "hierarchical" if "hosts" in self._parsed else "ring")
+        net = self._parsed["network"]
+        default = "hierarchical" if "hosts" in self._parsed else net.get("backend", "ring")
+        return net.get("collective", default)
 
     def _hosts(self, n: int, region: list[str], efficiency: float) -> HostSpec | None:
         """``[hosts]`` for ``n`` trainer ranks: whole hosts only, each host inside one region.

@@ -32,10 +32,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 # The algorithms the simulator implements, per op, and the family each `network.collective` picks.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "halving_doubling", "tree", "star", "direct", "hierarchical"),
-    "all_gather": ("ring", "halving_doubling", "star", "direct", "hierarchical"),
-    "reduce_scatter": ("ring", "halving_doubling", "star", "direct", "hierarchical"),
-    "broadcast": ("chain", "binomial", "binomial_fanout", "star", "direct", "hierarchical"),
+    "all_reduce": ("ring", "halving_doubling", "tree", "star", "direct", "hierarchical", "nccl", "gloo"),
+    "all_gather": ("ring", "halving_doubling", "star", "direct", "hierarchical", "nccl", "gloo"),
+    "reduce_scatter": ("ring", "halving_doubling", "star", "direct", "hierarchical", "nccl"),
+    "broadcast": ("chain", "binomial", "binomial_fanout", "star", "direct", "hierarchical", "nccl"),
     "all_to_all": ("direct", "star"),
 }
 FAMILIES: dict[str, dict[str, str]] = {
@@ -47,8 +47,15 @@ FAMILIES: dict[str, dict[str, str]] = {
         "star": ("star",) * 5,
         "direct": ("direct",) * 5,
         "hierarchical": ("hierarchical",) * 4 + ("direct",),
+        "nccl": ("nccl",) * 4 + ("direct",),
+        "gloo": ("gloo", "gloo", "ring", "binomial_fanout", "direct"),
     }.items()
 }
+# What `network.backend` names: the library whose collectives and sockets the scenario's hosts run.
+BACKENDS = ("nccl", "gloo")
+NCCL_ALGORITHMS = ("auto", "ring", "tree")
+NCCL_PROTOCOLS = ("auto", "simple", "ll", "ll128")
+NCCL_NICS = ("generic", "aws", "gcp")
 SHARING = ("max-min", "fifo")
 COMPUTE_MODES = ("measured", "wall", "flops")
 JITTERS = ("none", "lognormal", "normal", "exponential")
@@ -199,6 +206,10 @@ NETWORK = {
     "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
     "mss": _number(0), "header_bytes": _number(0, closed=True), "message_overhead": _time, "host_cores": _number(0),
     "queue": _queue, "streams": _positive_count, "setup": _time,
+    "backend": _enum(BACKENDS), "slow_start_after_idle": _flag,
+    "nccl": _table({"algorithm": _enum(NCCL_ALGORITHMS), "protocol": _enum(NCCL_PROTOCOLS),
+                    "channels": _positive_count, "nic": _enum(NCCL_NICS), "socket_threads": _positive_count,
+                    "socks_per_thread": _positive_count}, "[network.nccl]"),
 }
 _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
 _REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
@@ -265,7 +276,13 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
     if hosts is not None:
         _need(hosts, "devices", f"{where} [hosts]", "devices = 8")
         _need(hosts, "bandwidth", f"{where} [hosts]", 'bandwidth = "450 GB/s" (the intra-host fabric, each direction)')
-    if net.get("streams", 1) > 1 and "tcp_window" not in net and "queue" not in net:
+    if "nccl" in net and net.get("backend") != "nccl":
+        raise ScenarioError(f'{where} network.nccl: describes NCCL, so it needs network.backend = "nccl" '
+                            f"(backend is {net.get('backend', 'not set')!r})")
+    if net.get("collective") in BACKENDS and net.get("backend") != net["collective"]:
+        raise ScenarioError(f'{where} network.collective: "{net["collective"]}" needs network.backend = '
+                            f'"{net["collective"]}"')
+    if net.get("streams", 1) > 1 and "tcp_window" not in net and "queue" not in net and "backend" not in net:
         raise ScenarioError(
             f"{where} network.streams: has no effect on its own; streams act through network.tcp_window (a transfer "
             "has N windows) or network.queue (each stream's share of it); set one of them or remove streams"

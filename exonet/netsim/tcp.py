@@ -1,0 +1,114 @@
+"""TCP as Linux runs it: the window a socket gets, and slow start after idle.
+
+A scenario with ``network.backend`` describes real hosts talking TCP, so two Linux defaults
+apply unless the scenario says otherwise:
+
+* **The window.** A socket's window is bounded by its buffers: ``net.ipv4.tcp_wmem`` max 4 MiB
+  (what the sender may have in flight) and ``net.ipv4.tcp_rmem`` max 6 MiB (what the receiver
+  advertises). The smaller, 4 MiB (``LINUX_WINDOW``), is the window of one stream, so one stream
+  at 74 ms RTT carries at most 4 MiB / 74 ms ≈ 453 Mbit/s.
+* **Slow start after idle** (``net.ipv4.tcp_slow_start_after_idle = 1``, the default). A
+  connection that sent nothing for longer than its retransmission timeout restarts its
+  congestion window (``tcp_cwnd_restart`` in ``net/ipv4/tcp_output.c``): the window halves for
+  every RTO of idle, down to the initial window of 10 segments (RFC 6928). A new connection
+  starts there too. The RTO is the smoothed RTT plus a variance term that Linux keeps at least
+  ``tcp_rto_min`` = 200 ms, so RTO = RTT + 200 ms on a steady path.
+
+Slow start as a delay (``slow_start_delay``). From a window of w₀ bytes per stream, a stream
+sends w₀·2^i bytes in round i and then waits for the round trip R to end before round i+1, as
+long as w₀·2^i is below the bytes its fair rate r keeps in flight (r·R); after that it runs at r.
+Compared with the fluid model (d bytes at rate r take d/r), a transfer of d bytes per stream is
+late by Σ (R − w₀·2^i / r) over its rounds that end before its last byte is sent and are still
+below r·R: the rounds that wait. The last round never waits (its bytes then take the path's
+latency, as in the fluid model). A collective pays this on each pair's messages in turn, on the
+bytes that pair has sent since the connection went cold (``cold_phases``): the ramp goes on
+across phases, which follow each other without an idle RTO.
+
+Which plans are cold is the engine's call: the first collective of a group (its connections are
+new) and one that starts more than an RTO after the group's previous one ended. Each process
+group has its own connections (NCCL communicators and gloo process groups both open their own
+sockets), so idle time is counted per group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+# The bytes one stream keeps in flight: min(tcp_wmem max 4 MiB, tcp_rmem max 6 MiB), Linux's defaults.
+LINUX_WINDOW = 4 * 1024 * 1024
+# Linux's initial congestion window (RFC 6928) of full segments, 1448 payload bytes each when the scenario
+# gives no mss (MTU 1500 with TCP timestamps).
+INITIAL_WINDOW = 10
+SEGMENT = 1448
+RTO_MIN = 0.2  # seconds: net.ipv4 tcp_rto_min, the floor of the RTO's variance term
+
+
+def initial_window(mss: float | None) -> float:
+    """Payload bytes of the initial congestion window of one stream (the window counts segments of payload)."""
+    return INITIAL_WINDOW * (SEGMENT if mss is None else mss)
+
+
+def rto(rtt: float) -> float:
+    """Linux's retransmission timeout on a steady path of round trip ``rtt`` seconds."""
+    return rtt + RTO_MIN
+
+
+def slow_start_delay(nbytes: float, rate: float, rtt: float, start: float) -> float:
+    """Seconds by which one stream's ``nbytes`` end later than at ``rate`` bytes/s, starting from a window of ``start``.
+
+    See the module docstring: Σ (rtt − w_i / rate) over the rounds i (w_i = start·2^i) that end before the
+    last byte is sent and whose window is below rate·rtt.
+    """
+    if nbytes <= 0 or rtt <= 0 or not math.isfinite(rate) or start <= 0:
+        return 0.0
+    delay, sent, window = 0.0, 0.0, start
+    full = rate * rtt
+    while window < full:
+        sent += window
+        if sent >= nbytes:  # this round holds the last byte: no wait after it
+            break
+        delay += rtt - window / rate
+        window *= 2.0
+    return delay
+
+
+def halvings(idle: float, rto_s: float) -> int:
+    """How often ``tcp_cwnd_restart`` halves the window after ``idle`` seconds: once per RTO beyond the first."""
+    return 0 if idle <= rto_s else min(NEW, math.ceil(idle / rto_s) - 1)
+
+
+NEW = 64  # halvings that stand for a new connection: it starts from the initial window whatever it would reach
+
+
+def cold_phases(phases: Sequence[tuple], rates: Sequence[np.ndarray], rtts: Sequence[Sequence[float]],
+                streams: int, halved: int, initial: float) -> list[tuple]:
+    """``phases`` with each message made later by its pair's slow start (as a fourth item: seconds of latency).
+
+    Args:
+        phases: the collective's phases of messages (src, dst, bytes[, shift]).
+        rates: per phase, each message's fair rate in bytes/s when the phase runs alone.
+        rtts: per phase, each message's round trip in seconds.
+        streams: TCP connections a transfer is split over; each ramps on its share.
+        halved: how often the window was halved while idle (``halvings``); each stream restarts from its full
+            window (its fair rate × RTT) halved that often, and never below ``initial`` bytes.
+        initial: the initial window in bytes.
+    """
+    sent: dict[tuple[int, int], float] = {}
+    out = []
+    for phase, rate, rtt in zip(phases, rates, rtts):
+        messages = []
+        for m, r, R in zip(phase, rate, rtt):
+            pair = (m[0], m[1])
+            before = sent.get(pair, 0.0)
+            sent[pair] = after = before + m[2]
+            per = float(r) / streams
+            start = max(initial, per * R / 2.0**halved)
+            late = slow_start_delay(after / streams, per, R, start) - slow_start_delay(before / streams, per, R, start)
+            shift = (m[3] if len(m) > 3 else 0.0) + late
+            messages.append((m[0], m[1], m[2], shift) if shift else m)
+        out.append(tuple(messages))
+    return out
+
