@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from exonet import Scenario, ScenarioError
 from exonet.scenario import ALGORITHMS, FAMILIES, Resolved, list_presets
+from exonet.scenario.resolved import LINUX_WINDOW
 from exonet.scenario.scenario import NIC_KEYS
 from exonet.trace import OPS
 
@@ -246,6 +247,7 @@ def test_replace_network_keys_by_name_and_tables_by_dict() -> None:
     assert flops.resolve(2).compute_mode == "flops"
     assert base.replace(network={"efficiency": 0.5}).resolve(2).uplink[0] == 0.5 * 12.5e9
     assert base.replace(tcp_window=None).resolve(2).tcp_window is None
+    assert base.replace(tcp_window=None, backend="nccl").resolve(2).tcp_window == LINUX_WINDOW  # hosts run Linux
     assert base.replace(regions=None, links=None).resolve(2).region == ("default", "default")
 
 

@@ -60,9 +60,10 @@ from exonet.netsim.rings import ordered, ring_phases
 from exonet.netsim.topology import Phase, Topology
 from exonet.scenario.resolved import NcclSpec
 
-CHUNK = 2 * 1024 * 1024  # Simple ring chunk: NCCL_BUFFSIZE / NCCL_STEPS × ALLREDUCE_CHUNKSTEPS (4 MiB / 8 × 4)
-TREE_CHUNK = 512 * 1024  # Simple tree and ring broadcast: one step, 4 MiB / 8
-MIN_SLICE = 32 * 1024  # a Simple slice is at least stepSize × StepPerSlice / 32
+# Simple protocol sizes, as fractions of NCCL_BUFFSIZE (4 MiB by default) over NCCL_STEPS = 8 steps:
+CHUNK = 4 / 8  # the ring's chunk: ALLREDUCE_CHUNKSTEPS = 4 steps (2 MiB)
+TREE_CHUNK = 1 / 8  # the tree's and the ring broadcast's chunk: one step (512 KiB)
+MIN_SLICE = 2 / 8 / 32  # a slice is at least stepSize × StepPerSlice / 32 (32 KiB)
 LL_STEP = 32 * 1024  # LL: 64 KiB of lines per step, half of them flags
 CHANNEL_BYTES = 32 * 1024  # NCCL keeps one channel per nt × threshold bytes: 512 threads × 64 (Simple)
 LL_CHANNEL_BYTES = 512 * 8  # LL: 512 threads × 8 bytes, × nRanks for the ring
@@ -131,7 +132,7 @@ def channels_used(nbytes: float, n: int, protocol: str, channels: int) -> int:
 
 
 def ring_time(op: str, nbytes: float, n: int, channels: int, rate: float, latency: float,
-              protocol: str = "simple") -> float:
+              protocol: str = "simple", buffsize: float = 4 * 1024 * 1024) -> float:
     """Seconds of NCCL's ring on an idle network (module docstring), without the tuner's base latency.
 
     ``nbytes`` is the buffer (all-reduce, broadcast) or the full input/output (all-gather, reduce-scatter);
@@ -140,25 +141,26 @@ def ring_time(op: str, nbytes: float, n: int, channels: int, rate: float, latenc
     b = rate / channels
     part = nbytes * WIRE[protocol] / channels
     if op == "broadcast":
-        chunk = min(TREE_CHUNK if protocol == "simple" else LL_STEP * 2, part)
+        chunk = min(TREE_CHUNK * buffsize if protocol == "simple" else LL_STEP * 2, part)
         return (n - 2) * (chunk / b + latency) + part / b + latency
     s = steps(op, n)
-    per_loop = n * (CHUNK if protocol == "simple" else LL_STEP * WIRE[protocol])
+    per_loop = n * (CHUNK * buffsize if protocol == "simple" else LL_STEP * WIRE[protocol])
     total, left = 0.0, part
     while left > 0:
         c = min(per_loop, left) / n  # the last loop's chunk is what is left ÷ n
         left -= per_loop
-        slices = 1 if protocol != "simple" else min(2, max(1, math.ceil(c / MIN_SLICE)))
+        slices = 1 if protocol != "simple" else min(2, max(1, math.ceil(c / (MIN_SLICE * buffsize))))
         tau = c / b
         total += (s - 1) * max(tau, tau / slices + latency) + tau + latency
     return total
 
 
-def tree_fill(nbytes: float, n: int, channels: int, rate: float, latency: float, protocol: str = "simple") -> float:
+def tree_fill(nbytes: float, n: int, channels: int, rate: float, latency: float, protocol: str = "simple",
+              buffsize: float = 4 * 1024 * 1024) -> float:
     """Seconds a pipelined double binary tree adds to its edges' bandwidth time: 2D·a + (2D − 1)·x_c."""
     depth = int(math.log2(n))
     per_channel = nbytes * WIRE[protocol] / (2 * channels)  # each tree carries half, on its channels
-    chunk = min(TREE_CHUNK if protocol == "simple" else LL_STEP * 2, per_channel)
+    chunk = min(TREE_CHUNK * buffsize if protocol == "simple" else LL_STEP * 2, per_channel)
     return 2 * depth * latency + (2 * depth - 1) * chunk / (rate / channels)
 
 
@@ -188,16 +190,17 @@ def plan(op: str, g: Sequence[int], nbytes: float, topo: Topology) -> list[Phase
     wire = WIRE[protocol]
     if algorithm == "tree":
         phase = _tree_edges(g, nbytes * wire / 2)
-        shift = base + tree_fill(nbytes, n, c, rate, hop, protocol) - alpha  # the phase alone: α + T_bw + shift
+        # the phase alone takes α + T_bw + shift
+        shift = base + tree_fill(nbytes, n, c, rate, hop, protocol, spec.buffsize) - alpha
         return [tuple((*m, shift) for m in phase)]
     if op == "broadcast":
         phases = [((ring[h], ring[h + 1], nbytes * wire),) for h in range(n - 1)]
-        target = base + ring_time(op, nbytes, n, c, rate, hop, protocol)
+        target = base + ring_time(op, nbytes, n, c, rate, hop, protocol, spec.buffsize)
     else:
         size = nbytes * wire / n if op != "all_gather" else nbytes * wire
         phases = ring_phases(ring, size, steps(op, n))
         total = nbytes * n if op == "all_gather" else nbytes
-        target = base + ring_time(op, total, n, c, rate, hop, protocol)
+        target = base + ring_time(op, total, n, c, rate, hop, protocol, spec.buffsize)
     ideal = sum(alpha + max(m[2] for m in phase) / rate for phase in phases)
     shift = (target - ideal) / len(phases)
     return [tuple((*m, shift) for m in phase) for phase in phases]

@@ -209,7 +209,7 @@ NETWORK = {
     "backend": _enum(BACKENDS), "slow_start_after_idle": _flag,
     "nccl": _table({"algorithm": _enum(NCCL_ALGORITHMS), "protocol": _enum(NCCL_PROTOCOLS),
                     "channels": _positive_count, "nic": _enum(NCCL_NICS), "socket_threads": _positive_count,
-                    "socks_per_thread": _positive_count}, "[network.nccl]"),
+                    "socks_per_thread": _positive_count, "buffsize": _window}, "[network.nccl]"),
 }
 _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
 _REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
