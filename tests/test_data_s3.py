@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 from dataclasses import dataclass
@@ -225,3 +226,53 @@ def test_memory_stays_bounded_reading_more_than_the_cache(s3):
     assert len(ds.fetched) == 64 and len(ds._open) <= 4
     assert on_disk <= 1 << 20
     assert peak - before < 8 * 1024, f"RSS grew {peak - before} KiB reading 16 MiB through a 1 MiB cache"
+
+
+# ------------------------------------------------------------------ an index names files inside its folder only
+SHARD_BYTES = 32 * 8 * 4 + 32 * 8  # a shard of 32 DATA samples: 32 rows of 8 float32, then 32 int64
+
+
+@pytest.mark.parametrize("entry", ["absolute", "../victim"])
+def test_an_s3_index_naming_a_file_outside_its_folder_is_refused_and_nothing_is_touched(s3, tmp_path, entry):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    name = str(victim) if entry == "absolute" else entry  # "../victim": one level above the cache folder
+    cache = tmp_path / "cache"
+    prefix = f"evil-{len(entry)}"
+    index = write_shards(DATA, f"s3://exo/{prefix}", shard_size=32)
+    index["shards"][0]["file"] = name
+    for key, body in (("index.json", json.dumps(index).encode()), (name, b"\0" * SHARD_BYTES)):
+        s3.client.put_object(Bucket="exo", Key=f"{prefix}/{key}", Body=body)  # the attacker's bucket
+    with pytest.raises(ValueError, match=rf"^s3://exo/{prefix}/index.json: shards\[0\].file: "
+                                         rf"{re.escape(repr(name))} is not a plain name inside its folder"):
+        ds = S3Dataset(f"s3://exo/{prefix}", cache_dir=str(cache / "sub"), cache_bytes=1)
+        for i in range(len(ds)):  # the old reader wrote shard 0 over the victim, then evicted (deleted) it
+            ds[i]
+    assert victim.read_bytes() == b"precious"
+    assert not (cache / "victim").exists()
+
+
+@pytest.mark.parametrize("entry", ["absolute", "../victim", "", "a/b", "a\\b", "..", "x\0y"])
+def test_a_folder_index_naming_a_file_outside_its_folder_is_refused(tmp_path, entry):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"\1" * SHARD_BYTES)  # a shard's size: the old reader read it as shard 0
+    name = str(victim) if entry == "absolute" else entry
+    folder = tmp_path / "data"
+    index = write_shards(DATA, folder, shard_size=32)
+    index["shards"][0]["file"] = name
+    (folder / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(folder / 'index.json'))}: shards\[0\].file: "
+                                         rf"{re.escape(repr(name))} is not a plain name inside its folder"):
+        S3Dataset(folder)[0]
+
+
+def test_eviction_deletes_only_what_it_downloaded_even_if_the_index_changes_after_its_check(s3, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    ds = S3Dataset("s3://exo/digits", cache_dir=str(tmp_path / "cache"), cache_bytes=1)
+    ds[0]
+    ds.index["shards"][1]["file"] = str(victim)  # past the index's check: the store refuses the name itself
+    with pytest.raises(ValueError, match=r"^s3://exo/digits: object name: .* is not a plain name inside its folder"):
+        ds[8]
+    assert victim.read_bytes() == b"precious" and ds.fetched == [0]
+    assert list(ds._cache_folder().iterdir()) == []  # shard 0 was evicted, and only it

@@ -120,18 +120,21 @@ class S3Dataset(Dataset):
             if not path.exists():
                 raise FileNotFoundError(f"{path}: listed in {self.store.url}/{INDEX} but missing")
         else:
-            path = self._cache_folder() / entry["file"]
-            self.store.download(entry["file"], path)
+            path = self.store.download(entry["file"], self._cache_folder())
         self._open[s] = shard = OpenShard(path, entry, self.index["fields"])
         self.fetched.append(s)
         return shard
 
     def _evict(self, incoming: int) -> None:
-        """Drop least recently used shards until ``incoming`` more bytes fit (keeping none if need be)."""
+        """Drop least recently used shards until ``incoming`` more bytes fit (keeping none if need be).
+
+        Only a file directly inside this process's cache folder is deleted (a folder store's shards are
+        the user's own files, and nothing an index names can point elsewhere).
+        """
         while self._open and sum(o.nbytes for o in self._open.values()) + incoming > self.cache_bytes:
-            s, _ = self._open.popitem(last=False)
-            if not isinstance(self.store, LocalStore):
-                (self._cache_folder() / self.index["shards"][s]["file"]).unlink(missing_ok=True)
+            _, shard = self._open.popitem(last=False)
+            if self._folder is not None and shard.path.parent == self._folder:
+                shard.path.unlink(missing_ok=True)
 
     def _cache_folder(self) -> Path:
         if self._folder is None:

@@ -22,15 +22,24 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from exonet.data.store import open_store
+from exonet.files import plain_name
+from exonet.units import plural
 
 FORMAT, VERSION, ALIGN = "exonet-shards", 1, 64
 INDEX = "index.json"
+STRUCTURES = ("tensor", "tuple", "dict")
+# The dtypes a shard holds: whole bytes per element that torch can view raw (not sub-byte or quantized types).
+DTYPES = {name: dtype for name in (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "bfloat16",
+    "float32", "float64", "complex32", "complex64", "complex128", "float8_e4m3fn", "float8_e4m3fnuz",
+    "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu") if isinstance(dtype := getattr(torch, name, None), torch.dtype)}
 
 
 def shard_name(i: int) -> str:
@@ -75,6 +84,10 @@ def write_shards(dataset: Any, url: str | os.PathLike, shard_size: int = 4096, *
     structure, names, first = _fields(dataset[0], "sample 0")
     fields = [{"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
               for name, t in zip(names, first)]
+    for field in fields:
+        if field["dtype"] not in DTYPES:
+            raise TypeError(f"write_shards: field {field['name']!r} is {field['dtype']}, which a shard cannot hold "
+                            f"({', '.join(DTYPES)})")
     shards = []
     for s, start in enumerate(range(0, n, shard_size)):
         rows = [first if i == 0 else _fields(dataset[i], f"sample {i}")[2]
@@ -102,23 +115,107 @@ def write_shards(dataset: Any, url: str | os.PathLike, shard_size: int = 4096, *
 
 
 def parse_index(data: bytes, where: str) -> dict[str, Any]:
-    """Check an index.json; errors name the file and the field."""
+    """Check an index.json as data before anything is read or written by it.
+
+    Every field is typed and consistent with the layout the reader computes offsets from (shard
+    ``i`` holds rows ``[i·shard_size, ...)``; each field's rows fit in the shard's bytes), and each
+    shard's ``file`` is a plain file name inside the index's folder: an index from someone else's
+    bucket can neither write nor delete a file elsewhere. Errors are ValueErrors naming ``where``
+    (the index) and the entry.
+    """
     try:
         index = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where}: not a shard index ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, an integer too long, nesting too deep
+        raise ValueError(f"{where}: not a shard index ({type(exc).__name__}: {exc})") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise ValueError(f"{where}: not an {FORMAT} index "
-                         f"(format is {index.get('format') if isinstance(index, dict) else index!r})")
-    if index.get("version") != VERSION:
-        raise ValueError(f"{where}: version {index.get('version')!r} is not supported (this exonet reads {VERSION})")
-    for field in index["fields"]:
-        if not isinstance(getattr(torch, field["dtype"], None), torch.dtype):
-            raise ValueError(f"{where}: field {field['name']!r} has unknown dtype {field['dtype']!r}")
-    if sum(s["rows"] for s in index["shards"]) != index["num_samples"]:
-        raise ValueError(f"{where}: the shards hold {sum(s['rows'] for s in index['shards'])} rows, "
-                         f"num_samples says {index['num_samples']}")
+                         f"(format is {index.get('format') if isinstance(index, dict) else index!r:.80})")
+    version = index.get("version")
+    if isinstance(version, bool) or version != VERSION:
+        raise ValueError(f"{where}: version {version!r:.80} is not supported (this exonet reads {VERSION})")
+    _keys(index, ("format", "version", "num_samples", "shard_size", "structure", "fields", "shards"), where)
+    n = _int(index["num_samples"], f"{where}: num_samples", 1)
+    size = _int(index["shard_size"], f"{where}: shard_size", 1)
+    if index["structure"] not in STRUCTURES:
+        raise ValueError(f"{where}: structure must be one of {', '.join(STRUCTURES)}, got {index['structure']!r:.80}")
+    fields = _list(index["fields"], f"{where}: fields")
+    if not fields or (index["structure"] == "tensor" and len(fields) != 1):
+        raise ValueError(f"{where}: fields: a {index['structure']} sample has "
+                         f"{'one field' if index['structure'] == 'tensor' else 'at least one field'}, "
+                         f"the index lists {len(fields)}")
+    row_bytes = [_field(field, f"{where}: fields[{f}]") for f, field in enumerate(fields)]
+    names = [field["name"] for field in fields]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}: fields: two fields are named {next(x for x in names if names.count(x) > 1)!r}")
+    shards = _list(index["shards"], f"{where}: shards")
+    count = -(-n // size)
+    if len(shards) != count:
+        raise ValueError(f"{where}: shards: {plural(n, 'sample')} in shards of {size} make {count} shards, "
+                         f"the index lists {len(shards)}")
+    files: set[str] = set()
+    for s, shard in enumerate(shards):
+        _shard(shard, f"{where}: shards[{s}]", min(size, n - s * size), row_bytes)
+        if shard["file"] in files:
+            raise ValueError(f"{where}: shards[{s}].file: {shard['file']!r} is another shard's file too")
+        files.add(shard["file"])
     return index
+
+
+def _keys(entry: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    """``entry`` holds exactly ``keys``: a missing one or one this exonet does not know is named."""
+    missing = [k for k in keys if k not in entry]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    unknown = sorted(set(entry) - set(keys))
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r:.80} (an index holds {', '.join(keys)})")
+
+
+def _int(value: Any, where: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{where}: expected an integer >= {low}, got {value!r:.80}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _field(field: Any, where: str) -> int:
+    """Check one field; returns the bytes one row of it takes."""
+    if not isinstance(field, dict):
+        raise ValueError(f"{where}: expected an object, got {type(field).__name__}")
+    _keys(field, ("name", "dtype", "shape"), where)
+    if not isinstance(field["name"], str):
+        raise ValueError(f"{where}.name: expected a string, got {field['name']!r:.80}")
+    dtype = DTYPES.get(field["dtype"]) if isinstance(field["dtype"], str) else None
+    if dtype is None:
+        raise ValueError(f"{where}.dtype: {field['dtype']!r:.80} is not a dtype a shard holds "
+                         f"({', '.join(DTYPES)})")
+    shape = [_int(d, f"{where}.shape", 0) for d in _list(field["shape"], f"{where}.shape")]
+    return math.prod(shape) * dtype.itemsize
+
+
+def _shard(shard: Any, where: str, rows: int, row_bytes: list[int]) -> None:
+    """Check one shard entry: its file a plain name, ``rows`` rows, each field's rows inside its bytes."""
+    if not isinstance(shard, dict):
+        raise ValueError(f"{where}: expected an object, got {type(shard).__name__}")
+    _keys(shard, ("file", "rows", "bytes", "offsets"), where)
+    plain_name(shard["file"], f"{where}.file")
+    if _int(shard["rows"], f"{where}.rows", 0) != rows:
+        raise ValueError(f"{where}.rows: this shard holds {rows} rows (num_samples and shard_size say so), "
+                         f"the index says {shard['rows']}")
+    size = _int(shard["bytes"], f"{where}.bytes", 0)
+    offsets = _list(shard["offsets"], f"{where}.offsets")
+    if len(offsets) != len(row_bytes):
+        raise ValueError(f"{where}.offsets: {len(offsets)} offsets for {plural(len(row_bytes), 'field')}")
+    for f, (offset, width) in enumerate(zip(offsets, row_bytes)):
+        _int(offset, f"{where}.offsets[{f}]", 0)
+        if offset % ALIGN or offset + rows * width > size:
+            raise ValueError(f"{where}.offsets[{f}]: field {f} at byte {offset} ({rows} rows of {width} bytes) "
+                             f"must start at a multiple of {ALIGN} and end within the shard's {size} bytes")
 
 
 class OpenShard:
@@ -128,12 +225,14 @@ class OpenShard:
         size = os.path.getsize(path)
         if size != entry["bytes"]:
             raise OSError(f"{path}: {size} bytes, the index says {entry['bytes']} (a truncated or foreign file)")
-        self.map = np.memmap(path, dtype=np.uint8, mode="c")
+        self.path = Path(path)
+        self.map = np.memmap(path, dtype=np.uint8, mode="c") if size else bytearray()  # an empty file has no map
         self.columns = []
         for field, offset in zip(fields, entry["offsets"]):
-            dtype = getattr(torch, field["dtype"])
-            numel = math.prod(field["shape"])
-            flat = torch.frombuffer(self.map, dtype=dtype, count=entry["rows"] * numel, offset=offset)
+            dtype = DTYPES[field["dtype"]]
+            count = entry["rows"] * math.prod(field["shape"])  # torch views no buffer as 0 elements: make them
+            flat = torch.frombuffer(self.map, dtype=dtype, count=count, offset=offset) if count else \
+                torch.empty(0, dtype=dtype)
             self.columns.append(flat.view(entry["rows"], *field["shape"]))
         self.nbytes = size
 

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
+from exonet.files import plain_name
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -34,27 +36,29 @@ CHUNK = 1 << 20
 
 
 class LocalStore:
-    """Shards in a folder on this machine (``file://`` URL or a path)."""
+    """Shards in a folder on this machine (``file://`` URL or a path); a name is a plain file name in it."""
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.url = str(self.root)
 
     def path(self, name: str) -> Path:
-        return self.root / name
+        """The file ``name`` in this folder; ValueError unless ``name`` is a plain name (see exonet.files)."""
+        return self.root / plain_name(name, f"{self.url}: file name")
 
     def read(self, name: str) -> bytes:
-        file = self.root / name
+        file = self.path(name)
         if not file.exists():
             where = "no such folder" if not self.root.is_dir() else "no such file"
             raise FileNotFoundError(f"{file}: {where}")
         return file.read_bytes()
 
     def write(self, name: str, data: bytes) -> None:
+        file = self.path(name)
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{name}.tmp-{os.getpid()}"
         tmp.write_bytes(data)
-        os.replace(tmp, self.root / name)
+        os.replace(tmp, file)
 
 
 class S3Store:
@@ -107,8 +111,10 @@ class S3Store:
         return self._retry(name,
                            lambda: self.client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read())
 
-    def download(self, name: str, dest: Path) -> None:
-        """Stream one object to ``dest`` (through a temporary file: a broken transfer leaves nothing)."""
+    def download(self, name: str, folder: Path) -> Path:
+        """Stream the object ``name`` to the file of that name in ``folder`` (through a temporary file: a broken
+        transfer leaves nothing); ``name`` must be a plain file name, so the file stays in ``folder``."""
+        dest = folder / plain_name(name, f"{self.url}: object name")
         tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
 
         def fetch() -> None:
@@ -122,6 +128,7 @@ class S3Store:
             self._retry(name, fetch)
         finally:
             tmp.unlink(missing_ok=True)
+        return dest
 
     def write(self, name: str, data: bytes) -> None:
         self._retry(name, lambda: self.client().put_object(Bucket=self.bucket, Key=self.key(name), Body=data))
