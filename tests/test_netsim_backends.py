@@ -4,7 +4,9 @@ slow start after idle, and the predicted range; each against its closed form (ex
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,3 +207,14 @@ def test_bad_backend_keys_are_named(network: dict[str, Any], words: list[str]) -
         scenario(**network)
     for word in words:
         assert word in str(err.value)
+
+
+def test_the_readme_table_is_what_the_example_prints() -> None:
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("backends_example", root / "examples" / "backends.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    readme = (root / "exonet" / "netsim" / "README.md").read_text()
+    for row in example.rows():
+        assert row in readme
