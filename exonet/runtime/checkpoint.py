@@ -106,8 +106,9 @@ def read_node(file: Path, *, mmap: bool = False) -> dict[str, Any]:
         raise TraceError(f"{file}: cannot read the checkpoint ({_reason(exc)})") from None
     if not isinstance(state, dict):
         raise TraceError(f"{file}: not an exonet checkpoint (holds a {type(state).__name__}, not a dict)")
-    if state.get("format") != FORMAT:
-        raise TraceError(f"{file}: checkpoint format {state.get('format', 1)!r}, this exonet reads format {FORMAT} "
+    held = state.get("format", 1)
+    if type(held) is not int or held != FORMAT:
+        raise TraceError(f"{file}: checkpoint format {held!r:.40}, this exonet reads format {FORMAT} "
                          "(format 1 needed code to load; resume it with the exonet that wrote it, or start again)")
     for key, kind in (("run", str), ("step", int), ("rank", int), ("next_cid", int), ("model", dict),
                       ("strategy", dict), ("rng", dict)):
@@ -118,11 +119,15 @@ def read_node(file: Path, *, mmap: bool = False) -> dict[str, Any]:
 
 def _reason(exc: Exception) -> str:
     """torch's reason in one line; a refused object is named, without torch's advice to load it anyway."""
-    refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+    text = str(exc)
+    refused = re.search(r"\bGLOBAL ([\w.]+)", text)
     if refused:
         return (f"it names the Python object {refused.group(1)}, which loading would import or call; a checkpoint "
                 "holds tensors and plain values only, so it was not loaded")
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    if text.startswith("Weights only load failed"):  # then torch's advice, its reason, a pointer to its docs
+        why = [part for part in text.split("\n\n") if part.strip() and not part.startswith(("Weights only", "Check"))]
+        return "it holds more than tensors and plain values: " + " ".join(" ".join(why).split())[:200]
+    text = " ".join(text.split()) or type(exc).__name__
     return text.split(". ")[0][:200]  # torch goes on with advice: "This is an internal miniz error. If you ..."
 
 
@@ -137,7 +142,7 @@ def load_node(folder: Path, rank: int, model: torch.nn.Module, strategy: Strateg
         model.load_state_dict(state["model"])
         strategy.load_state_dict(state["strategy"])
         _set_rng_state(state["rng"])
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+    except Exception as exc:  # the file's values are untrusted data: whatever they break, name the file
         why = " ".join(str(exc).split())[:500]
         raise TraceError(f"{file}: does not fit this fit's model or strategy ({type(exc).__name__}: {why})") from None
     strategy.comm.next_cid = state["next_cid"]
@@ -233,13 +238,15 @@ def load_latest(run_path: Path, num_nodes: int) -> Resume:
     if record["run"] != run:
         raise TraceError(f"{latest}: written by run {record['run']}, but {run_path} is run {run} (its config.json): "
                          "the checkpoints come from another run")
+    if not folder.is_dir():
+        raise TraceError(f"{latest}: dir: no folder {record['dir']!r} in {latest.parent}")
     for rank in range(num_nodes):
         if not node_file(folder, rank).is_file():
             raise TraceError(f"resume_from: {node_file(folder, rank)} is missing (the checkpoint needs one file "
                              f"per node, num_nodes={num_nodes})")
     trace = Trace.load(folder / "trace.jsonl")
     if trace.num_nodes != num_nodes:
-        raise ValueError(f"resume_from: the checkpoint holds {trace.num_nodes} nodes, "
+        raise ValueError(f"resume_from: {folder / 'trace.jsonl'} holds {trace.num_nodes} nodes, "
                          f"this fit has num_nodes={num_nodes}")
     history = read_metrics(folder / "metrics.jsonl")
     held = {len(history["train_loss"]), *(trace.num_steps(r) for r in range(num_nodes))}
