@@ -141,7 +141,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         est = estimates.get(name, est)
         scenario = with_hosts(name, args.hosts, args.nodes) if args.hosts is not None else name
         sim = simulate_estimate(est, scenario)
-        row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s, "utilization": sim.utilization,
+        row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s,
+               "wall_clock_range": list(sim.wall_clock_range), "utilization": sim.utilization,
                "wire_bytes_per_node": sum(sim.wire_bytes[:sim.trainers]) / sim.trainers}
         failing = "failures" in Scenario.coerce(scenario).to_dict()
         if failing or sim.failures or sim.lost["down"] or sim.lost["lost_work"]:  # work lost: goodput < utilisation
@@ -169,6 +170,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         print(f"{row['scenario']}: simulated wall-clock {format_time(row['wall_clock_s'])}, "
               f"compute utilisation {row['utilization']:.1%}, "
               f"wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
+        low, high = row["wall_clock_range"]
+        if high > low:
+            print(f"  range (p10-p90): {format_time(low)} to {format_time(high)}: losses in an overflowing queue")
         for a in row.get("assumptions", ()):
             if a not in report["assumptions"]:
                 print(f"  - {a}")

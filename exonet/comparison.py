@@ -104,6 +104,7 @@ class Comparison:
         ("run", "run", "{}"),
         ("scenario", "scenario", "{}"),
         ("wall_clock_s", "sim time", "{}"),
+        ("wall_clock_range", "p10-p90", "{}"),
         ("time_to_target_s", "to target", "{}"),
         ("final_loss", "final loss", "{:.4f}"),
         ("payload_bytes_per_node", "payload/node", "{}"),
@@ -122,6 +123,8 @@ class Comparison:
                 return "not reached" if key == "time_to_target_s" and value is None else "—"
             if key in ("wall_clock_s", "time_to_target_s"):
                 return format_time(value)
+            if key == "wall_clock_range":
+                return f"{format_time(value[0])} – {format_time(value[1])}"
             if "_bytes_per_" in key:
                 return format_bytes(value)
             return fmt.format(value)
@@ -129,7 +132,9 @@ class Comparison:
         served = any(row.get("servers") for row in self.rows)
         cols = [c for c in self.COLUMNS if (c[0] != "time_to_target_s" or self.target_loss is not None)
                 and (c[0] != "payload_bytes_per_server" or served)
-                and (c[0] != "goodput" or any("goodput" in row for row in self.rows))]
+                and (c[0] != "goodput" or any("goodput" in row for row in self.rows))
+                and (c[0] != "wall_clock_range" or any(row["wall_clock_range"][1] > row["wall_clock_range"][0]
+                                                       for row in self.rows))]
         header = "| " + " | ".join(title for _, title, _ in cols) + " |"
         rule = "|" + "|".join("---" for _ in cols) + "|"
         body = ["| " + " | ".join(cell(k, f, row.get(k)) for k, _, f in cols) + " |" for row in self.rows]
@@ -292,6 +297,7 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "nodes": k,
                 "steps": run.trace.num_steps(0),
                 "wall_clock_s": sim.wall_clock_s,
+                "wall_clock_range": sim.wall_clock_range,
                 "time_to_target_s": None if target_loss is None else _time_to(_curve(run, sim, loss), target_loss),
                 "final_loss": final,
                 "trainers": trainers,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exonet import Scenario, ScenarioError, Trace, simulate
+from exonet import Scenario, ScenarioError, Trace, compare, simulate
 from exonet.netsim import gloo, nccl, tcp
 from exonet.netsim.engine import Simulation
 from exonet.netsim.spread import recovery_quantiles
@@ -218,3 +218,14 @@ def test_the_readme_table_is_what_the_example_prints() -> None:
     readme = (root / "exonet" / "netsim" / "README.md").read_text()
     for row in example.rows():
         assert row in readme
+
+
+def test_compare_shows_the_range_only_where_it_has_width() -> None:
+    trace = one("all_reduce", 12_000_000, 4, repeats=2)
+    lossy = scenario(bandwidth="100 Mbit/s", latency="1 ms", queue="5 ms", streams=16, tcp_window="4 MiB")
+    table = compare({"ring": trace}, [lossy, scenario(latency="1 ms")])
+    low, high = table.rows[0]["wall_clock_range"]
+    assert low < table.rows[0]["wall_clock_s"] < high
+    assert table.rows[1]["wall_clock_range"] == (table.rows[1]["wall_clock_s"],) * 2
+    assert "p10-p90" in table.to_markdown()
+    assert "p10-p90" not in compare({"ring": trace}, [scenario(latency="1 ms")]).to_markdown()
