@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
@@ -65,6 +66,12 @@ class Handle:
         self._result: Any = None
         self._settled = False  # the transfer has ended and ``_result`` holds it
         self._done = False  # the strategy has waited (the trace has its Wait, when traced)
+        self.kept = False  # a checkpoint holds it (``state_dict``): exonet.runtime.checkpoint checks each in flight is
+
+    @property
+    def cid(self) -> int:
+        """The collective's id in this rank's trace."""
+        return self._cid
 
     def wait(self, traced: bool = True) -> Any:
         """Block until it ends; ``traced=False`` leaves the wait out of the trace (the replay does not wait for it)."""
@@ -76,6 +83,7 @@ class Handle:
             self._settle()
             self._comm._restart_clock()
             self._done = True
+            self._comm._in_flight.pop(self._cid, None)
         return self._result
 
     def _settle(self) -> Any:
@@ -102,6 +110,7 @@ class Handle:
         result = self._settle()
         if not isinstance(result, torch.Tensor):
             raise TypeError(f"Handle.state_dict: collective {self._cid} returned {type(result).__name__}, not a tensor")
+        self.kept = True
         return {"cid": self._cid, "result": result.detach().clone()}
 
 
@@ -129,6 +138,8 @@ class Communicator:
         self.events: list[Event] = []
         self._groups: dict[tuple[int, ...], Any] = {}
         self._next_cid = 0
+        # async collectives not yet waited on (weakly: a handle the strategy drops is no longer in flight)
+        self._in_flight: weakref.WeakValueDictionary[int, Handle] = weakref.WeakValueDictionary()
         self._pending_flops = 0.0
         self._step_flops = 0.0  # FLOPs attributed since the last step boundary
         self._t0 = time.perf_counter()
@@ -155,7 +166,12 @@ class Communicator:
     def restore_handle(self, state: dict[str, Any]) -> Handle:
         """A handle kept in a checkpoint by ``Handle.state_dict``: its transfer is over; its ``wait()`` is traced."""
         result = state["result"].to(self.device)
-        return Handle(self, int(state["cid"]), None, lambda: result)
+        handle = self._in_flight[int(state["cid"])] = Handle(self, int(state["cid"]), None, lambda: result)
+        return handle
+
+    def in_flight(self) -> list[Handle]:
+        """The async collectives issued and not yet waited on, oldest first (a checkpoint must keep each)."""
+        return [self._in_flight[cid] for cid in sorted(self._in_flight)]
 
     # ---------------------------------------------------------------- clock
     def now(self) -> float:
@@ -314,7 +330,7 @@ class Communicator:
         if async_op:
             work = launch(True)
             self.events.append(Collective(cid, op, nbytes, members, True, dtype, start, None))
-            handle = Handle(self, cid, work, finish)
+            handle = self._in_flight[cid] = Handle(self, cid, work, finish)
             self._restart_clock()
             return handle
         announced = self.clock is not None and self.clock.announces

@@ -10,6 +10,7 @@ import torch
 
 from exonet import LocalTrainer, NodeFailure, TraceError
 from exonet.rundir import load_run, run_status
+from exonet.runtime.checkpoint import node_file, read_node
 from exonet.runtime.node import epoch_indices
 from exonet.strategies import (
     AsyncDiLoCoStrategy,
@@ -24,6 +25,7 @@ from exonet.strategies import (
     Strategy,
     StreamingDiLoCoStrategy,
 )
+from exonet.strategies.base import flatten, unflatten_into
 from exonet.testing import FailingModel, write_checkpoint
 from exonet.toy import synthetic_classification
 
@@ -206,7 +208,7 @@ def test_demo_resumes_exactly_from_its_checkpointed_dct_momentum(tmp_path):
     whole = LocalTrainer(healthy(), DATA).fit(demo(), checkpoint_interval=3, run_dir=tmp_path, **kw)
     (run,) = tmp_path.iterdir()
     assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 3
-    state = torch.load(run / "checkpoints" / "step-00000003" / "node-0.pt", weights_only=False)["strategy"]
+    state = read_node(node_file(run / "checkpoints" / "step-00000003", 0))["strategy"]
     assert state["momentum"]  # the DCT coefficients of the momentum travel in the checkpoint
     again = LocalTrainer(healthy(), DATA).fit(demo(), resume_from=run, checkpoint_interval=3, **kw)  # from step 3
     for a, b in zip(whole.model.parameters(), again.model.parameters()):
@@ -292,8 +294,6 @@ def test_the_resume_matrix_covers_every_strategy_exonet_ships():
 def test_every_strategy_resumed_mid_flight_ends_as_the_uninterrupted_run(tmp_path, name):
     """SPARTA with delay_steps=3 ended with another model (its exchanges in flight were not saved); a resumed
     Streaming DiLoCo (delay 2, 4-bit) issued its pending round again: 9% more bytes (952 B against 816 B here)."""
-    from exonet.runtime.checkpoint import node_file, read_node
-
     case = RESUMED[name]
     kw = dict(MATRIX, num_nodes=case.nodes, **case.fit)
     plain = LocalTrainer(healthy(), DATA, VAL).fit(case.make(), **kw)
@@ -318,3 +318,33 @@ def test_an_asynchronous_strategy_refuses_checkpoints_and_resume(tmp_path, name)
     with pytest.raises(ValueError, match=r"\(asynchronous\) needs count_flops=True and cannot checkpoint or resume"):
         LocalTrainer(healthy(), DATA, VAL).fit(REFUSED[name](), checkpoint_interval=3, run_dir=tmp_path,
                                                scenario="datacenter", **MATRIX)
+
+
+class _ForgetsItsExchange(Strategy):
+    """Averages the parameters asynchronously and applies the average a step later, as SPARTA with a delay
+    does; but its state_dict does not keep the average in flight, so a resume could not end as the run would."""
+
+    def setup(self, model, comm, ctx) -> None:
+        super().setup(model, comm, ctx)
+        self._sent = self._pending = None
+
+    def step(self) -> None:
+        self.optimizer_step()
+        self.local_step += 1
+        self.finish()
+        self._sent = flatten(self.params)
+        self._pending = self.comm.all_reduce(self._sent.clone(), op="avg", async_op=True)
+
+    def finish(self) -> None:
+        if self._pending is not None:
+            with torch.no_grad():
+                unflatten_into(flatten(self.params) + self._pending.wait() - self._sent, self.params)
+            self._pending = None
+
+
+def test_a_checkpoint_that_would_lose_an_exchange_in_flight_is_refused(tmp_path):
+    """A strategy's own exchange in flight was left out of its checkpoint silently: the resumed run ended elsewhere."""
+    with pytest.raises(NodeFailure, match=r"checkpoint: _ForgetsItsExchange.state_dict\(\) does not keep the "
+                                          r"collective\(s\) 2 still in flight after step 3: a resume would lose them"):
+        LocalTrainer(healthy(), DATA, VAL).fit(_ForgetsItsExchange(), checkpoint_interval=3, run_dir=tmp_path,
+                                               **MATRIX)

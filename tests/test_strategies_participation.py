@@ -16,6 +16,7 @@ import torch
 
 from exonet import LocalTrainer
 from exonet.communicator import Communicator
+from exonet.runtime.checkpoint import node_file, read_node
 from exonet.strategies.base import NodeContext, OptimSpec, flatten
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.fedavg import FedAvgStrategy
@@ -48,7 +49,7 @@ def states_after_sync(tmp_path: Path, rounds: int):
     folder = run / "checkpoints" / f"step-{step:08d}"
     states = []
     for r in range(K):
-        node = torch.load(folder / f"node-{r}.pt", weights_only=False)
+        node = read_node(node_file(folder, r))
         outer = node["strategy"]["outer_optimizer"]["state"]
         states.append((flatten(node["model"].values()), node["strategy"]["global_params"],
                        outer[0]["momentum_buffer"] if outer else None))

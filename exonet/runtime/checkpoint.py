@@ -63,12 +63,22 @@ def node_file(folder: Path, rank: int) -> Path:
 # ------------------------------------------------------------------ node side
 def save_node(root: Path, step: int, rank: int, model: torch.nn.Module, strategy: Strategy) -> None:
     """Write this node's checkpoint for ``step`` (after that step's optimizer update; ``root`` is the run's
-    ``checkpoints`` folder). A value that could not be loaded without code is a TypeError naming it."""
+    ``checkpoints`` folder). A value that could not be loaded without code is a TypeError naming it; a
+    collective in flight that the strategy's state does not keep, a RuntimeError naming it."""
     folder = step_dir(root, step)
     folder.mkdir(parents=True, exist_ok=True)
+    in_flight = strategy.comm.in_flight()
+    for handle in in_flight:
+        handle.kept = False
     state = {"format": FORMAT, "run": run_id(root.parent), "step": step, "rank": rank,
              "next_cid": strategy.comm.next_cid, "model": model.state_dict(), "strategy": strategy.state_dict(),
              "rng": _rng_state()}
+    lost = [handle.cid for handle in in_flight if not handle.kept]
+    if lost:
+        raise RuntimeError(f"checkpoint: {type(strategy).__name__}.state_dict() does not keep the collective(s) "
+                           f"{', '.join(map(str, lost))} still in flight after step {step}: a resume would lose them "
+                           "and end elsewhere. Keep each with Handle.state_dict() and rebuild it with "
+                           "Communicator.restore_handle() in load_state_dict (as SPARTAStrategy does)")
     where = _not_plain(state, "")
     if where is not None:
         path, value = where
