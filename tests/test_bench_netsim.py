@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from exonet.bench import netsim
 
 
@@ -48,3 +50,11 @@ def test_the_hierarchical_estimate_case_returns_its_figures(capsys):
     assert netsim.main(["--estimate", "--hosts", "2", "--devices", "4", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "2 hosts x 4 = 8 devices, cross-region, 2 steps" in out and "GiB" in out and "s CPU" in out
+
+
+def test_range_bench_replays_a_lossy_trace_with_its_range(capsys):
+    assert netsim.main(["--range", "--steps", "10", "--nodes", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "lossy: True" in out and "the range adds" in out
+    p10, p90 = (float(x) for x in re.search(r"p10 ([\d.]+) s, p90 ([\d.]+) s", out).groups())
+    assert p10 < p90

@@ -21,6 +21,11 @@ twice, as the engine runs it and, on the first R steps, on the event path alone
 ``--fit`` replays it at several node counts and step counts and fits the growth exponents
 of the replay time (time ∝ n^a at fixed steps, ∝ steps^b at fixed n).
 
+``--range`` times the predicted range (issue 30): the DDP trace (default 1,000 steps × 64 nodes) in the
+two-region scenario with 1 Gbit/s NICs, a 1 ms queue per NIC direction and 16 TCP streams, so its phases lose packets;
+one replay (``Simulation`` alone) against ``simulate``, which adds the p10 and p90 replays. Target: the
+range adds at most 2× to the replay's time.
+
 ``--estimate`` is the 1,024-device hierarchical estimate (issue 21): ``exonet estimate`` of a
 1B-parameter bf16 model on ``--hosts`` hosts of ``--devices`` GPUs (default 128 × 8) in the
 cross-region preset, ``--strategy`` (default DDP; DiLoCo runs every rank while ``estimate``
@@ -32,11 +37,13 @@ replayed, with its time (wall and CPU) and the process's peak resident memory (t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 
 from exonet.netsim import simulate
+from exonet.netsim.engine import Simulation
 from exonet.scenario import LinkSpec, Resolved
 from exonet.trace import Collective, Compute, Step, Trace, Wait
 
@@ -211,6 +218,27 @@ def two_regions(nodes: int, jitter: bool = True) -> Resolved:
     )
 
 
+def range_report(args: argparse.Namespace) -> int:
+    """CPU seconds of one lossy replay, and of ``simulate`` with its range (two more replays)."""
+    trace = ddp_trace(args.steps, args.nodes, int(args.mbytes * 1e6))
+    nic = (1e9 / 8,) * args.nodes  # 1 Gbit/s NICs, so their queues, not the shared link, bound the ring
+    lossy = dataclasses.replace(two_regions(args.nodes), uplink=nic, downlink=nic, queue=(1e-3, "s"), streams=16,
+                                tcp_window=4 * 2**20)
+    t0 = time.process_time()
+    sim = Simulation(lossy)
+    sim.feed_trace(trace)
+    single = sim.result()
+    one = time.process_time() - t0
+    t0 = time.process_time()
+    ranged = simulate(trace, lossy)
+    both = time.process_time() - t0
+    low, high = ranged.wall_clock_range
+    print(f"trace: {args.steps} steps x {args.nodes} nodes, all_reduce {args.mbytes:g} MB/step, lossy: {sim.lossy}")
+    print(f"one replay {one:.2f} s CPU (wall-clock {single.wall_clock_s:.1f} s); with the range {both:.2f} s CPU "
+          f"(p10 {low:.1f} s, p90 {high:.1f} s): the range adds {both / one - 1:.2f}x")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m exonet.bench netsim", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000)
@@ -236,7 +264,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hosts", type=int, default=128, help="with --estimate: hosts (default 128)")
     parser.add_argument("--devices", type=int, default=8, help="with --estimate: devices per host (default 8)")
     parser.add_argument("--strategy", default="ddp", help="with --estimate: the strategy (default ddp)")
+    parser.add_argument("--range", action="store_true",
+                        help="time the predicted range on a lossy scenario (default 1,000 steps)")
     argv = list(argv)
+    if "--range" in argv and "--steps" not in argv:
+        argv += ["--steps", "1000"]
     if "--estimate" in argv and "--steps" not in argv:
         argv += ["--steps", "100"]
     args = parser.parse_args(argv)
@@ -245,6 +277,8 @@ def main(argv: list[str]) -> int:
     if args.estimate:
         estimate_report(args)
         return 0
+    if args.range:
+        return range_report(args)
     t0 = time.perf_counter()
     trace = ddp_trace(args.steps, args.nodes, int(args.mbytes * 1e6), buckets=args.buckets, identical=args.identical)
     built = time.perf_counter() - t0
