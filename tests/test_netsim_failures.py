@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import torch
 
 from exonet import LocalTrainer, Scenario, ScenarioError, Trace, simulate
 from exonet.netsim import Simulation
+from exonet.netsim import failures as failure_model
 from exonet.netsim.compute import ComputeModel
 from exonet.netsim.failures import FailureProcess
 from exonet.scenario import FailureSpec
@@ -411,3 +415,26 @@ def test_utilisation_goodput_and_lost_time_count_the_trainers_not_the_server():
     assert res.servers == 1 and res.utilization == pytest.approx(2 * steps * c / (2 * res.wall_clock_s), rel=1e-12)
     machine = 2 * res.wall_clock_s
     assert res.goodput * machine + sum(res.lost.values()) == pytest.approx(machine, rel=1e-12)
+
+
+def test_a_failure_process_that_would_take_unbounded_work_is_refused_with_the_bound(tmp_path):
+    """mtbf 1 ms against 20 ms of compute between syncs: e^20 tries per step (the old replay spun for ever)."""
+    trace = ddp_trace(2, 3, 0.02, 1000).save(tmp_path / "t.jsonl")
+    toml = tmp_path / "s.toml"
+    toml.write_text('name = "flaky"\n[network]\nbandwidth = "100 Mbit/s"\n[failures]\nmtbf = "1 ms"\nrepair = "1 ms"\n')
+    done = subprocess.run([sys.executable, "-m", "exonet", "simulate", str(trace), "--scenario", str(toml)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert re.search(r"error: scenario: failures.mtbf: 1 ms makes this replay expect more than 1,000,000 failures, "
+                     r"work without bound: .* rank 0 computes 20 ms between syncs, which takes e\^20 = 4.85e\+08 "
+                     r"tries on average", done.stderr), done.stderr
+
+
+def test_a_failure_process_drawing_past_the_bound_is_refused(monkeypatch):
+    """Failures while ranks wait on the network cost no redone work but still one draw each: counted too."""
+    monkeypatch.setattr(failure_model, "MAX_FAILURES", 100)
+    t = ddp_trace(2, 2, 1e-6, 10**8)  # 16 s of all-reduce per step at 100 Mbit/s: about 1,600 failures
+    with pytest.raises(ScenarioError, match=r"^scenario: failures.mtbf: 10 ms makes this replay draw more than 100 "
+                                            r"failures by .* of simulated time; raise failures.mtbf"):
+        simulate(t, scenario(mtbf="10 ms", repair="10 ms"))
+    assert simulate(ddp_trace(2, 2, 1e-6, 10**5), scenario(mtbf="10 ms", repair="10 ms")).failures < 100

@@ -43,7 +43,7 @@ from operator import attrgetter
 import numpy as np
 
 from exonet.errors import ScenarioError
-from exonet.netsim.failures import FailureProcess
+from exonet.netsim.failures import FailureBudget, FailureProcess
 from exonet.scenario import EventSpec, Resolved
 from exonet.trace import Compute, Step
 
@@ -84,6 +84,7 @@ class ComputeModel:
         self.failures = ([FailureProcess(spec, r) if spec.servers or r < n - resolved.servers else None
                           for r in range(n)] if spec is not None else None)
         self._failed = [0] * n  # failures of each rank recorded as outages so far
+        self._budget = FailureBudget(spec) if spec is not None else None
         self._fail_starts: list[set[float]] = [set() for _ in range(n)]
         self.windowed = [bool(w) or spec is not None for w in self._timed]
         self.gated_steps = [{lo for lo, _ in g} for g in self._gated]
@@ -149,6 +150,7 @@ class ComputeModel:
         """
         if self.failures is None or self.failures[rank] is None:
             return self._run(rank, step, start, work, since)
+        self._budget.compute(rank, since, work)
         horizon = start + work
         while True:
             self.failures_through(rank, horizon)
@@ -201,6 +203,7 @@ class ComputeModel:
             self.add_down(rank, t0, t1)
             self._fail_starts[rank].add(t0)
         self._failed[rank] = len(outages)
+        self._budget.drawn(sum(self._failed), t)
         return outages
 
     def fail_starts(self, rank: int) -> set[float]:

@@ -10,6 +10,12 @@ Draws come from a generator seeded with (seed, rank) on a stream of their own (s
 jitter uses another), in the order U_0, repair_0, U_1, repair_1, ..., so a rank's outages
 depend neither on the node count nor on how far or in which order the replay asks: the
 horizon is unknown in advance, so outages are drawn as far as they are needed.
+
+A failure throws away a rank's compute since its last sync, so W seconds of it between two syncs
+take e^(W/mtbf) − 1 failures on average to get through: an mtbf far below a rank's compute
+between syncs ("1 ms" for steps of a second) is work without bound. ``FailureBudget`` adds that
+expectation up span by span, and the failures drawn, and refuses the replay, naming
+``failures.mtbf``, once either passes ``MAX_FAILURES`` over the run.
 """
 
 from __future__ import annotations
@@ -18,9 +24,53 @@ import math
 
 import numpy as np
 
+from exonet.errors import ScenarioError
 from exonet.scenario import FailureSpec
+from exonet.units import format_time
 
 _STREAM = 0xFA11  # keeps failure draws apart from the jitter drawn from (seed, rank)
+MAX_FAILURES = 10**6  # expected (or drawn) failures over one replay past which it is refused
+
+
+class FailureBudget:
+    """The failures a replay expects and has drawn, refused past ``MAX_FAILURES``.
+
+    Args:
+        spec: the scenario's failure process.
+    """
+
+    def __init__(self, spec: FailureSpec) -> None:
+        self.spec = spec
+        self.expected = 0.0
+
+    def compute(self, rank: int, since: float | None, work: float) -> None:
+        """Count a compute span of ``work`` seconds begun ``since`` seconds of work after the rank's last sync
+        (None: a failure only pauses it); ScenarioError when the run's expected failures pass the bound."""
+        m = self.spec.mtbf
+        if since is None:  # nothing is redone: failures come at the rate of time
+            self.expected += work / m
+        else:  # getting through W seconds of work that a failure restarts takes e^(W/m) - 1 failures on average
+            self.expected += _tries((since + work) / m) - _tries(since / m)
+        if not self.expected <= MAX_FAILURES:
+            total = (since or 0.0) + work
+            tries = f"e^{total / m:.4g}" + (f" = {_tries(total / m) + 1:.3g}" if total / m < 700 else "")
+            raise ScenarioError(
+                f"scenario: failures.mtbf: {format_time(m)} makes this replay expect more than {MAX_FAILURES:,} "
+                f"failures, work without bound: a failure throws away a rank's compute since its last sync, and "
+                f"rank {rank} computes {format_time(total)} between syncs, which takes {tries} tries on average "
+                f"(e^(work / mtbf)); raise failures.mtbf well above the compute between syncs")
+
+    def drawn(self, count: int, t: float) -> None:
+        """ScenarioError once the failures drawn over the run (``count``, by simulated time ``t``) pass the bound."""
+        if count > MAX_FAILURES:
+            raise ScenarioError(
+                f"scenario: failures.mtbf: {format_time(self.spec.mtbf)} makes this replay draw more than "
+                f"{MAX_FAILURES:,} failures by {format_time(t)} of simulated time; raise failures.mtbf")
+
+
+def _tries(x: float) -> float:
+    """e^x − 1, and inf where it passes what a float holds."""
+    return math.expm1(x) if x < 700 else math.inf
 
 
 class FailureProcess:
