@@ -7,11 +7,13 @@ import sys
 from pathlib import Path
 
 from exonet.errors import NodeFailure, ScenarioError, TraceError
+from exonet.files import check_output
 
 
 def _cmd_quickstart(args: argparse.Namespace) -> int:
     import exonet
 
+    check_output(args.out, "--out", folder=True)
     exonet.warm_up()  # the node server's imports run beside the quickstart's own
     from exonet.quickstart import quickstart
 
@@ -24,6 +26,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from exonet.netsim import simulate
     from exonet.scenario import Scenario
 
+    if args.chrome_trace:
+        check_output(args.chrome_trace, "--chrome-trace")
     runs, notes = expand_runs(Path(args.run).name, args.run)
     for note in notes:
         print(f"exonet simulate: note: {note}", file=sys.stderr)
@@ -53,10 +57,10 @@ def _cmd_timeline(args: argparse.Namespace) -> int:
     from exonet.comparison import Run, expand_runs
     from exonet.netsim import simulate
 
+    out = check_output(args.out, "--out")
     runs, notes = expand_runs(Path(args.run).name, args.run)
     for note in notes:
         print(f"exonet timeline: note: {note}", file=sys.stderr)
-    out = Path(args.out)
     for run_name, run_path in runs.items():
         sim = simulate(Run.coerce(run_name, run_path).trace, args.scenario)
         path = out if len(runs) == 1 else out.with_name(f"{out.stem}-{Path(run_name).name}{out.suffix}")
@@ -71,6 +75,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     from exonet.comparison import compare
 
+    if args.plot:
+        check_output(args.plot, "--plot")
     runs: dict[str, str] = {}
     for item in args.runs:
         name, eq, path = item.partition("=")

@@ -34,6 +34,7 @@ import copy
 import importlib
 import inspect
 import math
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,6 +43,7 @@ import torch
 
 from exonet.communicator import Communicator
 from exonet.estimate_hub import OnlineHub, RankLink
+from exonet.netsim.agenda import SCALE
 from exonet.scenario.schema import did_you_mean
 from exonet.strategies.base import NodeContext, Strategy
 from exonet.trace import Collective, Compute, Step, Trace
@@ -49,6 +51,12 @@ from exonet.units import plural
 
 DEFAULT_LAYERS = 24
 DEFAULT_MFU = 0.4  # model FLOPs utilisation when neither --mfu nor a scenario's device gives one
+# What the model holds. The layer stack's largest tensor, at most a third of it, stays within the 2**63
+# bytes torch can size (6.9e18 parameters of 4 bytes at one block); the replay's clock counts ticks of
+# 2**-64 s and reads them back as floats, so a run's compute stays within half of what that holds,
+# leaving the rest to communication.
+MAX_PARAMS = 1e18
+MAX_COMPUTE_S = sys.float_info.max / SCALE / 2
 FORWARD_SHARE = 1 / 3  # forward 2·P FLOPs per token, backward 4·P (Kaplan et al. 2020)
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -319,6 +327,12 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
         raise ValueError(f"--layers must be an integer >= 1, got {layers!r}")
+    if params is not None and math.isfinite(params) and params > MAX_PARAMS:
+        raise ValueError(f"--model-params {params:g}: more than the layer stack holds ({MAX_PARAMS:g} parameters: "
+                         "torch sizes a tensor up to 2**63 bytes)")
+    if params is not None and layers is not None and layers > params / 12:
+        raise ValueError(f"--layers {layers}: more blocks than {params:g} parameters fill (a block holds at least "
+                         "12 parameters, 12·d² with d >= 1)")
     torch_dtype = DTYPES[dtype]
     if model is not None:
         if params is not None:
@@ -366,6 +380,12 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         if not 0 < mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {mfu}")
         step_time = flops / (tflops * 1e12 * mfu)
+    if not steps * step_time <= MAX_COMPUTE_S:
+        given = (f"--step-time {step_time:g}" if tokens_per_step is None else
+                 f"--tokens-per-step {tokens_per_step:g} at {tflops:g} TFLOP/s and MFU {mfu:g} (a step of "
+                 f"{step_time:g} s)")
+        raise ValueError(f"{given}: {steps} steps of it are {steps * step_time:g} s of compute, more than the "
+                         f"simulated clock holds ({MAX_COMPUTE_S:.3g} s)")
     if model is None:
         count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731

@@ -28,6 +28,28 @@ def plain_name(name: object, where: str, error: type[Exception] = ValueError) ->
     return name
 
 
+def check_output(path: str | os.PathLike, where: str, *, folder: bool = False) -> Path:
+    """``path`` as a Path, once it is clear that a file (``folder``: a folder) can be made there.
+
+    Checked before the work whose result goes there, so a path that cannot be written is named at
+    once and not after a replay: ValueError naming ``where`` (the flag or argument) when the path is
+    a folder where a file must go (or a file where a folder must), when a file stands where one of
+    its folders must be, or when the nearest existing folder cannot be written.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        raise ValueError(f"{where}: {path} is a {'file' if folder else 'folder'}; give a "
+                         f"{'folder' if folder else 'file'} path")
+    for parent in [path, *path.parents] if folder else path.parents:  # nearest first: the first that exists decides
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{where}: cannot write {path}: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise ValueError(f"{where}: cannot write {path}: the folder {parent} is not writable")
+            break
+    return path
+
+
 def output_path(path: str | os.PathLike) -> Path:
     """``path`` as a Path whose folder exists (made with its parents when missing)."""
     path = Path(path)
@@ -46,5 +68,9 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # a full disk names no file ("[Errno 28] No space left on device"): name ours
+        if exc.errno is None or exc.filename not in (None, tmp, str(tmp)):
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     finally:
         tmp.unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -74,6 +75,31 @@ def test_compute_is_given_one_way_and_the_other_options_are_not_ignored(kwargs, 
     assert est.step_time_s == pytest.approx(6 * 1e6 * 1000 / (r.tflops * 1e12 * r.mfu), rel=1e-6)
     assert "the device of scenario 'datacenter'" in est.assumptions[1]
     assert " at " not in estimate("ddp", params=1e6, nodes=2, steps=1, step_time=1.0).assumptions[1]
+
+@pytest.mark.parametrize("argv, match", [
+    (["--model-params", "1e30", "--step-time", "1"],  # was torch's "Storage size calculation overflowed"
+     r"--model-params 1e\+30: more than the layer stack holds \(1e\+18 parameters"),
+    (["--model-params", "1e9", "--step-time", "1e300"],  # was OverflowError: cannot convert float infinity
+     r"--step-time 1e\+300: 10 steps of it are 1e\+301 s of compute, more than the simulated clock holds "
+     r"\(4.87e\+288 s\)"),
+    (["--model-params", "1e9", "--tokens-per-step", "1e300", "--tflops", "1", "--mfu", "0.5"],
+     r"--tokens-per-step 1e\+300 at 1 TFLOP/s and MFU 0.5 \(a step of inf s\): 10 steps"),
+    (["--model-params", "1e9", "--step-time", "1", "--layers", "1000000000"],  # was building 4e9 tensors
+     r"--layers 1000000000: more blocks than 1e\+09 parameters fill"),
+], ids=["params 1e30", "step time 1e300", "tokens 1e300", "layers 1e9"])
+def test_numbers_beyond_what_the_model_holds_are_named(capsys, argv, match):
+    from exonet.cli import main
+
+    assert main(["estimate", "--strategy", "ddp", "--nodes", "2", "--steps", "10", "--scenario", "datacenter",
+                 *argv]) == 2
+    assert re.search(r"^exonet estimate: error: " + match, capsys.readouterr().err)
+
+
+def test_the_largest_numbers_the_model_holds_are_accepted():
+    assert estimate("ddp", params=1e18, nodes=2, steps=1, step_time=1.0, layers=1).params == pytest.approx(1e18,
+                                                                                                         rel=1e-3)
+    assert estimate("ddp", params=1e6, nodes=2, steps=10, step_time=4e287).step_time_s == 4e287
+
 
 def test_overlap_beats_one_flat_all_reduce_in_an_estimate():
     scenario = {"name": "lan", "network": {"bandwidth": "10 Gbit/s"}}

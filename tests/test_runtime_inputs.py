@@ -85,6 +85,11 @@ CASES: list[Any] = [
     ("val_size<0", lambda: fit(val_size=-1), ValueError, r"val_size must be >= 0"),
     ("seed<0", lambda: fit(seed=-1), ValueError, r"seed must be >= 0"),
     ("seed float", lambda: fit(seed=1.5), TypeError, r"seed must be an integer"),
+    ("seed=2**70", lambda: fit(seed=2**70), ValueError,  # was a node's OverflowError from torch.manual_seed
+     r"^fit: seed must be below 2\*\*63 \(torch seeds with 64-bit integers\), got 1180591620717411303424$"),
+    ("seed=2**63", lambda: fit(seed=2**63), ValueError, r"^fit: seed must be below 2\*\*63"),
+    ("timeout_s=1e300", lambda: fit(timeout_s=1e300), ValueError,  # was a node's OverflowError from timedelta
+     r"^fit: timeout_s must be <= 1000000000000.0, got 1e\+300$"),
     # fit: devices and precision
     ("unknown device", lambda: fit(device="tpu"), ValueError, r"device must be one of cpu, cuda, mps .* got 'tpu'"),
     pytest.param("cuda without CUDA", lambda: fit(device="cuda"), ValueError,
@@ -107,6 +112,19 @@ CASES: list[Any] = [
      r"pass either run_dir or resume_from"),
     ("dataloader_kwargs clash", lambda: fit(dataloader_kwargs={"shuffle": True, "num_workers": 0}), ValueError,
      r"dataloader_kwargs may not set shuffle"),
+    # checked in the parent, before nodes start; were each node's TypeError/ValueError from DataLoader
+    ("dataloader_kwargs misspelt", lambda: fit(dataloader_kwargs={"num_workrs": 0}), TypeError,
+     r"^fit: dataloader_kwargs: DataLoader takes no argument 'num_workrs' \(did you mean 'num_workers'\?\)$"),
+    ("dataloader_kwargs unknown", lambda: fit(dataloader_kwargs={"zzz": 1}), TypeError,
+     r"^fit: dataloader_kwargs: DataLoader takes no argument 'zzz'; it takes num_workers, collate_fn, "),
+    ("dataloader_kwargs bad value", lambda: fit(dataloader_kwargs={"num_workers": -1}), ValueError,
+     r"^fit: dataloader_kwargs: num_workers option should be non-negative"),
+    ("dataloader_kwargs dataset", lambda: fit(dataloader_kwargs={"dataset": DATA}), ValueError,
+     r"^fit: dataloader_kwargs may not set dataset: exonet sets dataset, batch_size"),
+    ("dataloader_kwargs a list", lambda: fit(dataloader_kwargs=[("num_workers", 0)]), TypeError,
+     r"^fit: dataloader_kwargs must be a dict of DataLoader arguments, got list$"),
+    ("run_dir inside a file", lambda: fit(run_dir=Path(__file__) / "runs"), ValueError,  # was FileExistsError
+     r"^fit: run_dir: cannot write .*/runs: .*test_runtime_inputs.py is a file, not a folder$"),
     ("unknown fit argument", lambda: fit(bogus=1), TypeError, r"unexpected argument\(s\) bogus"),
     ("run_dir and save_dir", lambda: fit(run_dir="a", save_dir="b"), TypeError, r"run_dir and save_dir are aliases"),
     # fit: strategy

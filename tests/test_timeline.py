@@ -93,3 +93,25 @@ def test_cli_simulate_checks_every_scenario_before_printing_any_result(tmp_path,
     chrome = tmp_path / "new" / "run.json"
     assert cli(["simulate", str(run), "--scenario", "datacenter", "--chrome-trace", str(chrome)]) == 0
     assert chrome.stat().st_size > 0 and "caution: compute timed by the trace's wall seconds" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, argv", [
+    ("--chrome-trace", ["simulate", "{run}", "--scenario", "datacenter", "--chrome-trace", "{out}"]),
+    ("--out", ["timeline", "{run}", "--scenario", "datacenter", "--out", "{out}"]),
+    ("--plot", ["compare", "{run}", "--scenario", "datacenter", "--plot", "{out}"]),
+    ("--save", ["validate", "--measurements", "{run}", "--save", "{out}"]),
+])
+def test_an_output_path_that_cannot_be_written_is_named_before_the_replay(tmp_path, capsys, flag, argv):
+    """A file where the output's folder must be was a FileExistsError traceback after the whole replay."""
+    run = tmp_path / "run.jsonl"
+    overlapped().save(run)
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "x.png"
+    assert cli([a.format(run=run, out=out) for a in argv]) == 2
+    printed, err = capsys.readouterr()
+    assert printed == ""  # nothing replayed or measured first
+    assert f"error: {flag}: cannot write {out}: {tmp_path / 'afile'} is a file, not a folder" in err
+    assert cli(["simulate", str(run), "--scenario", "datacenter", "--chrome-trace", str(tmp_path)]) == 2
+    assert f"error: --chrome-trace: {tmp_path} is a folder; give a file path" in capsys.readouterr().err
+    assert cli(["quickstart", "--out", str(run)]) == 2
+    assert f"error: --out: {run} is a file; give a folder path" in capsys.readouterr().err

@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 from exonet.arguments import check_range, one_of
+from exonet.files import check_output
 from exonet.fit_result import FitResult
 from exonet.runtime.job import Job
 from exonet.runtime.node import NodeConfig, check_map_style, is_factory, resolve_dataset
@@ -33,7 +35,9 @@ IGNORED = {"correlation_interval": "exonet measures the nodes' correlation at ev
            "log_x_axis": "exonet logs steps and, with a scenario, simulated time to wandb"}
 # A time budget without max_steps/num_epochs trains over as many epochs as the budget holds, up to this cap.
 TIME_BUDGET_STEPS = 10**9
-RESERVED_LOADER_ARGS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
+RESERVED_LOADER_ARGS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
+SEED_LIMIT = 2**63  # torch seeds generators with 64-bit integers, and epochs are added to the seed
+MAX_TIMEOUT_S = 1e12  # torch.distributed takes the timeout as a timedelta, which holds less than 8.64e13 s
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
@@ -42,6 +46,30 @@ def _check_int(name: str, value: Any, low: int) -> int:
     if value < low:
         raise ValueError(f"fit: {name} must be >= {low}, got {value}")
     return value
+
+
+def _check_loader_args(kwargs: Any) -> dict[str, Any]:
+    """``dataloader_kwargs`` checked here, in the parent, against DataLoader's own arguments and values, so that a
+    misspelt key is named before any node starts (not as a node's traceback)."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"fit: dataloader_kwargs must be a dict of DataLoader arguments, got {type(kwargs).__name__}")
+    clash = sorted(set(kwargs) & set(RESERVED_LOADER_ARGS))
+    if clash:
+        raise ValueError(f"fit: dataloader_kwargs may not set {', '.join(clash)}: exonet sets "
+                         f"{', '.join(RESERVED_LOADER_ARGS)} itself (use batch_size, shuffle and seed)")
+    known = [n for n in inspect.signature(DataLoader).parameters if n not in RESERVED_LOADER_ARGS]
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            raise TypeError(f"fit: dataloader_kwargs: DataLoader takes no argument {name!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else f"; it takes {', '.join(known)}"))
+    try:
+        DataLoader([0], batch_size=1, **kwargs)  # its own checks of the values; no worker starts before iterating
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"fit: dataloader_kwargs: {exc}") from None
+    return dict(kwargs)
 
 
 def _cores() -> int:
@@ -197,6 +225,8 @@ class LocalTrainer:
                           f"evaluated; pass one as LocalTrainer(model, train_dataset, val_dataset)", stacklevel=2)
         _check_int("val_size", val_size, 0)
         _check_int("seed", seed, 0)
+        if seed >= SEED_LIMIT:
+            raise ValueError(f"fit: seed must be below 2**63 (torch seeds with 64-bit integers), got {seed}")
         device_type, backend, device_ids = self._resolve_device(device if device is not None else self.device,
                                                                 devices if devices is not None else self.devices, k)
         if autocast not in (False, None) and autocast not in AUTOCAST:
@@ -204,19 +234,18 @@ class LocalTrainer:
         steps = self._resolve_steps(max_steps, num_epochs, k, batch_size)
         if max_sim_time_s is not None and max_steps is None and num_epochs is None:
             steps = TIME_BUDGET_STEPS  # the budget ends the run; the data goes round for further epochs
-        clash = sorted(set(dataloader_kwargs or {}) & set(RESERVED_LOADER_ARGS))
-        if clash:
-            raise ValueError(f"fit: dataloader_kwargs may not set {', '.join(clash)}: exonet sets "
-                             f"{', '.join(RESERVED_LOADER_ARGS)} itself (use batch_size, shuffle and seed)")
+        dataloader_kwargs = _check_loader_args(dataloader_kwargs)
         if progress_timeout_s is not None:
             check_range("fit: progress_timeout_s", progress_timeout_s, low=0, low_open=True)
-        check_range("fit: timeout_s", timeout_s, low=0, low_open=True)
+        check_range("fit: timeout_s", timeout_s, low=0, low_open=True, high=MAX_TIMEOUT_S)
         for name, flag in (("shuffle", shuffle), ("count_flops", count_flops), ("progress", progress)):
             if not isinstance(flag, bool):  # "no" is truthy: a string would silently mean True
                 raise TypeError(f"fit: {name} must be True or False, got {flag!r}")
         run_dir = one_of(run_dir=run_dir, save_dir=legacy.get("save_dir"))
         if run_dir is not None and os.path.exists(run_dir) and not os.path.isdir(run_dir):
             raise ValueError(f"fit: run_dir must be a folder (runs are created inside it), got the file {run_dir!r}")
+        if run_dir is not None:
+            check_output(run_dir, "fit: run_dir", folder=True)
         if checkpoint_interval is not None:
             _check_int("checkpoint_interval", checkpoint_interval, 1)
             if run_dir is None and resume_from is None:
@@ -251,7 +280,7 @@ class LocalTrainer:
             devices=device_ids, backend=backend, seed=seed, shuffle=shuffle,
             autocast=AUTOCAST[autocast] if autocast not in (False, None) else None,
             val_interval=(val_interval or 0) if val_size else 0, val_size=val_size, threads=max(1, _cores() // k),
-            count_flops=count_flops, dataloader_kwargs=dict(dataloader_kwargs or {}), parent_pid=os.getpid(),
+            count_flops=count_flops, dataloader_kwargs=dataloader_kwargs, parent_pid=os.getpid(),
             timeout_s=timeout_s, checkpoint_interval=checkpoint_interval or 0,
             max_sim_time_s=None if max_sim_time_s is None else float(max_sim_time_s), servers=servers,
         )

@@ -31,10 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from exonet.files import check_output
     from exonet.validate import calibrate as cal
     from exonet.validate.cases import ci_matrix, full_matrix, run_cases
     from exonet.validate.netns import privilege
 
+    for flag, path in (("--save", args.save), ("--out", args.out if args.calibrate else None)):
+        if path:
+            check_output(path, flag)  # before the measurements, which take minutes
     source = args.measurements or args.run
     if args.run and args.measurements:
         print("exonet validate: give --run or --measurements, not both", file=sys.stderr)
