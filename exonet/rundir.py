@@ -122,10 +122,7 @@ def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, list], 
         raise TraceError(f"{path}: not a run directory (expected a folder with config.json, metrics.jsonl, "
                          "trace.jsonl, status.json)")
     run_status(path)
-    config = read_json(path / "config.json")
-    if not isinstance(config, dict):
-        raise TraceError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
-    return config, read_metrics(path / "metrics.jsonl"), Trace.load(path / "trace.jsonl")
+    return read_config(path), read_metrics(path / "metrics.jsonl"), Trace.load(path / "trace.jsonl")
 
 
 def find_runs(path: str | os.PathLike) -> tuple[list[Path], list[str]]:
@@ -169,7 +166,7 @@ def incomplete(run: Path) -> str | None:
     if run_status(run)["complete"]:
         return None
     steps = len(read_metrics(run / "metrics.jsonl")["train_loss"])
-    planned = read_json(run / "config.json").get("max_steps", "?")
+    planned = read_config(run).get("max_steps", "?")
     return f"incomplete: it failed or was interrupted after {steps} of {planned} steps (those steps can be simulated)"
 
 
@@ -209,10 +206,20 @@ def read_metrics(file: Path) -> dict[str, list]:
     raise TraceError(f"{file}: truncated (no closing line; read {len(lines)} lines)")
 
 
+def read_config(run: Path) -> dict[str, Any]:
+    """A run's config.json: a JSON object (plain data: it runs no code), or TraceError naming the file."""
+    file = run / "config.json"
+    config = read_json(file)
+    if not isinstance(config, dict):
+        raise TraceError(f"{file}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
 def read_json(file: Path) -> Any:
+    """A JSON file of a run directory as data, or TraceError naming it (a ValueError, as every malformed file)."""
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TraceError(f"{file}: missing from the run directory") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{file}: cannot read ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON, an integer too long
+        raise TraceError(f"{file}: cannot read ({type(exc).__name__}: {exc})") from None
