@@ -229,3 +229,18 @@ def test_compare_shows_the_range_only_where_it_has_width() -> None:
     assert table.rows[1]["wall_clock_range"] == (table.rows[1]["wall_clock_s"],) * 2
     assert "p10-p90" in table.to_markdown()
     assert "p10-p90" not in compare({"ring": trace}, [scenario(latency="1 ms")]).to_markdown()
+
+
+@pytest.mark.parametrize("body, where", [
+    ('[network]\nbandwidth = "1 Gbit/s"\nlatency = "10 ms"\nbackend = "ncl"\n', ":5: network.backend: "),
+    ('[network]\nbandwidth = "1 Gbit/s"\nbackend = "nccl"\nnccl = { chanels = 2 }\n', ":5: network.nccl.chanels: "),
+    ('[network]\nbandwidth = "1 Gbit/s"\n[network.nccl]\nnic = "aws"\n', ":4: network.nccl: "),
+    ('[network]\nbandwidth = "1 Gbit/s"\n[[links]]\nbetween = ["a", "b"]\nbandwidth = "1 Gbit/s"\n'
+     '[[links]]\nbetween = ["a", "c"]\nbandwidth = "fast"\n', ":9: links[1].bandwidth: "),
+])
+def test_a_files_bad_key_is_named_with_its_line(tmp_path: Path, body: str, where: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\n' + body)
+    with pytest.raises(ScenarioError) as err:
+        Scenario.load(path)
+    assert f"{path}{where}" in str(err.value)

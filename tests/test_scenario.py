@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -379,7 +380,7 @@ def test_bad_files_name_the_file_and_field(tmp_path: Path, stem: str, text: str,
     with pytest.raises(ScenarioError) as info:
         Scenario.load(path)
     message = str(info.value)
-    assert message.startswith(f"{path}: ")
+    assert re.match(rf"{re.escape(str(path))}(:\d+)?: ", message), message  # file, or file:line of the key
     for fragment in fragments:
         assert fragment in message, message
 

@@ -51,6 +51,7 @@ from typing import Any
 
 from exonet import units
 from exonet.errors import ScenarioError
+from exonet.scenario.lines import with_line
 from exonet.scenario.resolved import LINUX_WINDOW, EventSpec, FailureSpec, HostSpec, LinkSpec, NcclSpec, Resolved
 from exonet.scenario.schema import (
     ALGORITHMS,
@@ -77,7 +78,7 @@ def list_presets() -> list[str]:
     return sorted(entry.name[: -len(".toml")] for entry in root.iterdir() if entry.name.endswith(".toml"))
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _read_file(path: Path) -> str:
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -86,7 +87,7 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ScenarioError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except OSError as err:
         raise ScenarioError(f"{path}: cannot read scenario file: {err.strerror or err}") from None
-    return parse_toml(text, str(path))
+    return text
 
 
 # ---------------------------------------------------------------- the Scenario
@@ -112,7 +113,7 @@ class Scenario:
         """
         if isinstance(path_or_name, os.PathLike):
             path = Path(path_or_name)
-            return cls(_read_file(path), str(path))
+            return cls.from_toml(_read_file(path), str(path))
         if not isinstance(path_or_name, str):
             raise TypeError(f"Scenario.load: expected a preset name or a path, got {type(path_or_name).__name__}")
         text = path_or_name
@@ -126,12 +127,16 @@ class Scenario:
                     f"unknown scenario preset {text!r}{did_you_mean(text, presets)}; presets: {', '.join(presets)} "
                     "(to load a file, give a path ending in .toml)"
                 )
-        return cls(_read_file(Path(text)), text)
+        return cls.from_toml(_read_file(Path(text)), text)
 
     @classmethod
     def from_toml(cls, text: str, source: str = "<toml>") -> Scenario:
-        """A scenario from TOML text (what ``load`` reads from a file)."""
-        return cls(parse_toml(text, source), source)
+        """A scenario from TOML text (what ``load`` reads from a file); an error names the key's line too."""
+        raw = parse_toml(text, source)
+        try:
+            return cls(raw, source)
+        except ScenarioError as err:
+            raise ScenarioError(with_line(str(err), text, source)) from None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> Scenario:
