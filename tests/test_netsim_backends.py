@@ -244,3 +244,20 @@ def test_a_files_bad_key_is_named_with_its_line(tmp_path: Path, body: str, where
     with pytest.raises(ScenarioError) as err:
         Scenario.load(path)
     assert f"{path}{where}" in str(err.value)
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_fast_and_event_paths_agree_under_a_backend(backend: str) -> None:
+    """Shifted messages time the same whether a collective rests on the fast path or runs flow by flow."""
+    t = Trace(num_nodes=4)
+    for r in range(4):
+        for step in range(3):
+            t.add_compute(r, 0.01 * (r + 1))
+            world = t.add_collective(r, "all_reduce", 6 * MIB, async_op=True)
+            t.add_collective(r, "all_gather", MIB, group=(0, 1) if r < 2 else (2, 3))
+            t.add_wait(r, world)
+            t.add_step(r)
+    sc = scenario(latency="2 ms", backend=backend)
+    fast, slow = simulate(t, sc), simulate(t, sc, fast_path=False)
+    assert fast.wall_clock_s == pytest.approx(slow.wall_clock_s, rel=1e-9)
+    assert fast.step_end_times == pytest.approx(slow.step_end_times, rel=1e-9)
