@@ -438,3 +438,21 @@ def test_a_failure_process_drawing_past_the_bound_is_refused(monkeypatch):
                                             r"failures by .* of simulated time; raise failures.mtbf"):
         simulate(t, scenario(mtbf="10 ms", repair="10 ms"))
     assert simulate(ddp_trace(2, 2, 1e-6, 10**5), scenario(mtbf="10 ms", repair="10 ms")).failures < 100
+
+
+@pytest.mark.parametrize("start", [5.0, 10.5])
+def test_an_outage_inside_a_collective_is_waiting_not_comm(start: float) -> None:
+    """Issue 33's reproduction: 10 s of compute, a 100 MB all-reduce, rank 1 down for 100 s from ``start``.
+
+    Down before the collective or inside it, rank 0 waits 100 s for rank 1 either way (it was booked as
+    100.8 s of comm when the outage began inside the collective)."""
+    t = Trace(num_nodes=2)
+    for r in range(2):
+        t.add_compute(r, 10.0)
+        t.add_collective(r, "all_reduce", 100_000_000)
+        t.add_step(r)
+    sc = {"name": "x", "network": {"bandwidth": "1 Gbit/s"},
+          "events": [{"kind": "down", "ranks": [1], "from_s": start, "to_s": start + 100}]}
+    lost = simulate(t, sc).lost
+    assert lost["waiting"] == pytest.approx(100.0) and lost["comm"] == pytest.approx(1.6)
+    assert lost["down"] == pytest.approx(100.0)

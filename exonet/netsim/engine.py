@@ -446,10 +446,10 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         end = max(c.end, tb)
         start = min(max(c.start - c.setup, tb), end)
         self._spend(rk, tb, start, IDLE)
-        self._cm.failures_through(rk.rank, seconds(end))
-        if self._cm.down[rk.rank]:
+        down = self._members_down(c, end)
+        if down:
             cursor = start
-            for t0, t1 in sorted(self._cm.down[rk.rank]):
+            for t0, t1 in down:
                 lo, hi = max(ticks(t0), cursor), min(ticks(t1), end)
                 if hi > lo:
                     self._spend(rk, cursor, lo, COMM)
@@ -494,6 +494,17 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
                     self._take_over(t, self._lone)
             self._active[c] = None
             self._begin_phase(t, c, 0)
+
+    def _members_down(self, c: Instance, end: int) -> list[tuple[float, float]]:
+        """The outages of ``c``'s members up to tick ``end``, sorted: while one is down, the others wait for it
+        (idle), whether the outage began before the collective or inside it."""
+        if c.down is None:
+            windows: list[tuple[float, float]] = []
+            for r in c.members:
+                self._cm.failures_through(r, seconds(end))
+                windows += self._cm.down[r]
+            c.down = sorted(windows)
+        return c.down
 
     @property
     def lossy(self) -> bool:

@@ -73,6 +73,7 @@ class Instance:
     __slots__ = (
         "async_op",
         "done",
+        "down",
         "end",
         "key",
         "last",
@@ -96,6 +97,7 @@ class Instance:
         self.members = members
         self.nbytes = 0
         self.ranks: list[int] = []  # who has issued it, in order
+        self.down: list[tuple[float, float]] | None = None  # its members' outages, once it has ended
         self.last = 0  # the latest arrival
         self.waiters: list[RankState] = []
         self.start = self.end = 0
