@@ -21,6 +21,9 @@ next starts then (the kernel's loop is sequential):
     T_loop = (s − 1)·max(τ, x + a) + τ + a,     s = 2(n−1) (all-reduce), n−1 (all-gather, reduce-scatter)
     T      = base latency + Σ over loops T_loop
 
+Where the ring's hops differ in latency (regions), a in the max is their mean (each step waits on
+the hop before it, so the waits go round the ring) and the last term the slowest hop's.
+
 where the phase model pays s·(α + τ) per loop. All-gather and reduce-scatter have the same loop of
 n−1 steps. Broadcast is a chain (root first) in 512 KiB chunks, one slice each:
 T = base + (n−2)·(τ_c + a) + S_ch / b + a, τ_c the chunk's time.
@@ -132,17 +135,20 @@ def channels_used(nbytes: float, n: int, protocol: str, channels: int) -> int:
 
 
 def ring_time(op: str, nbytes: float, n: int, channels: int, rate: float, latency: float,
-              protocol: str = "simple", buffsize: float = 4 * 1024 * 1024) -> float:
+              protocol: str = "simple", buffsize: float = 4 * 1024 * 1024, last: float | None = None) -> float:
     """Seconds of NCCL's ring on an idle network (module docstring), without the tuner's base latency.
 
     ``nbytes`` is the buffer (all-reduce, broadcast) or the full input/output (all-gather, reduce-scatter);
-    ``rate`` the ring's rate in bytes/s (all channels), ``latency`` one hop's (network + NCCL's overhead).
+    ``rate`` the ring's rate in bytes/s (all channels), ``latency`` a hop's (network + NCCL's overhead), the
+    mean over the ring's hops where they differ (a step waits on the hop before it, and the waits go round
+    the ring), and ``last`` the slowest hop's, which a loop's last arrival may cross (default ``latency``).
     """
+    last = latency if last is None else last
     b = rate / channels
     part = nbytes * WIRE[protocol] / channels
     if op == "broadcast":
         chunk = min(TREE_CHUNK * buffsize if protocol == "simple" else LL_STEP * 2, part)
-        return (n - 2) * (chunk / b + latency) + part / b + latency
+        return (n - 2) * (chunk / b + latency) + part / b + last
     s = steps(op, n)
     per_loop = n * (CHUNK * buffsize if protocol == "simple" else LL_STEP * WIRE[protocol])
     total, left = 0.0, part
@@ -151,7 +157,7 @@ def ring_time(op: str, nbytes: float, n: int, channels: int, rate: float, latenc
         left -= per_loop
         slices = 1 if protocol != "simple" else min(2, max(1, math.ceil(c / (MIN_SLICE * buffsize))))
         tau = c / b
-        total += (s - 1) * max(tau, tau / slices + latency) + tau + latency
+        total += (s - 1) * max(tau, tau / slices + latency) + tau + last
     return total
 
 
@@ -186,6 +192,7 @@ def plan(op: str, g: Sequence[int], nbytes: float, topo: Topology) -> list[Phase
     algorithm, protocol = choose(op, nbytes, n, spec, rate)
     c = channels_used(nbytes, n, protocol, spec.channels)
     hop = alpha + _HOP[protocol] * 1e-6
+    mean = sum(p.latency for p in hops) / n + _HOP[protocol] * 1e-6
     base = _BASE[algorithm, protocol] * 1e-6
     wire = WIRE[protocol]
     if algorithm == "tree":
@@ -194,13 +201,13 @@ def plan(op: str, g: Sequence[int], nbytes: float, topo: Topology) -> list[Phase
         shift = base + tree_fill(nbytes, n, c, rate, hop, protocol, spec.buffsize) - alpha
         return [tuple((*m, shift) for m in phase)]
     if op == "broadcast":
-        phases = [((ring[h], ring[h + 1], nbytes * wire),) for h in range(n - 1)]
-        target = base + ring_time(op, nbytes, n, c, rate, hop, protocol, spec.buffsize)
+        phases: list[Phase] = [((ring[h], ring[h + 1], nbytes * wire),) for h in range(n - 1)]
+        target = base + ring_time(op, nbytes, n, c, rate, mean, protocol, spec.buffsize, hop)
     else:
         size = nbytes * wire / n if op != "all_gather" else nbytes * wire
         phases = ring_phases(ring, size, steps(op, n))
         total = nbytes * n if op == "all_gather" else nbytes
-        target = base + ring_time(op, total, n, c, rate, hop, protocol, spec.buffsize)
+        target = base + ring_time(op, total, n, c, rate, mean, protocol, spec.buffsize, hop)
     ideal = sum(alpha + max(m[2] for m in phase) / rate for phase in phases)
     shift = (target - ideal) / len(phases)
     return [tuple((*m, shift) for m in phase) for phase in phases]
