@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from exonet.errors import NodeFailure, ScenarioError, TraceError
 from exonet.files import check_output
@@ -110,11 +111,53 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+# estimate()'s keywords as the CLI spells them: its errors name the keyword (``params=``), the CLI's the flag
+ESTIMATE_FLAGS = {"params": "--model-params", "model": "--model", "layers": "--layers", "strategy": "--strategy",
+                  "nodes": "--nodes", "steps": "--steps", "step_time": "--step-time",
+                  "tokens_per_step": "--tokens-per-step", "tflops": "--tflops", "mfu": "--mfu", "dtype": "--dtype",
+                  "scenario": "--scenario"}
+
+
+def in_flags(message: str) -> str:
+    """An error of ``exonet.estimate`` reworded in the CLI's flags: ``params=1e30:`` reads ``--model-params 1e30:``."""
+    import re
+
+    names = "|".join(ESTIMATE_FLAGS)
+    message = re.sub(rf"\b({names})=(?=[^\s,;:)])", lambda m: ESTIMATE_FLAGS[m[1]] + " ", message)
+    return re.sub(rf"\b({names})=", lambda m: ESTIMATE_FLAGS[m[1]], message)
+
+
+def _estimate_scenarios(args: argparse.Namespace) -> dict:
+    """Each --scenario (with --hosts) checked against --nodes before any trace is built, by name."""
+    from exonet.estimate import parse_strategy, with_hosts
+    from exonet.scenario import Scenario
+
+    servers = parse_strategy(args.strategy).servers
+    scenarios = {}
+    for name in args.scenario:
+        scenario = with_hosts(name, args.hosts, args.nodes) if args.hosts is not None else Scenario.coerce(name)
+        scenario.resolve(args.nodes, servers=servers)
+        scenarios[name] = scenario
+    return scenarios
+
+
+def compute_per_step(sim: Any) -> float:
+    """One training node's compute in one step, as simulated (the trainers' mean)."""
+    trainers = sim.per_node[:sim.trainers]
+    return sum(p.compute_s for p in trainers) / max(1, sum(p.steps for p in trainers))
+
+
 def _cmd_estimate(args: argparse.Namespace) -> int:
+    try:
+        return _estimate(args)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(in_flags(str(exc))) from None
+
+
+def _estimate(args: argparse.Namespace) -> int:
     import json
 
     from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate
-    from exonet.scenario import Scenario
     from exonet.units import format_bytes, format_rate, format_time
 
     try:
@@ -125,6 +168,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     if args.solve_for is not None and not targets:
         raise ValueError(f"--solve-for {args.solve_for}: says what --solve-utilization varies; give that too")
     args.solve_for = args.solve_for or "nic"
+    scenarios = _estimate_scenarios(args)
     # --tokens-per-step without --tflops times compute on each scenario's own device: one estimate per scenario
     own_device = args.step_time is None and args.tflops is None
     estimates = {}
@@ -134,23 +178,18 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu, dtype=args.dtype,
             layers=args.layers, model=args.model, scenario=name)
     est = next(iter(estimates.values()))
-    trainers = args.nodes  # a parameter server, when the strategy has one, is the rank after them
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
                     "solve_for": args.solve_for, "assumptions": est.assumptions,
-                    "payload_bytes_per_node": sum(est.trace.payload_bytes(r) for r in range(trainers)) / trainers,
-                    "scenarios": []}
+                    "payload_bytes_per_node": est.trace.payload_per_trainer(), "scenarios": []}
     if args.hosts is not None:
-        from exonet.estimate import with_hosts
-
         report["hosts"] = args.hosts
-    for name in args.scenario:
+    for name, scenario in scenarios.items():
         est = estimates.get(name, est)
-        scenario = with_hosts(name, args.hosts, args.nodes) if args.hosts is not None else name
         sim = simulate_estimate(est, scenario)
         row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s,
                "wall_clock_range": list(sim.wall_clock_range), "utilization": sim.utilization,
-               "wire_bytes_per_node": sum(sim.wire_bytes[:sim.trainers]) / sim.trainers}
-        failing = "failures" in Scenario.coerce(scenario).to_dict()
+               "compute_s_per_step": compute_per_step(sim), "wire_bytes_per_node": sim.wire_per_trainer()}
+        failing = "failures" in scenario.to_dict()
         if failing or sim.failures or sim.lost["down"] or sim.lost["lost_work"]:  # work lost: goodput < utilisation
             row.update(failures=sim.failures, goodput=sim.goodput, lost_s=sim.lost)
         if est.assumptions != report["assumptions"]:  # this scenario's own device
@@ -162,7 +201,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
                 f"{u:g}": bandwidth_for_utilization(est, scenario, u, solve_for=args.solve_for) for u in targets}
         report["scenarios"].append(row)
     first = report["scenarios"][0]
-    report.update({k: first[k] for k in ("wall_clock_s", "utilization", "bandwidth_for_utilization") if k in first})
+    report.update({k: first[k] for k in ("wall_clock_s", "utilization", "compute_s_per_step",
+                                         "bandwidth_for_utilization") if k in first})
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

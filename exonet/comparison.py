@@ -303,10 +303,9 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "trainers": trainers,
                 "servers": servers,
                 # trainers and servers apart: a server answers every trainer, so it would skew a mean over all
-                "payload_bytes_per_node": sum(run.trace.payload_bytes(r) for r in range(trainers)) / trainers,
-                "payload_bytes_per_server": (sum(run.trace.payload_bytes(r) for r in range(trainers, k)) / servers
-                                             if servers else None),
-                "wire_bytes_per_node": sum(sim.wire_bytes[:trainers]) / trainers,
+                "payload_bytes_per_node": run.trace.payload_per_trainer(),
+                "payload_bytes_per_server": run.trace.payload_per_server(),
+                "wire_bytes_per_node": sim.wire_per_trainer(),
                 "utilization": sim.utilization,
                 "divergence": evals[-1].get("divergence") if evals else None,
                 "correlation": evals[-1].get("correlation") if evals else None,

@@ -133,19 +133,19 @@ def load_model(spec: str, dtype: torch.dtype) -> torch.nn.Module:
     """``"package.module:factory"`` → the module the factory returns, built on the meta device in ``dtype``."""
     module_name, colon, attr = spec.partition(":")
     if not colon or not module_name or not attr:
-        raise ValueError(f"--model: expected module:factory (e.g. mypkg.models:build), got {spec!r}")
+        raise ValueError(f"model={spec!r}: expected module:factory (e.g. mypkg.models:build)")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except ImportError as exc:
-        raise ValueError(f"--model: cannot import {module_name!r}: {exc}") from None
+        raise ValueError(f"model={spec!r}: cannot import {module_name!r}: {exc}") from None
     except AttributeError:
-        raise ValueError(f"--model: module {module_name!r} has no attribute {attr!r}") from None
+        raise ValueError(f"model={spec!r}: module {module_name!r} has no attribute {attr!r}") from None
     if not callable(factory):
-        raise TypeError(f"--model: {spec} is not callable")
+        raise TypeError(f"model={spec!r}: not callable")
     with torch.device("meta"):
         model = factory()
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"--model: {spec}() returned {type(model).__name__}, expected a torch.nn.Module")
+        raise TypeError(f"model={spec!r}: {spec}() returned {type(model).__name__}, expected a torch.nn.Module")
     return model.to(dtype=dtype)
 
 
@@ -179,7 +179,7 @@ def parse_strategy(spec: str) -> Strategy:
     name, _, args = spec.partition(":")
     key = name.strip().lower().replace("-", "_")
     if key not in STRATEGIES:
-        raise ValueError(f"--strategy: unknown strategy {name!r}; valid: {', '.join(sorted(STRATEGIES))}")
+        raise ValueError(f"strategy={spec!r}: unknown strategy {name!r}; valid: {', '.join(sorted(STRATEGIES))}")
     cls = STRATEGIES[key]
     # a spec names the strategy's own arguments: the gym's spellings, which its constructor takes with a
     # warning for old code, are an error here
@@ -188,12 +188,12 @@ def parse_strategy(spec: str) -> Strategy:
     for item in filter(None, (a.strip() for a in args.split(","))):
         k, eq, v = item.partition("=")
         if not eq:
-            raise ValueError(f"--strategy: expected key=value in {item!r} (e.g. diloco:H=500)")
+            raise ValueError(f"strategy={spec!r}: expected key=value in {item!r} (e.g. diloco:H=500)")
         k = k.strip()
         if k not in names:
             same = [n for n in names if n.lower() == k.lower()]
             hint = f" (did you mean {same[0]!r}?)" if same else did_you_mean(k, names)
-            raise ValueError(f"--strategy {name.strip()}: unknown argument {k!r}{hint}; "
+            raise ValueError(f"strategy={name.strip()}: unknown argument {k!r}{hint}; "
                              f"{cls.__name__} takes {', '.join(names)}")
         try:
             kwargs[k] = ast.literal_eval(v.strip())
@@ -324,21 +324,21 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
     if isinstance(strategy, str):
         strategy = parse_strategy(strategy)
     if dtype not in DTYPES:
-        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
-        raise ValueError(f"--layers must be an integer >= 1, got {layers!r}")
+        raise ValueError(f"layers= must be an integer >= 1, got {layers!r}")
     if params is not None and math.isfinite(params) and params > MAX_PARAMS:
-        raise ValueError(f"--model-params {params:g}: more than the layer stack holds ({MAX_PARAMS:g} parameters: "
+        raise ValueError(f"params={params:g}: more than the layer stack holds ({MAX_PARAMS:g} parameters: "
                          "torch sizes a tensor up to 2**63 bytes)")
     if params is not None and layers is not None and layers > params / 12:
-        raise ValueError(f"--layers {layers}: more blocks than {params:g} parameters fill (a block holds at least "
+        raise ValueError(f"layers={layers}: more blocks than {params:g} parameters fill (a block holds at least "
                          "12 parameters, 12·d² with d >= 1)")
     torch_dtype = DTYPES[dtype]
     if model is not None:
         if params is not None:
-            raise ValueError("estimate: give --model-params or --model, not both")
+            raise ValueError("estimate: give params= or model=, not both")
         if layers is not None:
-            raise ValueError("estimate: --layers shapes the --model-params stack; a --model has its own layers")
+            raise ValueError("estimate: layers= shapes the params= stack; a model= has its own layers")
         if isinstance(model, str):
             spec = model
             make_model: Callable[[], torch.nn.Module] = lambda: load_model(spec, torch_dtype)  # noqa: E731
@@ -354,35 +354,40 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         net = make_model()
         params = float(sum(p.numel() for p in net.parameters()))
     elif params is None:
-        raise ValueError("estimate: give --model-params (a parameter count) or --model module:factory")
+        raise ValueError("estimate: give params= (a parameter count) or model= (module:factory)")
     if not (params >= 1 and nodes >= 1 and steps >= 1) or not math.isfinite(params):
-        raise ValueError(f"estimate: params, nodes and steps must be finite and >= 1, got {params}, {nodes}, {steps}")
+        raise ValueError(f"estimate: params=, nodes= and steps= must be finite and >= 1, got {params}, {nodes}, "
+                         f"{steps}")
+    if scenario is not None:  # a scenario that cannot hold the nodes fails now, not after the trace is built
+        from exonet.scenario import Scenario
+
+        Scenario.coerce(scenario).resolve(nodes, servers=strategy.servers)
     flops = 6.0 * params * (tokens_per_step or 0.0)
     device = ""
     if step_time is not None:
         if tflops is not None or mfu is not None or tokens_per_step is not None:
-            raise ValueError("estimate: give --step-time, or --tokens-per-step with --tflops and --mfu, not both "
-                             "(--step-time is the compute time itself)")
+            raise ValueError("estimate: give step_time=, or tokens_per_step= with tflops= and mfu=, not both "
+                             "(step_time= is the compute time itself)")
         if step_time < 0 or not math.isfinite(step_time):
-            raise ValueError(f"--step-time must be a finite number >= 0, got {step_time}")
+            raise ValueError(f"step_time= must be a finite number >= 0, got {step_time}")
     else:
         if tokens_per_step is None:
-            raise ValueError("estimate: give --step-time, or --tokens-per-step (with --tflops and --mfu, or a "
+            raise ValueError("estimate: give step_time=, or tokens_per_step= (with tflops= and mfu=, or a "
                              "scenario whose [compute] names a device)")
         if not (tokens_per_step > 0 and math.isfinite(tokens_per_step)):
-            raise ValueError(f"--tokens-per-step must be a finite number > 0, got {tokens_per_step}")
+            raise ValueError(f"tokens_per_step= must be a finite number > 0, got {tokens_per_step}")
         if tflops is None:
             tflops, scenario_mfu, device = _scenario_device(scenario, nodes)
             mfu = scenario_mfu if mfu is None else mfu
         mfu = DEFAULT_MFU if mfu is None else mfu
         if not (tflops > 0 and math.isfinite(tflops)):
-            raise ValueError(f"--tflops must be a finite number > 0, got {tflops}")
+            raise ValueError(f"tflops= must be a finite number > 0, got {tflops}")
         if not 0 < mfu <= 1:
-            raise ValueError(f"--mfu must be in (0, 1], got {mfu}")
+            raise ValueError(f"mfu= must be in (0, 1], got {mfu}")
         step_time = flops / (tflops * 1e12 * mfu)
     if not steps * step_time <= MAX_COMPUTE_S:
-        given = (f"--step-time {step_time:g}" if tokens_per_step is None else
-                 f"--tokens-per-step {tokens_per_step:g} at {tflops:g} TFLOP/s and MFU {mfu:g} (a step of "
+        given = (f"step_time={step_time:g}" if tokens_per_step is None else
+                 f"tokens_per_step={tokens_per_step:g} at {tflops:g} TFLOP/s and MFU {mfu:g} (a step of "
                  f"{step_time:g} s)")
         raise ValueError(f"{given}: {steps} steps of it are {steps * step_time:g} s of compute, more than the "
                          f"simulated clock holds ({MAX_COMPUTE_S:.3g} s)")
@@ -394,14 +399,14 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         described = f"{blocks} of 12·d² parameters, d = {net.width}, and a {net.vocab}×{net.width} embedding"
     real_params = sum(p.numel() for p in net.parameters())
     if model is None and not params / 2 <= real_params <= 2 * params:
-        raise ValueError(f"--model-params {params:g}: {blocks} cannot hold about that many parameters (the nearest "
-                         f"stack has {real_params:,}); give a count such as 1.5e9, or other --layers")
+        raise ValueError(f"params={params:g}: {blocks} cannot hold about that many parameters (the nearest "
+                         f"stack has {real_params:,}); give a count such as 1.5e9, or other layers=")
     strategy.check_world(nodes)
     rerun = None
     if strategy.asynchronous:
         if scenario is None:
             raise ValueError(f"estimate: {type(strategy).__name__} decides who syncs when by simulated time; give "
-                             f"the scenario to run it in (scenario=..., --scenario)")
+                             f"the scenario to run it in (scenario=)")
         rerun = lambda s: _run_online(strategy, make_model, nodes, steps, step_time, flops, s)  # noqa: E731
         trace = rerun(scenario)
         trace.meta.update(params=real_params, steps=steps)
@@ -414,6 +419,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         ]
         trace = Trace(nodes, meta={"estimate": True, "strategy": type(strategy).__name__, "params": real_params,
                                    "steps": steps}, events=per_rank)
+    # the compute it was given travels with the trace: simulate times it so on any scenario (exonet.netsim.replay)
+    trace.meta["compute"] = {"step_time_s": step_time, "tflops": tflops, "mfu": mfu if tflops is not None else None}
     assumptions = [
         f"model: {real_params:,} parameters ({dtype}): {described}",
         f"compute: {step_time:.4g} s per step on every node"
@@ -435,13 +442,13 @@ def _scenario_device(scenario: Any, nodes: int) -> tuple[float, float, str]:
     from exonet.scenario import Scenario
 
     if scenario is None:
-        raise ValueError("estimate: --tokens-per-step needs --tflops (and --mfu), or a scenario whose [compute] "
+        raise ValueError("estimate: tokens_per_step= needs tflops= (and mfu=), or a scenario whose [compute] "
                          "names a device")
     chosen = Scenario.coerce(scenario)
     r = chosen.resolve(nodes)
     if r.compute_mode != "flops" or not r.tflops:
-        raise ValueError(f"estimate: --tokens-per-step without --tflops takes the scenario's device, but scenario "
-                         f"{chosen.name!r} times compute by {r.compute_mode!r}, not by FLOPs; give --tflops")
+        raise ValueError(f"estimate: tokens_per_step= without tflops= takes the scenario's device, but scenario "
+                         f"{chosen.name!r} times compute by {r.compute_mode!r}, not by FLOPs; give tflops=")
     return r.tflops, r.mfu, f", the device of scenario {chosen.name!r}"
 
 
@@ -451,10 +458,10 @@ def scenario_for_estimate(scenario: Any) -> Any:
     An estimate states its compute (a step time, or tokens at a device's TFLOP/s and MFU),
     so a preset's ``[compute]`` device does not apply; per-node speeds and jitter still do.
     """
+    from exonet.netsim.replay import with_given_compute
     from exonet.scenario import Scenario
 
-    base = Scenario.coerce(scenario)
-    return base.replace(compute={"mode": "wall"}, name=base.name)  # the estimate states this itself: keep the name
+    return with_given_compute(Scenario.coerce(scenario))
 
 
 def link_between(scenario: Any, solve_for: str) -> tuple[str, str]:

@@ -76,7 +76,7 @@ def project(strategies: Mapping[str, Strategy], scenarios: Sequence[Scenario | s
             rows.append({
                 "run": name, "scenario": scenario.name, "utilization": sim.utilization,
                 "time_per_steps_s": sim.wall_clock_s * factor,
-                "payload_bytes_per_node": max(est.trace.payload_bytes(r) for r in range(nodes)) * factor,
+                "payload_bytes_per_node": est.trace.payload_per_trainer() * factor,
                 "step_compute_s": est.step_time_s,
             })
     return rows

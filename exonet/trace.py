@@ -114,7 +114,8 @@ class Trace:
 
     Args:
         num_nodes: how many ranks the trace covers.
-        meta: free-form facts about the run (strategy, parameter count, ...).
+        meta: free-form facts about the run (strategy, parameter count, ...); an estimate's holds the compute
+            it was given (``"compute"``: step_time_s, tflops, mfu), which ``simulate`` times its spans by.
     """
 
     num_nodes: int
@@ -207,6 +208,20 @@ class Trace:
         """Total payload bytes ``rank`` passed to collectives and sends."""
         return sum(e.nbytes for e in self._rank(rank) if isinstance(e, Collective) and self._sends(e))
 
+    def payload_per_trainer(self) -> float:
+        """Payload bytes per training rank: the mean over the ranks before the servers (``meta["servers"]``).
+
+        The one "payload per node" that compare, ``exonet estimate`` and the projection report.
+        """
+        trainers = self.num_nodes - self.meta.get("servers", 0)
+        return sum(self.payload_bytes(r) for r in range(trainers)) / trainers
+
+    def payload_per_server(self) -> float | None:
+        """Payload bytes per serving rank (the last ``meta["servers"]``); None without servers."""
+        servers = self.meta.get("servers", 0)
+        trainers = self.num_nodes - servers
+        return sum(self.payload_bytes(r) for r in range(trainers, self.num_nodes)) / servers if servers else None
+
     def _sends(self, e: Collective) -> bool:
         """Whether the payload of ``e`` goes to another node: not a receive, nor a group of one (a K = 1
         run's all-reduce sends nothing, as DiLoCo and SPARTA, which skip it there, already counted)."""
@@ -247,6 +262,10 @@ class Trace:
                 row.append(e)
             new_events.append(row)
         meta = dict(self.meta, scaled={"bytes": bytes, "compute": compute})
+        if isinstance(meta.get("compute"), dict):  # an estimate's stated compute, as the copy now has it
+            given = meta["compute"]
+            meta["compute"] = dict(given, step_time_s=given.get("step_time_s", 0.0) * compute,
+                                   tflops=given["tflops"] / compute if given.get("tflops") else None)
         return Trace(self.num_nodes, meta, new_events)
 
     def _bucketed(self) -> bool:

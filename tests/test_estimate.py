@@ -39,30 +39,30 @@ def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_paramet
     assert (stack.width, stack.vocab) == (1792, 41984)  # ⌊√(1e9 / 288) / 128⌋·128; the rest in a V×d embedding
     assert sum(p.numel() for p in stack.parameters()) == 24 * 12 * 1792**2 + 41984 * 1792
     assert abs(sum(p.numel() for p in stack.parameters()) - 1e9) <= 64 * 1792
-    with pytest.raises(ValueError, match="--layers"):
+    with pytest.raises(ValueError, match="layers="):
         estimate("ddp", params=1e6, nodes=2, steps=1, step_time=1.0, layers=0)
-    with pytest.raises(ValueError, match=r"--model-params 1.5: 24 transformer-like blocks cannot hold .* has 288\)"):
+    with pytest.raises(ValueError, match=r"params=1.5: 24 transformer-like blocks cannot hold .* has 288\)"):
         estimate("ddp", params=1.5, nodes=2, steps=1, step_time=1.0)  # 1.5e9 meant
-    with pytest.raises(ValueError, match="--model"):
+    with pytest.raises(ValueError, match="model="):
         estimate("ddp", model="no_such_module:f", nodes=2, steps=1, step_time=1.0)
     with pytest.raises(ValueError, match="not both"):
         estimate("ddp", params=1e6, model="exonet.toy:bench_mlp", nodes=2, steps=1, step_time=1.0)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"step_time": 1.0, "tokens_per_step": 1000, "tflops": 100}, "--step-time, or --tokens-per-step .* not both"),
+    ({"step_time": 1.0, "tokens_per_step": 1000, "tflops": 100}, "step_time=, or tokens_per_step= .* not both"),
     ({"step_time": 1.0, "mfu": 0.5}, "not both"),
-    ({"model": "exonet.toy:digits_mlp", "params": None, "step_time": 1.0, "layers": 4}, "a --model has its own layers"),
-    ({"tokens_per_step": 1000}, "needs --tflops .*or a scenario"),
+    ({"model": "exonet.toy:digits_mlp", "params": None, "step_time": 1.0, "layers": 4}, "a model= has its own layers"),
+    ({"tokens_per_step": 1000}, "needs tflops= .*or a scenario"),
     ({"tokens_per_step": 1000, "scenario": "datacenter"}, None),
     ({"tokens_per_step": 1000, "scenario": {"name": "m", "network": {"bandwidth": "1 Gbit/s"}}},
-     "scenario 'm' times compute by 'measured', not by FLOPs; give --tflops"),
-    ({"tokens_per_step": 1000, "tflops": 0.0}, "--tflops must be a finite number > 0"),
-    ({"tokens_per_step": 1000, "tflops": math.inf}, "--tflops must be a finite number > 0, got inf"),
+     "scenario 'm' times compute by 'measured', not by FLOPs; give tflops="),
+    ({"tokens_per_step": 1000, "tflops": 0.0}, "tflops= must be a finite number > 0"),
+    ({"tokens_per_step": 1000, "tflops": math.inf}, "tflops= must be a finite number > 0, got inf"),
     ({"step_time": 1.0, "tokens_per_step": 5000}, "not both"),  # the tokens were dropped without a word
-    ({"tokens_per_step": -1000, "tflops": 100}, "--tokens-per-step must be a finite number > 0, got -1000"),
-    ({"tokens_per_step": math.inf, "tflops": 100}, "--tokens-per-step must be a finite number > 0, got inf"),
-    ({"params": math.inf, "step_time": 1.0}, "params, nodes and steps must be finite and >= 1, got inf"),
+    ({"tokens_per_step": -1000, "tflops": 100}, "tokens_per_step= must be a finite number > 0, got -1000"),
+    ({"tokens_per_step": math.inf, "tflops": 100}, "tokens_per_step= must be a finite number > 0, got inf"),
+    ({"params": math.inf, "step_time": 1.0}, "params=, nodes= and steps= must be finite and >= 1, got inf"),
 ])
 def test_compute_is_given_one_way_and_the_other_options_are_not_ignored(kwargs, match):
     args = {"params": 1e6, "nodes": 2, "steps": 1, **kwargs}
@@ -111,14 +111,14 @@ def test_overlap_beats_one_flat_all_reduce_in_an_estimate():
 
 
 @pytest.mark.parametrize(("spec", "match"), [
-    ("diloco:H=50,outer_lr=0.7", r"--strategy diloco: unknown argument 'outer_lr' \(did you mean 'outer_optim'\?\)"),
+    ("diloco:H=50,outer_lr=0.7", r"strategy=diloco: unknown argument 'outer_lr' \(did you mean 'outer_optim_spec'\?\)"),
     ("diloco:h=5", r"unknown argument 'h' \(did you mean 'H'\?\)"),
     ("ddp:H=5", "unknown argument 'H'; DDPStrategy takes optim_spec, max_norm, bucket_cap_mb"),
-    ("sparta:p=0.01", "unknown argument 'p'.*takes inner_optim, p_sparta"),  # the gym's spelling: a warning in code
+    ("sparta:p=0.01", "unknown argument 'p'.*takes optim_spec, p_sparta"),  # the gym's spelling: a warning in code
 ])
 def test_a_strategy_spec_names_only_the_strategys_own_arguments(spec, match):
     from exonet.estimate import parse_strategy
 
     with pytest.raises(ValueError, match=match):
         parse_strategy(spec)
-    assert parse_strategy("diloco:H=50,outer_optim='sgd'").H == 50
+    assert parse_strategy("diloco:H=50,outer_optim_spec='sgd'").H == 50

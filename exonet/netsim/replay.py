@@ -24,7 +24,8 @@ from exonet.trace import Collective, Compute, Event, Trace
 
 
 def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Sequence[Any] | None = None,
-             fast_path: bool = True, placement: Sequence[Any] | None = None) -> SimResult:
+             fast_path: bool = True, placement: Sequence[Any] | None = None,
+             given_compute: bool = True) -> SimResult:
     """Replay ``trace`` in ``scenario`` and return the simulated outcome.
 
     Args:
@@ -52,8 +53,11 @@ def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Seque
         else:
             chosen = Scenario.coerce(scenario)
             resolved, name = chosen.resolve(trace.num_nodes, servers=trace.meta.get("servers", 0)), chosen.name
-            _warn_if_decided_elsewhere(trace, chosen)
-        resolved, caution = _compute_timing(resolved, name, [trace])
+            given = given_compute and isinstance(trace.meta.get("compute"), dict)
+            _warn_if_decided_elsewhere(trace, with_given_compute(chosen) if given else chosen)
+        resolved, caution = _given_timing(trace, resolved, name, given_compute)
+        if caution is None:
+            resolved, caution = _compute_timing(resolved, name, [trace])
 
         def replay(resolved: Resolved) -> tuple[SimResult, bool]:
             sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
@@ -145,6 +149,36 @@ def _moved(e: Event, ranks: list[int], everyone: tuple[int, ...]) -> Event:
         return e
     group = everyone if e.group is None else tuple(ranks[r] for r in e.group)
     return dataclasses.replace(e, group=group)
+
+
+def with_given_compute(scenario: Scenario) -> Scenario:
+    """``scenario`` timing compute by the trace's own seconds (``mode = "wall"``): what an estimate was given.
+
+    Its per-node speeds and jitter still apply; the name stays, since the estimate states its compute itself.
+    """
+    return scenario.replace(compute={"mode": "wall"}, name=scenario.name)
+
+
+def _given_timing(trace: Trace, resolved: Resolved, name: str, given_compute: bool) -> tuple[Resolved, str | None]:
+    """The scenario to replay an estimate's trace in, and a caution naming what timed its compute.
+
+    An estimate records the compute it was given (``meta["compute"]``); a scenario that names a
+    device (``compute.mode = "flops"``) would otherwise time those spans at its own TFLOP/s, silently.
+    """
+    given = trace.meta.get("compute")
+    if not isinstance(given, dict) or resolved.compute_mode != "flops":
+        return resolved, None  # no device in the scenario: the trace's own seconds time it already
+    stated = f"{given.get('step_time_s', 0.0):.4g} s per step"
+    if given.get("tflops"):
+        stated += f" at {given['tflops']:g} TFLOP/s x MFU {given.get('mfu', 1.0):g}"
+    device = f"the device of scenario {name!r} ({resolved.tflops:g} TFLOP/s x MFU {resolved.mfu:g})"
+    if given_compute:
+        return dataclasses.replace(resolved, compute_mode="wall"), (
+            f"compute timed as the estimate gave it ({stated}), not on {device}; "
+            "simulate(..., given_compute=False) times it there")
+    if not _counts_flops(trace):
+        return resolved, None  # given as seconds: _compute_timing says the wall seconds time it
+    return resolved, f"compute timed on {device}, not as the estimate gave it ({stated})"
 
 
 def _compute_timing(resolved: Resolved, name: str, traces: list[Trace]) -> tuple[Resolved, str | None]:

@@ -147,6 +147,10 @@ class SimResult:
         """How many ranks train: all but the ``servers`` (utilisation, goodput and ``lost`` are theirs)."""
         return len(self.per_node) - self.servers
 
+    def wire_per_trainer(self) -> float:
+        """Wire bytes (headers included) per training rank: the mean over the ranks before the servers."""
+        return sum(self.wire_bytes[:self.trainers]) / self.trainers
+
     @property
     def lost(self) -> dict[str, float]:
         """Trainer-seconds not spent on useful compute, by cause: lost_work, down, waiting, comm."""
