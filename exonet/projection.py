@@ -47,10 +47,15 @@ class Scale:
                 f"simulated and scaled to {self.per_steps:,}")
 
 
-def _device(scenario: Scenario, nodes: int) -> tuple[float, float]:
+def scenario_device(scenario: Scenario, nodes: int, who: str = "projection") -> tuple[float, float]:
+    """The TFLOP/s and MFU of ``scenario``'s device, which a projection times compute at; ``who`` heads the error.
+
+    Raises:
+        ValueError: the scenario names no device (``[compute]`` mode "flops" with tflops).
+    """
     resolved = scenario.resolve(nodes)
     if resolved.compute_mode != "flops" or resolved.tflops is None:
-        raise ValueError(f"projection: scenario {scenario.name!r} names no device (its [compute] needs "
+        raise ValueError(f"{who}: scenario {scenario.name!r} names no device (its [compute] needs "
                          f'mode = "flops" and tflops), so compute at scale is unknown')
     return resolved.tflops, resolved.mfu
 
@@ -68,7 +73,7 @@ def project(strategies: Mapping[str, Strategy], scenarios: Sequence[Scenario | s
     factor = scale.per_steps / scale.steps
     rows = []
     for scenario in map(Scenario.coerce, scenarios):
-        tflops, mfu = _device(scenario, nodes)
+        tflops, mfu = scenario_device(scenario, nodes)
         for name, strategy in strategies.items():
             est = estimate(copy.deepcopy(strategy), params=scale.params, nodes=nodes, steps=scale.steps,
                            tokens_per_step=scale.tokens_per_node_step, tflops=tflops, mfu=mfu, dtype=scale.dtype)

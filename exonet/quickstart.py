@@ -73,14 +73,15 @@ def quickstart(out_dir: Path = Path("exonet_quickstart"), steps: int = 400, node
     Returns the comparison of the small runs (its table is the second one printed).
     """
     from exonet import LocalTrainer, Scenario, compare
+    from exonet.projection import scenario_device
     from exonet.toy import digits, digits_mlp
 
     for value, what in ((steps, "steps"), (nodes, "nodes")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"quickstart: {what} must be an integer >= 1, got {value!r}")
     scenarios = list(scenarios or DEFAULT_SCENARIOS)
-    for name in scenarios:  # a misspelt scenario fails now, not after four trainings
-        Scenario.coerce(name).resolve(nodes)
+    for name in scenarios:  # a misspelt scenario, or one the projection cannot time, fails now, not after training
+        scenario_device(Scenario.coerce(name), nodes, who="quickstart")
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {}
     for name, strategy in quickstart_strategies().items():

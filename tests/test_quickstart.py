@@ -72,3 +72,17 @@ def test_bad_arguments_fail_before_any_training(tmp_path, capsys, kwargs, match)
     with pytest.raises((ScenarioError, ValueError), match=match):
         quickstart(out_dir=tmp_path / "qs", **kwargs)
     assert "training" not in capsys.readouterr().out and not (tmp_path / "qs").exists()
+
+
+def test_a_scenario_without_a_device_fails_before_any_training(tmp_path, monkeypatch):
+    """cross-continent passed the early check, trained all four strategies, then failed in the projection."""
+    import exonet
+
+    class NoTraining:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the quickstart trained before checking its scenarios")
+
+    monkeypatch.setattr(exonet, "LocalTrainer", NoTraining)
+    with pytest.raises(ValueError, match=r"^quickstart: scenario 'cross-continent' names no device"):
+        quickstart(out_dir=tmp_path / "qs", scenarios=["datacenter", "cross-continent"])
+    assert not (tmp_path / "qs").exists()
