@@ -33,6 +33,8 @@ class FitResult:
         real_time_s: wall-clock seconds the run took on this machine.
         sim: the SimResult when ``fit`` was given a scenario.
         sim_wall_clock_s: that simulation's wall-clock (with ``max_sim_time_s``, the online clock at the end).
+        save_error: the OSError that stopped the run directory's final write (a full disk), naming the file,
+            else None; the model, history and trace here are whole either way.
 
     The older gym's fit returned the model itself, so a FitResult stands in for it: ``result(batch)``,
     ``result.state_dict()``, ``result.parameters()``, ``result.eval()``, ``result.to(...)`` and the other
@@ -47,6 +49,7 @@ class FitResult:
     real_time_s: float = 0.0
     sim: "SimResult | None" = None
     sim_wall_clock_s: float | None = None
+    save_error: OSError | None = None
 
     def __getattr__(self, name: str) -> Any:
         if name in MODEL_METHODS:

@@ -6,7 +6,7 @@ Layout of ``<run_dir>/<time>-<label>/``::
                      carry too), written when the run starts
     checkpoints/     resumable checkpoints, when asked for (see exonet.runtime.checkpoint)
     metrics.jsonl    one JSON object per line: {"step", "train_loss"} and {"step", "eval": {...}},
-                     then a closing line {"end": true, "lines": N}
+                     written as the run goes, then a closing line {"end": true, "lines": N} at its end
     trace.jsonl      the trace (see exonet.trace)
     status.json      {"complete": true|false, "real_time_s": ...}, written last
 
@@ -30,6 +30,7 @@ import json
 import os
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +95,58 @@ def restore_status(path: Path, status: dict[str, Any] | None) -> None:
         write_json(path / "status.json", status)
 
 
+def metric_lines(history: dict[str, list], losses_from: int = 0, evals_from: int = 0) -> list[str]:
+    """metrics.jsonl's lines for the history's losses and evaluations from the given positions on."""
+    losses = history.get("train_loss", [])[losses_from:]
+    lines = [json.dumps({"step": step, "train_loss": loss}) for step, loss in enumerate(losses, start=losses_from + 1)]
+    return lines + [json.dumps({"step": ev["step"], "eval": ev}) for ev in history.get("eval", [])[evals_from:]]
+
+
 def write_metrics(file: Path, history: dict[str, list]) -> None:
-    lines = [json.dumps({"step": step, "train_loss": loss})
-             for step, loss in enumerate(history.get("train_loss", []), start=1)]
-    lines += [json.dumps({"step": ev["step"], "eval": ev}) for ev in history.get("eval", [])]
+    lines = metric_lines(history)
     lines.append(json.dumps({"end": True, "lines": len(lines)}))
     with atomic_file(file) as f:
         f.write(("\n".join(lines) + "\n").encode())
+
+
+class MetricsLog:
+    """metrics.jsonl written as the run goes: each new loss and evaluation appended and flushed.
+
+    The first ``sync`` writes the file whole (a resumed run's earlier steps first, so a resume that
+    fails before its first step leaves the file as it was); ``write_metrics`` replaces it at the end
+    with the closing line, which a live file lacks. A write that fails (a full disk) is warned about
+    once and streaming stops; the run goes on, and its final write says what failed.
+    """
+
+    def __init__(self, file: Path, history: dict[str, list]) -> None:
+        self.file, self.history = file, history
+        self._out: Any = None
+        self._written = (0, 0)  # losses and evaluations in the file
+        self._failed = False
+
+    def sync(self) -> None:
+        """Write what the history gained since the last call."""
+        if self._failed:
+            return
+        losses, evals = len(self.history["train_loss"]), len(self.history["eval"])
+        try:
+            if self._out is None:
+                with atomic_file(self.file) as f:
+                    f.write("".join(line + "\n" for line in metric_lines(self.history)).encode())
+                self._out = open(self.file, "a", encoding="utf-8")
+            else:
+                self._out.write("".join(line + "\n" for line in metric_lines(self.history, *self._written)))
+                self._out.flush()
+        except OSError as exc:
+            self._failed = True
+            warnings.warn(f"fit: cannot write {self.file} as the run goes ({exc}); training goes on", stacklevel=2)
+            return
+        self._written = (losses, evals)
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
 
 
 def write_run(path: Path, history: dict[str, list], trace: Trace, complete: bool, real_time_s: float) -> Path:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import torch
 
 from exonet.arguments import check_range, one_of
+from exonet.runtime.forkserver import complete_imports
 from exonet.seeding import shared_generator
 from exonet.strategies.compat import accept_gym_spellings
 
@@ -76,6 +77,7 @@ class OptimSpec:
         # torch checks its arguments when built: do it here, not in a node (on a CPU tensor, so not for the
         # arguments some torch versions accept only with device tensors)
         if cls.__module__.startswith("torch.optim") and not {"fused", "capturable"} & set(kwargs):
+            complete_imports()  # the first optimizer imports torch._dynamo: whole, even if Ctrl-C comes meanwhile
             try:
                 cls([torch.zeros(1, requires_grad=True)], **kwargs)
             except (ValueError, TypeError) as exc:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -33,3 +36,68 @@ def _node_pids() -> list[int]:
 def node_pids() -> Callable[[], list[int]]:
     """A function listing node processes left running (it should return [] after every fit)."""
     return _node_pids
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            ppid = next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("PPid:"))
+        except (OSError, StopIteration):
+            continue
+        children.setdefault(ppid, []).append(int(status.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
+    return "Z" not in state.split()[1]
+
+
+def _left_running(pids: set[int], within_s: float = 5.0) -> list[int]:
+    """Those of ``pids`` still running (not zombies) once ``within_s`` has passed or all have ended."""
+    deadline = time.monotonic() + within_s
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return sorted(pid for pid in pids if _alive(pid))
+
+
+@pytest.fixture
+def descendants() -> Callable[[int], set[int]]:
+    """A function giving every process below a pid: its children, theirs, and so on (from /proc)."""
+    return _descendants
+
+
+@pytest.fixture
+def left_running() -> Callable[..., list[int]]:
+    """A function giving those of a set of pids still running after a few seconds' grace (it should return [])."""
+    return _left_running
+
+
+@pytest.fixture
+def running_fit(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """tests/interrupt_fit.py (a fit that runs until stopped) in a subprocess, once training is under way (its
+    first checkpoint committed): the process and its run directory. Killed after the test if still running."""
+    script = Path(__file__).with_name("interrupt_fit.py")
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("*/checkpoints/latest.json")):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "training never got under way"
+            time.sleep(0.1)
+        (run,) = tmp_path.iterdir()
+        yield proc, run
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -31,7 +31,6 @@ import pstats
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -39,6 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from exonet.communicator import Communicator
+from exonet.runtime.rendezvous import join_store, loopback_store
 
 
 def _time_block(fn: Any, calls: int) -> tuple[float, float]:
@@ -52,7 +52,7 @@ def _time_block(fn: Any, calls: int) -> tuple[float, float]:
 def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: int, blocks: bool, profile: bool,
           queue: Any) -> None:
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, k, is_master=False, timeout=timedelta(seconds=60))
+    store = join_store(port, k)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=k)
     comm = Communicator(rank, k, torch.device("cpu"))
     comm.begin()
@@ -139,7 +139,7 @@ def measure(k: int, sizes: list[int], rounds: int, calls: int, blocks: bool = Fa
     """Per size, the Overhead on the slowest rank (largest raw median); and rank 0's profiles."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
+    store = loopback_store(k)
     procs = mp.start_processes(_node, args=(k, store.port, sizes, rounds, calls, blocks, profile, queue), nprocs=k,
                                start_method="spawn", join=False)
     per_rank: list[Any] = []

@@ -13,19 +13,19 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from exonet.runtime.rendezvous import join_store, loopback_store
 from exonet.toy import bench_mlp, synthetic_classification
 
 
 def _floor_node(rank: int, k: int, port: int, steps: int, batch: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // k))
-    store = dist.TCPStore("127.0.0.1", port, k, is_master=False, timeout=timedelta(seconds=60))
+    store = join_store(port, k)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=k)
     data = synthetic_classification(4096)
     x, y = data.tensors
@@ -54,7 +54,7 @@ def _floor_node(rank: int, k: int, port: int, steps: int, batch: int) -> None:
 def run_floor(k: int, steps: int, batch: int) -> float:
     """Seconds for K bare spawned gloo processes to train ``steps`` steps (start-up included)."""
     t0 = time.perf_counter()
-    store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
+    store = loopback_store(k)
     mp.start_processes(_floor_node, args=(k, store.port, steps, batch), nprocs=k, start_method="spawn")
     return time.perf_counter() - t0
 

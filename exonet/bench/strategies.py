@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from datetime import timedelta
 from typing import Any, Callable
 
 import torch
@@ -34,6 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from exonet.communicator import Communicator
+from exonet.runtime.rendezvous import join_store, loopback_store
 from exonet.toy import bench_mlp
 
 BATCH, IN_DIM, CLASSES = 32, 64, 10
@@ -192,7 +192,7 @@ def _steps_part(rank: int, k: int, comm: Communicator, rounds: int, steps: int) 
 
 def _node(rank: int, k: int, port: int, args: dict[str, int], queue: Any) -> None:
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, k, is_master=False, timeout=timedelta(seconds=60))
+    store = join_store(port, k)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=k)
     comm = Communicator(rank, k, torch.device("cpu"))
     comm.begin()
@@ -207,7 +207,7 @@ def measure(k: int, **args: int) -> tuple[dict[str, float], dict[str, float]]:
     """(DeMo vs reference, step time per strategy): seconds per step on the slowest rank; DeMo's largest difference."""
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    store = dist.TCPStore("127.0.0.1", 0, k, is_master=True, wait_for_workers=False)
+    store = loopback_store(k)
     mp.start_processes(_node, args=(k, store.port, args, queue), nprocs=k, start_method="spawn")
     results = [queue.get() for _ in range(k)]
     demo = {key: max(r[0][key] for r in results) for key in results[0][0]}

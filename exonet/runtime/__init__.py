@@ -4,6 +4,7 @@
 processes, messages, failures) → ``node`` (one rank's life) with ``transport`` (how models,
 datasets and strategies reach the nodes), ``record`` (history and trace from node
 messages), ``watchdog`` (progress), ``checkpoint``, ``clock`` (the online simulated clock),
-``forkserver`` (the server nodes are forked from) and ``torchrun`` (the same fit under an
-external launcher).
+``forkserver`` (the server nodes are forked from), ``rendezvous`` (a store on loopback only),
+``signals`` (SIGTERM and SIGHUP save like Ctrl-C), ``runlock`` (one fit per run directory) and
+``torchrun`` (the same fit under an external launcher).
 """

@@ -4,16 +4,39 @@ Nodes are forked from it rather than spawned, so a node starts without importing
 again. Its imports happen once, before it forks the first node; ``warm_up`` starts it early.
 This module imports nothing heavy, so ``exonet.warm_up()`` can run before torch is imported
 and the server's imports run beside the caller's own.
+
+The parent imports lazily too: torch imports ``torch._dynamo`` (and sympy with it) when the
+first optimizer is built, and a fit imports the runtime. Ctrl-C in the middle of such an import
+leaves half a package in ``sys.modules``, and every later fit of the process failed with an
+unrelated error (``module 'sympy' has no attribute 'printing'``). ``complete_imports`` imports
+them whole: Ctrl-C waits for the import (a second or two, once per process), then interrupts.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 from multiprocessing import forkserver
 from multiprocessing.context import ForkServerContext
 
+from exonet.runtime.signals import deferred
+
 # torch._dynamo: every optimizer imports it (about 70 MB and a second of CPU); preloaded, all nodes share it
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "exonet.runtime.node"]
+# What the parent imports lazily on its way to the nodes: OptimSpec's first optimizer, then fit itself.
+PARENT_IMPORTS = ("torch._dynamo", "exonet.runtime.run", "tqdm.auto")
+_imported = False
+
+
+def complete_imports() -> None:
+    """Import ``PARENT_IMPORTS`` now, whole: a Ctrl-C that comes meanwhile is raised once they are done."""
+    global _imported
+    if _imported:
+        return
+    with deferred():
+        for name in PARENT_IMPORTS:
+            importlib.import_module(name)
+    _imported = True
 
 
 def context() -> ForkServerContext:

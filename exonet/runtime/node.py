@@ -29,6 +29,7 @@ from exonet.communicator import Communicator
 from exonet.runtime.checkpoint import load_node, save_node
 from exonet.runtime.clock import ClockLink
 from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
+from exonet.runtime.rendezvous import join_store
 from exonet.runtime.watchdog import Heartbeat
 from exonet.seeding import shared_generator
 from exonet.strategies.base import NodeContext, Strategy
@@ -53,7 +54,6 @@ class NodeConfig:
     threads: int = 1
     count_flops: bool = True
     dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
-    store_host: str = "127.0.0.1"
     store_port: int = 0
     parent_pid: int = 0
     timeout_s: float = 1800.0
@@ -525,16 +525,6 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(1)
 
 
-def _loopback_interface() -> str | None:
-    import socket
-
-    names = [name for _, name in socket.if_nameindex()]
-    for candidate in ("lo", "lo0"):
-        if candidate in names:
-            return candidate
-    return next((n for n in names if n.startswith("lo")), None)
-
-
 def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val_data: Any,
               strategy: Strategy, pipe: Any, beats: Any = None, control: Any = None) -> None:
     """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero.
@@ -544,15 +534,12 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
     read end of the online clock's step decisions (exonet.runtime.clock), or None. ``model_bytes`` is the
     model as torch.save wrote it: a uint8 array over the parent's shared memory, or the bytes themselves.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    for signum in (signal.SIGINT, signal.SIGHUP):  # a terminal sends them to us too: the parent stops us
+        signal.signal(signum, signal.SIG_IGN)
     heartbeat = Heartbeat(beats, rank)
     if cfg.parent_pid:
         threading.Thread(target=_watch_parent, args=(cfg.parent_pid,), daemon=True).start()
     torch.set_num_threads(cfg.threads)
-    if "GLOO_SOCKET_IFNAME" not in os.environ and cfg.store_host in ("127.0.0.1", "localhost"):
-        iface = _loopback_interface()
-        if iface:
-            os.environ["GLOO_SOCKET_IFNAME"] = iface
     code = 0
     try:
         from exonet.runtime.transport import Unloadable
@@ -564,8 +551,7 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
         from datetime import timedelta
 
         with heartbeat.blocked("rendezvous"):
-            store = dist.TCPStore(cfg.store_host, cfg.store_port, cfg.world, is_master=False,
-                                  timeout=timedelta(seconds=60))
+            store = join_store(cfg.store_port, cfg.world)
             dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world,
                                     timeout=timedelta(seconds=cfg.timeout_s))
         model = torch.load(io.BytesIO(model_bytes), weights_only=False)

@@ -53,6 +53,7 @@ class RunRecord:
             self.events = [list(evs) for evs in resume.trace.events]
         self.state: bytes | None = None
         self.logger: Any = None  # a WandbLogger when fit(wandb_project=...) asked for one
+        self.metrics: Any = None  # a MetricsLog (exonet.rundir) writing metrics.jsonl as the run goes
         self.watch: Any = None  # a DivergenceWatch (exonet.runtime.divergence) checking every reported loss
         self.done: set[int] = set()
         self._losses: dict[int, dict[int, float]] = {}
@@ -76,6 +77,8 @@ class RunRecord:
             self.history["eval"].append(msg.entry)
             if self.logger is not None:
                 self.logger.log_eval(msg.entry)
+            if self.metrics is not None:
+                self.metrics.sync()
         elif kind is Events or kind is Query:  # reported before a blocking call (exonet.runtime.clock)
             self.events[rank].extend(msg.events)
         elif kind is NodeDone:
@@ -88,7 +91,7 @@ class RunRecord:
             raise ValueError(f"RunRecord: unexpected message {msg!r}")
 
     def _flush_losses(self) -> None:
-        nxt = len(self.history["train_loss"])
+        nxt = start = len(self.history["train_loss"])
         while self._losses.get(nxt) and all(r in self._losses[nxt] or r in self.done for r in range(self.trainers)):
             row = self._losses.pop(nxt)
             self.history["train_loss"].append(sum(row.values()) / len(row))
@@ -98,6 +101,8 @@ class RunRecord:
             if self._bar is not None:
                 self._bar.update(1)
                 self._bar.set_postfix(loss=f"{self.history['train_loss'][-1]:.4f}", refresh=False)
+        if nxt > start and self.metrics is not None:
+            self.metrics.sync()
 
     def trace(self) -> Trace:
         return Trace(self.num_nodes, meta=dict(self.meta), events=self.events)
@@ -112,3 +117,5 @@ class RunRecord:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+        if self.metrics is not None:
+            self.metrics.close()

@@ -10,8 +10,9 @@ Besides the pipes the parent watches the processes (one that dies reports its si
 and the progress array (exonet.runtime.watchdog: one that hangs is named). A node's error may
 only be the echo of a peer's failure (a collective's connection reset), so the parent
 blames a peer killed by a signal, else the earliest error. Whatever ends the run early
-(a failure, Ctrl-C), every node is stopped first, then the history and trace so far are
-saved to the run directory, marked incomplete.
+(a failure, Ctrl-C, SIGTERM or SIGHUP: exonet.runtime.signals), every node is stopped first,
+then the history and trace so far are saved to the run directory, marked incomplete. The run
+directory is the fit's alone while it runs (exonet.runtime.runlock).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import signal
 import time
 import warnings
 from dataclasses import replace
-from datetime import timedelta
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any, NoReturn
@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from exonet.errors import NodeFailure
 from exonet.fit_result import FitResult
-from exonet.rundir import create_run, read_json, reopen_run, restore_status, write_run
+from exonet.rundir import MetricsLog, create_run, read_json, reopen_run, restore_status, write_run
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
 from exonet.runtime.forkserver import context
@@ -54,6 +54,9 @@ from exonet.runtime.messages import (
 )
 from exonet.runtime.node import NodeConfig, node_main
 from exonet.runtime.record import RunRecord
+from exonet.runtime.rendezvous import loopback_store
+from exonet.runtime.runlock import RunLock
+from exonet.runtime.signals import deferred, stop_signals
 from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value, shared_bytes
 from exonet.runtime.watchdog import BLOCKED, SLOTS, Watchdog
 from exonet.strategies.base import Strategy
@@ -128,14 +131,17 @@ class Supervisor:
                             args=(rank, ByValue(self.cfg, environ=True), *self.shared,
                                   ByValue(strategy), writer, self.beats, control))
             try:
-                p.start()
+                # A start cut by Ctrl-C left a request with the forkserver: a node nobody knew of, which stayed
+                # until the process ended (and could upset the next fit). The start is whole, then Ctrl-C lands.
+                with deferred():
+                    p.start()
+                    self.procs.append(p)
             except (pickle.PicklingError, AttributeError, TypeError) as exc:
                 self._cannot_send(exc, train, val, strategy)
             finally:
                 writer.close()  # the node holds the only write end: its death reads as end-of-file here
                 if control is not None:
                     control.close()
-            self.procs.append(p)
 
     def _cannot_send(self, exc: Exception, train: Any, val: Any, strategy: Strategy) -> NoReturn:
         """Raise the TypeError that names what cannot travel to the nodes (pickling ``exc`` failed)."""
@@ -272,11 +278,14 @@ class Supervisor:
 
 
 def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | None,
-              resume_from: str | os.PathLike | None) -> tuple[Path | None, Resume | None, tuple | None]:
-    """The run folder (created now, or the resumed one reopened), the checkpoint to continue from, and
-    what the reopened folder held (its status and steps, see ``reopen_run``)."""
+              resume_from: str | os.PathLike | None) -> tuple[Path | None, Resume | None, tuple | None, RunLock | None]:
+    """The run folder (created now, or the resumed one reopened), the checkpoint to continue from, what the
+    reopened folder held (its status and steps, see ``reopen_run``) and the folder's lock, held from here on."""
     if resume_from is None:
-        return (create_run(run_dir, label, config) if run_dir is not None else None), None, None
+        if run_dir is None:
+            return None, None, None, None
+        path = create_run(run_dir, label, config)
+        return path, None, None, RunLock(path)
     path = Path(resume_from)
     saved = read_json(path / "config.json")
     ours = json.loads(json.dumps(config, default=repr))
@@ -287,8 +296,12 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
         details = "; ".join(f"{k}: the run had {a!r}, this fit has {b!r}" for k, a, b in diff)
         raise ValueError(f"resume_from: {path} was run with different settings ({details}); "
                          "resume with the arguments of the original fit")
-    resume = load_latest(path, config["num_nodes"])
-    return path, resume, reopen_run(path)
+    lock = RunLock(path)  # before its checkpoint is read: a fit still writing it refuses us here
+    try:
+        return path, load_latest(path, config["num_nodes"]), reopen_run(path), lock
+    except BaseException:
+        lock.release()
+        raise
 
 
 def _earlier_time(held: tuple | None) -> float:
@@ -331,60 +344,99 @@ def launch(job: Job, *, progress: bool, scenario: Any,
             raise ValueError("fit: checkpoint_interval, resume_from, max_sim_time_s and asynchronous strategies are "
                              "not supported under torchrun yet")
         is_zero = os.environ.get("RANK") == "0"
-        run_path = _open_run(config, label, run_dir, None)[0] if is_zero else None
+        run_path = create_run(run_dir, label, config) if is_zero and run_dir is not None else None
         logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
         record, real_time = train_under_torchrun(job, meta, progress and is_zero, logger)
         return _finish(job, config, record, run_path, real_time, scenario, upload_to, run_name=run_name)
+    with stop_signals():  # SIGTERM and SIGHUP stop the run as Ctrl-C does; then the process ends by that signal
+        return _launch_here(job, config, label, meta, scenario, progress=progress, run_dir=run_dir,
+                            progress_timeout_s=progress_timeout_s, resume_from=resume_from,
+                            wandb_project=wandb_project, wandb_run_name=wandb_run_name, run_name=run_name,
+                            upload_to=upload_to, watch=watch)
+
+
+def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, Any], scenario: Any, *,
+                 progress: bool, run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
+                 resume_from: str | os.PathLike | None, wandb_project: str | None, wandb_run_name: str | None,
+                 run_name: str | None, upload_to: str | None, watch: Any) -> FitResult:
+    """``launch`` on this machine: K node processes from the forkserver, a rendezvous on loopback."""
+    strategy, cfg = job.strategy, job.cfg
     model_bytes = pickle_model(job.model)
-    store = dist.TCPStore("127.0.0.1", 0, cfg.world, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))
+    store = loopback_store(cfg.world)
     cfg = replace(cfg, store_port=store.port)
-    run_path, resume, held = _open_run(config, label, run_dir, resume_from)
-    book = None
-    if cfg.checkpoint_interval and run_path is not None:
-        book = CheckpointBook(run_path / "checkpoints", cfg.num_nodes)
-        cfg = replace(cfg, checkpoint_dir=str(book.root))
-    if resume is not None:
-        cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
-    clock = None
-    if strategy.asynchronous and scenario is not None:  # the clock chooses the order in this scenario (see simulate)
-        meta["decided_in"] = {"scenario": scenario.name, "fingerprint": scenario.fingerprint}
-    if getattr(strategy, "elastic", False):  # its failed nodes discard their own work (see Simulation's rewind)
-        meta["elastic"] = True
-    if scenario is not None:  # a strategy may ask the clock whenever there is a scenario; these runs obey it
-        decides = cfg.max_sim_time_s is not None or strategy.asynchronous
-        clock = SimClock(scenario, cfg.world, math.inf if cfg.max_sim_time_s is None else cfg.max_sim_time_s,
-                         cfg.max_steps, trainers=cfg.num_nodes, synchronous=not strategy.asynchronous,
-                         what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__,
-                         decides=decides, rewind=not meta.get("elastic", False))
-    if clock is not None and resume is not None:  # the clock replays the run it continues first
-        for rank, events in enumerate(resume.trace.events):
-            clock.feed(rank, events)
-    sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
-    sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
-    sup.record.watch = watch
-    if resume is not None and watch is not None:
-        watch.restore(resume.references)
+    run_path, resume, held, lock = _open_run(config, label, run_dir, resume_from)
+    try:
+        book = None
+        if cfg.checkpoint_interval and run_path is not None:
+            book = CheckpointBook(run_path / "checkpoints", cfg.num_nodes)
+            cfg = replace(cfg, checkpoint_dir=str(book.root))
+        if resume is not None:
+            cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
+        clock = None
+        if strategy.asynchronous and scenario is not None:  # the clock chooses the order in this scenario
+            meta["decided_in"] = {"scenario": scenario.name, "fingerprint": scenario.fingerprint}
+        if getattr(strategy, "elastic", False):  # its failed nodes discard their own work (see Simulation's rewind)
+            meta["elastic"] = True
+        if scenario is not None:  # a strategy may ask the clock whenever there is a scenario; these runs obey it
+            decides = cfg.max_sim_time_s is not None or strategy.asynchronous
+            clock = SimClock(scenario, cfg.world, math.inf if cfg.max_sim_time_s is None else cfg.max_sim_time_s,
+                             cfg.max_steps, trainers=cfg.num_nodes, synchronous=not strategy.asynchronous,
+                             what="max_sim_time_s" if cfg.max_sim_time_s is not None else type(strategy).__name__,
+                             decides=decides, rewind=not meta.get("elastic", False))
+        if clock is not None and resume is not None:  # the clock replays the run it continues first
+            for rank, events in enumerate(resume.trace.events):
+                clock.feed(rank, events)
+        sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
+        sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
+        sup.record.watch = watch
+        if run_path is not None:
+            sup.record.metrics = MetricsLog(run_path / "metrics.jsonl", sup.record.history)
+        if resume is not None and watch is not None:
+            watch.restore(resume.references)
+        real_time = _supervise(sup, job, model_bytes, run_path, book, held)
+        return _finish(job, config, sup.record, run_path, real_time, scenario, upload_to, clock, run_name, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _supervise(sup: Supervisor, job: Job, model_bytes: bytes, run_path: Path | None, book: CheckpointBook | None,
+               held: tuple | None) -> float:
+    """Run the nodes to the end and return the real time (with the earlier attempts' of a resumed run).
+
+    Whatever stops them first (a failure, Ctrl-C, SIGTERM, SIGHUP) propagates once every node is
+    stopped and the run so far is saved, marked incomplete; a second signal waits for the save.
+    """
     t0 = time.perf_counter()
     finished = False
     try:
-        sup.start(model_bytes, job.train_dataset, job.val_dataset, strategy)
+        sup.start(model_bytes, job.train_dataset, job.val_dataset, job.strategy)
         sup.wait()
         finished = True
     finally:
-        sup.stop()
-        real_time = time.perf_counter() - t0 + _earlier_time(held)
-        if book is not None:
-            book.prune()
-        steps = len(sup.record.history["train_loss"])
-        if run_path is not None and not finished and held is not None and steps <= held[1]:
-            restore_status(run_path, held[0])  # a resume that failed before adding a step leaves the run as it was
-        elif run_path is not None and not finished:
-            write_run(run_path, *sup.record.snapshot(steps), False, real_time)
-        if sup.record.logger is not None and not finished:
-            sup.record.logger.finish(exit_code=1)
+        with deferred():
+            sup.stop()
+            real_time = time.perf_counter() - t0 + _earlier_time(held)
+            if book is not None:
+                book.prune()
+            if run_path is not None and not finished:
+                _save_incomplete(sup.record, run_path, held, real_time)
+            if sup.record.logger is not None and not finished:
+                sup.record.logger.finish(exit_code=1)
+    return real_time
 
-    return _finish(job, config, sup.record, run_path, real_time, scenario, upload_to, clock, run_name)
+
+def _save_incomplete(record: RunRecord, run_path: Path, held: tuple | None, real_time: float) -> None:
+    """Save a stopped run's history and trace, marked incomplete; a failed write is warned about, naming the file,
+    so that what stopped the run is what the caller sees."""
+    steps = len(record.history["train_loss"])
+    try:
+        if held is not None and steps <= held[1]:
+            restore_status(run_path, held[0])  # a resume that failed before adding a step leaves the run as it was
+        else:
+            write_run(run_path, *record.snapshot(steps), False, real_time)
+    except OSError as exc:
+        warnings.warn(f"fit: the stopped run could not be saved: {exc}", stacklevel=6)
 
 
 def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_path: Path | None) -> Any:
@@ -398,23 +450,34 @@ def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_pa
 
 def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path | None,
             real_time: float, scenario: Any, upload_to: str | None, clock: SimClock | None = None,
-            run_name: str | None = None) -> FitResult:
+            run_name: str | None = None, lock: RunLock | None = None) -> FitResult:
     """The FitResult of a finished run; its run directory, upload, simulation and wandb summary.
 
     With a scenario, the history gains ``sim_time_s`` (each step's simulated end) and every
-    evaluation its ``sim_time_s``; a clocked run's simulation is the online clock's own.
+    evaluation its ``sim_time_s``; a clocked run's simulation is the online clock's own. A write
+    that fails (a full disk) does not lose the trained model: the result comes back with the error
+    in ``save_error`` and a warning naming the file. ``lock`` (the run directory's) is released
+    once the directory is written, before the upload copies it.
     """
     model = copy.deepcopy(job.model)
     if record.state is not None:
         model.load_state_dict(torch.load(io.BytesIO(record.state), weights_only=True))
     result = FitResult(model=model, history=record.history, trace=record.trace(), config=config, real_time_s=real_time)
-    _gym_logs(result, config, run_path, run_name)
-    if run_path is not None:
-        result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
-        if upload_to is not None:
-            from exonet.storage import upload_run
+    try:
+        with deferred():  # a signal now waits for the run directory to be whole
+            _gym_logs(result, config, run_path, run_name)
+            if run_path is not None:
+                result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
+    except OSError as exc:
+        result.save_error = exc
+        warnings.warn(f"fit: the finished run could not be saved: {exc}; the returned FitResult holds the model, "
+                      "history and trace (its save_error is this error)", stacklevel=5)
+    if lock is not None:
+        lock.release()
+    if result.run_dir is not None and upload_to is not None:
+        from exonet.storage import upload_run
 
-            upload_run(result.run_dir, upload_to)
+        upload_run(result.run_dir, upload_to)
     if scenario is not None:
         decided = clock is not None and clock.decides
         result.sim = clock.result(record.history["train_loss"]) if decided else result.simulate(scenario)
@@ -464,7 +527,7 @@ def _say_who_stopped_early(clock: SimClock, trace: Any, trainers: int, max_steps
             warnings.warn(f"fit: rank {rank} stopped at step {len(ends)}, at {ends[-1]:.3f} s simulated, before the "
                           f"max_sim_time_s budget of {clock.limit_s:g} s: it reached max_steps={max_steps} "
                           "(from max_steps or num_epochs; give only max_sim_time_s to train until the budget)",
-                          stacklevel=4)
+                          stacklevel=6)
 
 
 def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, run_name: str | None) -> None:

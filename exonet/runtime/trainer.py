@@ -2,10 +2,11 @@
 
 Nodes are started from a forkserver that has torch preloaded (torch is imported
 once, not K times; the forkserver never touches CUDA, so CUDA stays safe).
-Rendezvous uses a TCP store the parent opens on port 0, so concurrent runs never
-collide. The parent watches every node: the first failure (an exception, a death by
-signal, or no progress for ``progress_timeout_s``) stops them all and raises
-NodeFailure naming the node; nothing is left running (exonet.runtime.run, exonet.runtime.watchdog).
+Rendezvous uses a TCP store the parent opens on 127.0.0.1, port 0 (exonet.runtime.rendezvous),
+so concurrent runs never collide and no other host can reach it. The parent watches every node:
+the first failure (an exception, a death by signal, or no progress for ``progress_timeout_s``)
+stops them all and raises NodeFailure naming the node; nothing is left running
+(exonet.runtime.run, exonet.runtime.watchdog).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader
 from exonet.arguments import check_range, one_of
 from exonet.files import check_output
 from exonet.fit_result import FitResult
+from exonet.runtime.forkserver import complete_imports
 from exonet.runtime.job import Job
 from exonet.runtime.node import NodeConfig, check_map_style, is_factory, resolve_dataset
 from exonet.strategies.base import Strategy
@@ -190,6 +192,7 @@ class LocalTrainer:
                 (exonet measures correlation at every evaluation) and ``log_x_axis`` (a wandb plot choice) are
                 accepted and ignored with a warning.
         """
+        complete_imports()  # what fit imports on its way, whole: Ctrl-C now cannot leave half a package behind
         if run_name is not None and (not isinstance(run_name, str) or not run_name or "/" in run_name
                                      or "\\" in run_name or run_name.startswith(".")):
             raise ValueError(f"fit: run_name must be a non-empty folder name (no path separators), got {run_name!r}")
