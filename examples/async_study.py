@@ -56,12 +56,12 @@ def strategies(H: int) -> dict[str, Any]:
     inner = OptimSpec("adamw", lr=1e-3)
     outer = OptimSpec("sgd", lr=0.7, momentum=0.5, nesterov=True)  # as examples/time_budget.py: 0.9 diverges here
     return {
-        "sync DiLoCo": DiLoCoStrategy(inner, outer, H=H),
-        "async DiLoCo (naive)": AsyncDiLoCoStrategy(inner, outer, H=H, delayed_nesterov=None),
-        "async DiLoCo DN+DyLU": AsyncDiLoCoStrategy(inner, OptimSpec("sgd", lr=0.7, momentum=0.5), H=H,
+        "sync DiLoCo": DiLoCoStrategy(inner, outer_optim_spec=outer, H=H),
+        "async DiLoCo (naive)": AsyncDiLoCoStrategy(inner, outer_optim_spec=outer, H=H, delayed_nesterov=None),
+        "async DiLoCo DN+DyLU": AsyncDiLoCoStrategy(inner, outer_optim_spec=OptimSpec("sgd", lr=0.7, momentum=0.5), H=H,
                                                     delayed_nesterov=len(STEP_S), dynamic_local_updates=True),
-        "FedBuff B=2": FedBuffStrategy(inner, H=H, buffer_size=2, server_lr=1.0),
-        "deadline DiLoCo 32 s": DiLoCoStrategy(inner, outer, H=H, deadline_s=32.0),
+        "FedBuff B=2": FedBuffStrategy(inner, H=H, buffer_size=2),
+        "deadline DiLoCo 32 s": DiLoCoStrategy(inner, outer_optim_spec=outer, H=H, deadline_s=32.0),
     }
 
 

@@ -54,10 +54,10 @@ def strategies() -> dict[str, Strategy]:
     return {
         "DDP": DDPStrategy(inner),
         "FedAvg H=5": FedAvgStrategy(inner, H=5),
-        f"DiLoCo H={H}": DiLoCoStrategy(inner, outer, H=H),
+        f"DiLoCo H={H}": DiLoCoStrategy(inner, outer_optim_spec=outer, H=H),
         "SPARTA p=0.005": SPARTAStrategy(inner, p_sparta=0.005),
-        "DeMo top-32/64²": DeMoStrategy(lr=1e-3, compression_topk=32, compression_chunk=64),
-        f"SPARTA+DiLoCo H={H}": SPARTADiLoCoStrategy(inner, outer, p_sparta=0.005, H=H),
+        "DeMo top-32/64²": DeMoStrategy(OptimSpec("sgd", lr=1e-3), compression_topk=32, compression_chunk=64),
+        f"SPARTA+DiLoCo H={H}": SPARTADiLoCoStrategy(inner, outer_optim_spec=outer, p_sparta=0.005, H=H),
         "Streaming DiLoCo 4-bit": StreamingDiLoCoStrategy(inner, H=H, num_fragments=3, delay_steps=1,
                                                           quantize_bits=4),
     }

@@ -58,10 +58,10 @@ def strategies(H: int, deadline: float) -> dict[str, Any]:
     return {
         "DDP (blocking)": DDPStrategy(inner, overlap=False),
         "elastic DDP": DDPStrategy(inner, elastic=True),
-        "DiLoCo (blocking)": DiLoCoStrategy(inner, outer, H=H),
-        "elastic DiLoCo": DiLoCoStrategy(inner, outer, H=H, elastic=True),
-        "async DiLoCo": AsyncDiLoCoStrategy(inner, outer, H=H),
-        f"deadline DiLoCo {deadline:g} s": DiLoCoStrategy(inner, outer, H=H, deadline_s=deadline),
+        "DiLoCo (blocking)": DiLoCoStrategy(inner, outer_optim_spec=outer, H=H),
+        "elastic DiLoCo": DiLoCoStrategy(inner, outer_optim_spec=outer, H=H, elastic=True),
+        "async DiLoCo": AsyncDiLoCoStrategy(inner, outer_optim_spec=outer, H=H),
+        f"deadline DiLoCo {deadline:g} s": DiLoCoStrategy(inner, outer_optim_spec=outer, H=H, deadline_s=deadline),
     }
 
 

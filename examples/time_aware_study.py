@@ -44,9 +44,10 @@ def strategies(H: int) -> dict:
     outer = OptimSpec("sgd", lr=0.7, momentum=0.5, nesterov=True)  # as examples/async_study.py: 0.9 diverges here
     return {
         "DDP": DDPStrategy(inner),
-        f"DiLoCo H={H}": DiLoCoStrategy(inner, outer, H=H),
-        f"Streaming DiLoCo H={H}": StreamingDiLoCoStrategy(inner, outer, H=H, num_fragments=2),
-        f"async DiLoCo H={H} (DN)": AsyncDiLoCoStrategy(inner, outer, H=H),  # Delayed Nesterov, N = K by default
+        f"DiLoCo H={H}": DiLoCoStrategy(inner, outer_optim_spec=outer, H=H),
+        f"Streaming DiLoCo H={H}": StreamingDiLoCoStrategy(inner, outer_optim_spec=outer, H=H, num_fragments=2),
+        # Delayed Nesterov, N = K by default
+        f"async DiLoCo H={H} (DN)": AsyncDiLoCoStrategy(inner, outer_optim_spec=outer, H=H),
     }
 
 

@@ -22,8 +22,9 @@ def strategies() -> dict:
     inner, outer = OptimSpec("adamw", lr=1e-3), OptimSpec("sgd", lr=0.7, momentum=0.5, nesterov=True)
     return {
         "DDP": DDPStrategy(inner),
-        "DiLoCo H=25": DiLoCoStrategy(inner, outer, H=25),
-        "Streaming DiLoCo 4-bit": StreamingDiLoCoStrategy(inner, outer, H=25, num_fragments=2, quantize_bits=4),
+        "DiLoCo H=25": DiLoCoStrategy(inner, outer_optim_spec=outer, H=25),
+        "Streaming DiLoCo 4-bit": StreamingDiLoCoStrategy(inner, outer_optim_spec=outer, H=25, num_fragments=2,
+                                                          quantize_bits=4),
     }
 
 

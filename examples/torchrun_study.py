@@ -27,7 +27,8 @@ from exonet.toy import synthetic_classification, tiny_mlp
 
 STRATEGIES = {
     "ddp": lambda: DDPStrategy(OptimSpec("adamw", lr=3e-3)),
-    "diloco": lambda: DiLoCoStrategy(OptimSpec("adamw", lr=3e-3), OptimSpec("sgd", lr=0.7, momentum=0.9), H=5),
+    "diloco": lambda: DiLoCoStrategy(OptimSpec("adamw", lr=3e-3),
+                                     outer_optim_spec=OptimSpec("sgd", lr=0.7, momentum=0.9), H=5),
 }
 
 

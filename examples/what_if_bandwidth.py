@@ -39,7 +39,8 @@ def strategies() -> dict[str, Strategy]:
     inner = OptimSpec("adamw", lr=1e-3)
     return {
         "DDP": DDPStrategy(inner),
-        f"DiLoCo H={H}": DiLoCoStrategy(inner, OptimSpec("sgd", lr=0.7, momentum=0.5, nesterov=True), H=H),
+        f"DiLoCo H={H}": DiLoCoStrategy(inner, H=H,
+                                        outer_optim_spec=OptimSpec("sgd", lr=0.7, momentum=0.5, nesterov=True)),
         "SPARTA p=0.005": SPARTAStrategy(inner, p_sparta=0.005),
     }
 

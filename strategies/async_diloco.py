@@ -44,15 +44,14 @@ class AsyncDiLoCoStrategy(ServerStrategy):
     proportional to its speed, so that fast trainers do not arrive many times per slow arrival.
 
     Args:
-        inner_optim: the trainers' optimizer. Default AdamW lr 1e-3.
-        outer_optim: the server's outer optimizer. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
+        optim_spec: the trainers' optimizer. Default AdamW lr 1e-3.
+        outer_optim_spec: the server's outer optimizer. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
         H: local steps per round (the fastest trainer's, with DyLU).
         max_norm: clip the local gradient norm.
         delayed_nesterov: N, the arrivals per momentum step; "trainers" (the default): N = K; None: naive,
             momentum at every arrival.
         grad_scale: c, the scale of the arrivals applied between momentum steps (Delayed Nesterov only).
         dynamic_local_updates: DyLU (see ``ServerStrategy``).
-        optim_spec, outer_optim_spec: seed-gym aliases of ``inner_optim`` and ``outer_optim``.
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner schedule.
     """
 
@@ -60,33 +59,31 @@ class AsyncDiLoCoStrategy(ServerStrategy):
 
     def __init__(
         self,
-        inner_optim: OptimSpec | str | type | None = None,
-        outer_optim: OptimSpec | str | type | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
+        outer_optim_spec: OptimSpec | str | type | None = None,
         H: int = 100,
         max_norm: float | None = None,
-        *,
         delayed_nesterov: int | str | None = "trainers",
         grad_scale: float = 0.0,
         dynamic_local_updates: bool = False,
-        optim_spec: OptimSpec | str | type | None = None,
-        outer_optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, H, dynamic_local_updates=dynamic_local_updates, optim_spec=optim_spec,
-                         **base_options(locals()))
-        self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
+        super().__init__(optim_spec, H=H, dynamic_local_updates=dynamic_local_updates, **base_options(locals()))
+        self.outer_optim_spec = outer_spec(outer_optim_spec)
         if delayed_nesterov is not None:
             if delayed_nesterov != "trainers":
                 check_range("delayed_nesterov", delayed_nesterov, low=1, integer=True)
-            if self.outer_optim.cls is not torch.optim.SGD or self.outer_optim.lr is None:
+            if self.outer_optim_spec.cls is not torch.optim.SGD or self.outer_optim_spec.lr is None:
                 raise ValueError("delayed_nesterov: the outer optimizer must be SGD with an lr (and momentum), "
-                                 f"got {self.outer_optim!r}; pass delayed_nesterov=None for a naive outer step")
-            unused = sorted(k for k, v in self.outer_optim.kwargs.items() if k not in DN_OPTIONS and v not in (0, None))
+                                 f"got {self.outer_optim_spec!r}; pass delayed_nesterov=None for a naive outer step")
+            outer = self.outer_optim_spec.kwargs
+            unused = sorted(k for k, v in outer.items() if k not in DN_OPTIONS and v not in (0, None))
             if unused:
-                raise ValueError(f"outer_optim: Delayed Nesterov's step takes the SGD's lr, momentum and nesterov; "
-                                 f"{', '.join(unused)} would be ignored; pass delayed_nesterov=None for torch's SGD "
-                                 "at every arrival")
+                raise ValueError(f"outer_optim_spec: Delayed Nesterov's step takes the SGD's lr, momentum and "
+                                 f"nesterov; {', '.join(unused)} would be ignored; pass delayed_nesterov=None for "
+                                 "torch's SGD at every arrival")
         check_range("grad_scale", grad_scale, low=0)
         if grad_scale and delayed_nesterov is None:
             raise ValueError(f"grad_scale={grad_scale!r} scales the arrivals between Delayed Nesterov's momentum "
@@ -102,7 +99,7 @@ class AsyncDiLoCoStrategy(ServerStrategy):
         if self.delayed_nesterov == "trainers":
             self.delayed_nesterov = ctx.num_nodes
         if self.delayed_nesterov is None:
-            self.outer_optimizer = self.outer_optim.build([self.global_params])
+            self.outer_optimizer = self.outer_optim_spec.build([self.global_params])
         else:
             self.momentum = torch.zeros_like(self.global_params)
             self.buffer = torch.zeros_like(self.global_params)
@@ -114,8 +111,8 @@ class AsyncDiLoCoStrategy(ServerStrategy):
             self.outer_optimizer.step()
             self.global_params.grad = None
             return
-        lr = self.outer_optim.kwargs["lr"]
-        beta = self.outer_optim.kwargs.get("momentum", 0.0)
+        lr = self.outer_optim_spec.kwargs["lr"]
+        beta = self.outer_optim_spec.kwargs.get("momentum", 0.0)
         self.buffer += delta
         self.arrivals += 1
         if self.arrivals % self.delayed_nesterov:
@@ -124,7 +121,7 @@ class AsyncDiLoCoStrategy(ServerStrategy):
             return
         mean = self.buffer.div_(self.delayed_nesterov)
         self.momentum.mul_(beta).add_(mean)
-        if self.outer_optim.kwargs.get("nesterov", True):  # the method's name: Nesterov unless told nesterov=False
+        if self.outer_optim_spec.kwargs.get("nesterov", True):  # the method's name: Nesterov unless told nesterov=False
             self.global_params.sub_(mean.add_(self.momentum, alpha=beta), alpha=lr)
         else:
             self.global_params.sub_(self.momentum, alpha=lr)

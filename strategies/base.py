@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from exonet.communicator import Communicator
 
 __all__ = ["OPTIMIZERS", "NodeContext", "OptimSpec", "Strategy", "base_options", "check_range", "flatten",
-           "inner_spec", "one_of", "outer_spec", "shared_generator", "unflatten_into"]
+           "one_of", "outer_spec", "shared_generator", "unflatten_into"]
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
@@ -133,22 +133,9 @@ def _default_inner() -> OptimSpec:
     return OptimSpec("adamw", lr=1e-3)
 
 
-def inner_spec(inner_optim: OptimSpec | str | type | None, optim_spec: OptimSpec | str | type | None) -> OptimSpec:
-    """A strategy's inner optimizer, given as ``inner_optim`` or its seed-gym alias ``optim_spec``.
-
-    The default is AdamW lr 1e-3. Errors name ``inner_optim`` (both spellings when both are given).
-    """
-    return OptimSpec.coerce(one_of(inner_optim=inner_optim, optim_spec=optim_spec), "inner_optim", _default_inner())
-
-
-def outer_spec(outer_optim: OptimSpec | str | type | None,
-               outer_optim_spec: OptimSpec | str | type | None) -> OptimSpec:
-    """DiLoCo's outer optimizer, given as ``outer_optim`` or its seed-gym alias ``outer_optim_spec``.
-
-    The default is the DiLoCo paper's SGD lr 0.7, momentum 0.9, Nesterov. Errors name ``outer_optim``.
-    """
-    return OptimSpec.coerce(one_of(outer_optim=outer_optim, outer_optim_spec=outer_optim_spec), "outer_optim",
-                            OptimSpec("sgd", lr=0.7, momentum=0.9, nesterov=True))
+def outer_spec(outer_optim_spec: OptimSpec | str | type | None) -> OptimSpec:
+    """DiLoCo's outer optimizer; the default is the DiLoCo paper's SGD lr 0.7, momentum 0.9, Nesterov."""
+    return OptimSpec.coerce(outer_optim_spec, "outer_optim_spec", OptimSpec("sgd", lr=0.7, momentum=0.9, nesterov=True))
 
 
 @dataclass(frozen=True)
@@ -184,8 +171,8 @@ class Strategy(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # the older gym's shared arguments and aliases (exonet.strategies.compat)
-        accept_gym_spellings(cls, OptimSpec.coerce)
+        # the older gym's shared arguments and aliases, exonet's deprecated spellings (exonet.strategies.compat)
+        accept_gym_spellings(cls, OptimSpec)
 
     def __init__(
         self,

@@ -1,12 +1,18 @@
-"""The older gym's keyword arguments, accepted by every strategy's constructor (exo-explore/gym).
+"""The older spellings every strategy's constructor accepts: the gym's (exo-explore/gym) and exonet's own.
 
 The gym's ``Strategy`` took ``**kwargs`` and stored them, so a script could pass one set of
 arguments to every strategy (``H=20, p=0.05``) and each used what it knew and silently dropped
 the rest: its SPARTA ignored ``p`` and ran at ``p_sparta=0.005``. exonet accepts such an argument
 (one some strategy takes) with a warning that says it is ignored and what the gym did instead, calls
-one that no strategy takes an error, maps the gym's aliases
-(``inner_optim_spec=``, DeMo's ``optim_spec=``), and keeps a real misspelling an error with a
-"did you mean": ``h=20`` for ``H``, or ``max_step`` (``fit``'s ``max_steps``).
+one that no strategy takes an error, maps the gym's alias ``inner_optim_spec=`` silently, and keeps a
+real misspelling an error with a "did you mean": ``h=20`` for ``H``, or ``max_step`` (``fit``'s ``max_steps``).
+
+exonet's own spellings before one vocabulary (``optim_spec``, ``outer_optim_spec``, keyword-only
+hyperparameters) keep working for one release with a ``DeprecationWarning`` naming the new one:
+``inner_optim=``, ``outer_optim=``, FedBuff's ``server_lr=``, DeMo's ``lr=``, and an optimizer
+passed in the old second position. A positional hyperparameter is a ``TypeError`` that names the
+keyword the old order gave it: mapping it would keep the surprise the keyword-only order removes
+(``SPARTAStrategy(spec, 0.01, 2)`` meant ``max_norm=2``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import numbers
 import warnings
 from typing import Any, Callable
 
@@ -24,6 +31,23 @@ FIT_ARGUMENTS = ("max_steps", "num_epochs", "batch_size", "minibatch_size", "num
                  "max_sim_time_s")
 # What the gym did with an argument that exonet's strategy of that kind takes under another name.
 GYM_MEANT = {"p": "p_sparta"}
+# Deprecated (one release): each strategy's positional order before the hyperparameters became keyword-only,
+# and the optimizer keywords renamed to the one vocabulary.
+OLD_POSITIONAL = {
+    "DDPStrategy": ("optim_spec", "max_norm", "bucket_cap_mb", "overlap"),
+    "FedAvgStrategy": ("inner_optim", "island_size", "H", "max_norm"),
+    "DiLoCoStrategy": ("inner_optim", "outer_optim", "H", "max_norm"),
+    "SPARTAStrategy": ("inner_optim", "p_sparta", "max_norm", "delay_steps"),
+    "DeMoStrategy": ("lr", "compression_decay", "compression_topk", "compression_chunk", "weight_decay"),
+    "SPARTADiLoCoStrategy": ("inner_optim", "outer_optim", "p_sparta", "sparta_interval", "H", "max_norm"),
+    "StreamingDiLoCoStrategy": ("inner_optim", "outer_optim", "H", "num_fragments", "delay_steps", "quantize_bits",
+                                "merge_alpha", "max_norm"),
+    "AsyncDiLoCoStrategy": ("inner_optim", "outer_optim", "H", "max_norm"),
+    "FedBuffStrategy": ("inner_optim", "H", "buffer_size", "server_lr", "max_norm"),
+}
+RENAMED = {"inner_optim": "optim_spec", "outer_optim": "outer_optim_spec"}
+# Deprecated learning rates that are now an SGD spec's lr, and the argument that takes the spec.
+LR_RENAMED = {"server_lr": "outer_optim_spec", "lr": "optim_spec"}
 
 
 def _did_you_mean(name: str, choices: set[str]) -> str | None:
@@ -34,43 +58,73 @@ def _did_you_mean(name: str, choices: set[str]) -> str | None:
     return close[0] if close else None
 
 
-def _gym_optim_spec_for_demo(cls_name: str, names: set[str], kwargs: dict[str, Any],
-                             coerce: Callable[..., Any]) -> None:
-    """DeMo's ``optim_spec=`` (the gym's): DeMo's update is its own sign-SGD, so take the spec's lr and weight decay.
+def _deprecated(cls_name: str, names: set[str], kwargs: dict[str, Any], spec_type: Any) -> None:
+    """Map exonet's renamed keywords in ``kwargs`` to the new ones, each with a DeprecationWarning."""
+    old = OLD_POSITIONAL.get(cls_name, ())
+    for name, value in [(n, kwargs[n]) for n in kwargs if n not in names]:
+        if name in RENAMED and RENAMED[name] in names:
+            new, spec, hint = RENAMED[name], value, f"{RENAMED[name]}="
+        elif name in LR_RENAMED and name in old:
+            new, spec = LR_RENAMED[name], spec_type("sgd", lr=value)
+            hint = f"{new}=OptimSpec('sgd', lr={value!r})"
+        else:
+            continue
+        if kwargs.get(new) is not None:
+            raise TypeError(f"{cls_name}: {name} is the deprecated spelling of {new}; pass only {new}")
+        warnings.warn(f"{cls_name}: {name}= is deprecated and goes in the next release; pass {hint}",
+                      DeprecationWarning, stacklevel=4)
+        del kwargs[name]
+        kwargs[new] = spec
 
-    ``coerce`` is ``OptimSpec.coerce``, handed in by the strategies' base (which this module sits below).
+
+def old_positional(cls_name: str, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Positional arguments in the deprecated order: a second optimizer moves to its keyword (warned); a
+    hyperparameter is a TypeError naming the keyword it was.
+
+    The first position is the optimizer (``optim_spec``) unless it is a number where the old order had one
+    (DeMo's ``lr``).
     """
-    spec = kwargs.pop("optim_spec")
-    if spec is None:
-        return
-    spec = coerce(spec, "optim_spec", None)
-    taken = {k: v for k, v in spec.kwargs.items() if k in ("lr", "weight_decay") and k in names and k not in kwargs}
-    kwargs.update(taken)
-    dropped = sorted(set(spec.kwargs) - set(taken))
-    if spec.cls.__name__ != "SGD" or dropped:
-        given = [k for k in dropped if k in kwargs]  # passed to DeMo itself: those win
-        unused = [k for k in dropped if k not in kwargs]
-        text = (f"{cls_name}: optim_spec gives DeMo its {', '.join(sorted(taken)) or 'nothing'}; DeMo steps with its "
-                f"own sign-SGD, so {spec.cls.__name__} is not used{', nor its ' + ', '.join(unused) if unused else ''}")
-        if given:
-            wins = "wins" if len(given) == 1 else "win"
-            text += f"; the {', '.join(given)} passed to {cls_name} {wins} over the spec's"
-        warnings.warn(text, stacklevel=4)
+    old = OLD_POSITIONAL.get(cls_name)
+    if old is None or not args:
+        return args, kwargs
+    first_is_optimizer = not (isinstance(args[0], numbers.Real) and not isinstance(args[0], bool))
+    if first_is_optimizer and len(args) == 1:
+        return args, kwargs
+    kwargs = dict(kwargs)
+    given = list(zip(old, args))[1:] if first_is_optimizer else list(zip(old, args))
+    hyper = [(name, value) for name, value in given if name not in RENAMED]
+    if hyper:
+        as_keywords = ", ".join(f"{LR_RENAMED[name]}=OptimSpec('sgd', lr={value!r})" if name in LR_RENAMED
+                                else f"{name}={value!r}" for name, value in hyper)
+        raise TypeError(f"{cls_name}: only the optimizer (optim_spec) is positional; its hyperparameters are "
+                        f"keyword-only. The old order read {', '.join(repr(v) for _, v in hyper)} as {as_keywords}: "
+                        "pass them by name")
+    for name, value in given:
+        new = RENAMED[name]
+        if kwargs.get(new) is not None:
+            raise TypeError(f"{cls_name}: {new} given twice: by position and by name")
+        warnings.warn(f"{cls_name}: the {name.split('_')[0]} optimizer as a positional argument is deprecated and "
+                      f"goes in the next release; pass {new}=", DeprecationWarning, stacklevel=3)
+        kwargs[new] = value
+    return args[:1] if first_is_optimizer else (), kwargs
 
 
-def translate(cls_name: str, names: set[str], kwargs: dict[str, Any], coerce: Callable[..., Any]) -> dict[str, Any]:
-    """``kwargs`` for a constructor taking ``names``: gym aliases mapped, gym-only arguments dropped with a warning.
+def translate(cls_name: str, names: set[str], kwargs: dict[str, Any], spec_type: Any) -> dict[str, Any]:
+    """``kwargs`` for a constructor taking ``names``: aliases mapped (deprecated ones warned), gym-only arguments
+    dropped with a warning.
+
+    ``spec_type`` is ``OptimSpec``, handed in by the strategies' base (which this module sits below).
 
     Raises:
         TypeError: an argument that looks like a misspelling of this strategy's or ``fit``'s, with "did you mean".
     """
     kwargs = dict(kwargs)
-    if "inner_optim_spec" in kwargs and "inner_optim_spec" not in names and "inner_optim" in names:
-        if kwargs.get("inner_optim") is not None:
-            raise TypeError("inner_optim and inner_optim_spec are aliases of one argument; pass only one of them")
-        kwargs["inner_optim"] = kwargs.pop("inner_optim_spec")
-    if "optim_spec" in kwargs and "optim_spec" not in names and "lr" in names:
-        _gym_optim_spec_for_demo(cls_name, names, kwargs, coerce)
+    if "inner_optim_spec" in kwargs and "inner_optim_spec" not in names and "optim_spec" in names:
+        if kwargs.get("optim_spec") is not None:
+            raise TypeError("optim_spec and inner_optim_spec (the gym's spelling) are one argument; pass only one")
+        kwargs["optim_spec"] = kwargs.pop("inner_optim_spec")
+    _deprecated(cls_name, names, kwargs, spec_type)
     elsewhere = set().union(*KNOWN.values()) if KNOWN else set()
     for name in [n for n in kwargs if n not in names]:
         if name not in elsewhere and name not in GYM_MEANT:
@@ -101,10 +155,10 @@ def translate(cls_name: str, names: set[str], kwargs: dict[str, Any], coerce: Ca
 _KNOWN_INITS: dict[str, Callable[..., None]] = {}
 
 
-def accept_gym_spellings(cls: type, coerce: Callable[..., Any]) -> None:
-    """Wrap ``cls.__init__`` (when it defines one without ``**kwargs``) so that it accepts the gym's spellings.
+def accept_gym_spellings(cls: type, spec_type: Any) -> None:
+    """Wrap ``cls.__init__`` (when it defines one without ``**kwargs``) so that it accepts the older spellings.
 
-    ``coerce`` turns an optimizer spelling into an OptimSpec (``OptimSpec.coerce``).
+    ``spec_type`` is ``OptimSpec`` (an optimizer spelling becomes one; a deprecated lr becomes an SGD spec).
 
     Only the constructor a user calls translates; the ``super().__init__`` calls inside pass through.
     """
@@ -120,8 +174,10 @@ def accept_gym_spellings(cls: type, coerce: Callable[..., Any]) -> None:
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
-        if type(self).__init__ is wrapped and not set(kwargs) <= names:
-            kwargs = translate(cls.__name__, names, kwargs, coerce)
+        if type(self).__init__ is wrapped:
+            args, kwargs = old_positional(cls.__name__, args, kwargs)
+            if not set(kwargs) <= names:
+                kwargs = translate(cls.__name__, names, kwargs, spec_type)
         init(self, *args, **kwargs)
 
     cls.__init__ = wrapped  # type: ignore[misc]

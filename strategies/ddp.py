@@ -74,10 +74,10 @@ class DDPStrategy(Strategy):
     def __init__(
         self,
         optim_spec: OptimSpec | str | type | None = None,
+        *,
         max_norm: float | None = None,
         bucket_cap_mb: float = 25,
         overlap: bool = True,
-        *,
         elastic: bool = False,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,

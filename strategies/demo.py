@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Sequence
 
 import einops
@@ -255,6 +256,25 @@ class _BlockGroup:
         self.side_by_side = Layout("(n b k) -> b (n k)", b=self.num_blocks, k=self.k)  # nodes' entries per block
 
 
+DEFAULT_LR = 1e-3
+
+
+def _warn_unused(spec: OptimSpec, weight_decay: float | None) -> None:
+    """Say what of ``spec`` DeMo does not use: its class (DeMo is sign-SGD) and arguments other than lr and weight
+    decay; a ``weight_decay`` given to DeMo wins over the spec's."""
+    given = {"weight_decay"} if weight_decay is not None else set()
+    taken = sorted(k for k in spec.kwargs if k in ("lr", "weight_decay") and k not in given)
+    dropped = sorted(set(spec.kwargs) - set(taken))
+    if spec.cls is torch.optim.SGD and not dropped:
+        return
+    unused = [k for k in dropped if k not in given]
+    text = (f"DeMoStrategy: optim_spec gives DeMo its {', '.join(taken) or 'nothing'}; DeMo steps with its own "
+            f"sign-SGD, so {spec.cls.__name__} is not used{', nor its ' + ', '.join(unused) if unused else ''}")
+    if given & set(dropped):
+        text += "; the weight_decay passed to DeMoStrategy wins over the spec's"
+    warnings.warn(text, stacklevel=4)
+
+
 def _block_groups(dcts: list[ChunkedDCT], dtypes: list[torch.dtype], topk: int) -> list[_BlockGroup]:
     """Group parameters by (block shape, dtype), in order of first appearance."""
     keys: dict[tuple[int, int, torch.dtype], list[int]] = {}
@@ -267,12 +287,14 @@ class DeMoStrategy(Strategy):
     """DeMo: sign-SGD on the all-gathered top-k DCT components of each node's momentum.
 
     Args:
-        lr: the learning rate, used both inside the momentum (``m ← β·m + lr·g``) and
-            for the sign step; the lr schedule scales it.
+        optim_spec: DeMo's learning rate and weight decay, as the spec's ``lr`` (default 1e-3) and
+            ``weight_decay``; the lr is used both inside the momentum (``m ← β·m + lr·g``) and for the
+            sign step, and the lr schedule scales it. DeMo's update is its own sign-SGD, so another
+            optimizer class (the gym passes AdamW) or other arguments are unused, with a warning.
         compression_decay: the momentum decay β, in [0, 1).
         compression_topk: coefficients kept per block, >= 1.
         compression_chunk: target block side (blocks are up to chunk × chunk), >= 1.
-        weight_decay: decoupled weight decay, ``θ ← θ·(1 − lr·wd)`` every step.
+        weight_decay: decoupled weight decay, ``θ ← θ·(1 − lr·wd)`` every step; None takes the spec's (else 0).
         max_norm: clip each node's raw gradient norm before it enters the momentum.
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: as in ``Strategy``.
     """
@@ -281,17 +303,21 @@ class DeMoStrategy(Strategy):
 
     def __init__(
         self,
-        lr: float = 1e-3,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
         compression_decay: float = 0.999,
         compression_topk: int = 32,
         compression_chunk: int = 64,
-        weight_decay: float = 0.0,
-        *,
+        weight_decay: float | None = None,
         max_norm: float | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        check_range("lr", lr, low=0, low_open=True)
+        spec = OptimSpec.coerce(optim_spec, "optim_spec", OptimSpec("sgd", lr=DEFAULT_LR))
+        _warn_unused(spec, weight_decay)
+        lr = spec.kwargs.get("lr", DEFAULT_LR)
+        weight_decay = spec.kwargs.get("weight_decay", 0.0) if weight_decay is None else weight_decay
+        check_range("optim_spec's lr", lr, low=0, low_open=True)
         check_range("compression_decay", compression_decay, low=0)
         if compression_decay >= 1:
             raise ValueError(f"compression_decay must be < 1, got {compression_decay!r}")
@@ -299,11 +325,15 @@ class DeMoStrategy(Strategy):
         check_range("compression_chunk", compression_chunk, low=1, integer=True)
         check_range("weight_decay", weight_decay, low=0)
         super().__init__(OptimSpec("sgd", lr=lr), **base_options(locals()))
-        self.lr = lr
         self.compression_decay = compression_decay
         self.compression_topk = compression_topk
         self.compression_chunk = compression_chunk
         self.weight_decay = weight_decay
+
+    @property
+    def lr(self) -> float:
+        """The base learning rate (``optim_spec``'s lr)."""
+        return self.optim_spec.kwargs["lr"]
 
     def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:
         """Group the parameters by block shape and keep each group's momentum as DCT coefficients.

@@ -52,8 +52,8 @@ class DiLoCoStrategy(FedAvgStrategy):
     AdamW lr 4e-4, weight decay 0.1 for its 150M-parameter language models).
 
     Args:
-        inner_optim: the inner optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
-        outer_optim: the outer optimizer over θ_global. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
+        optim_spec: the inner optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        outer_optim_spec: the outer optimizer over θ_global. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
         H: inner steps per round.
         max_norm: clip the inner gradient norm before each inner step.
         participation: fraction of nodes taking part in each round, in (0, 1].
@@ -63,8 +63,6 @@ class DiLoCoStrategy(FedAvgStrategy):
             (their work is discarded).
         elastic: rounds go on without the nodes that failed since their last sync, as in ``FedAvgStrategy``:
             a failed node adopts θ_global and the outer state from the lowest-ranked node that stayed up.
-        optim_spec: alias of ``inner_optim`` (seed gym spelling).
-        outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
     """
@@ -73,24 +71,22 @@ class DiLoCoStrategy(FedAvgStrategy):
 
     def __init__(
         self,
-        inner_optim: OptimSpec | str | type | None = None,
-        outer_optim: OptimSpec | str | type | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
+        outer_optim_spec: OptimSpec | str | type | None = None,
         H: int = 100,
         max_norm: float | None = None,
-        *,
         participation: float = 1.0,
         island_size: int | None = None,
         replica_size: int = 1,
         deadline_s: float | None = None,
         elastic: bool = False,
-        optim_spec: OptimSpec | str | type | None = None,
-        outer_optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, island_size, H, participation=participation, deadline_s=deadline_s,
-                         elastic=elastic, optim_spec=optim_spec, **base_options(locals()))
-        self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
+        super().__init__(optim_spec, island_size=island_size, H=H, participation=participation,
+                         deadline_s=deadline_s, elastic=elastic, **base_options(locals()))
+        self.outer_optim_spec = outer_spec(outer_optim_spec)
         self.replica_size = check_replica_size(replica_size)
         if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None or elastic):
             raise ValueError("replica_size: a replica group syncs every round as one worker; it cannot be combined "
@@ -105,7 +101,7 @@ class DiLoCoStrategy(FedAvgStrategy):
         super().setup(model, comm, ctx)
         with torch.no_grad():
             self.global_params = flatten(self.params)
-        self.outer_optimizer = self.outer_optim.build([self.global_params])
+        self.outer_optimizer = self.outer_optim_spec.build([self.global_params])
         self._replicas = ReplicaGroups.for_node(self.rank, self.num_nodes, self.replica_size, comm)
 
     def step(self) -> None:

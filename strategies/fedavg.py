@@ -20,7 +20,6 @@ from exonet.strategies.base import (
     base_options,
     check_range,
     flatten,
-    inner_spec,
     shared_generator,
     unflatten_into,
 )
@@ -67,14 +66,13 @@ class FedAvgStrategy(Strategy):
     ``("elastic", r)`` answer; see strategies/README.md, "Failures and goodput").
 
     Args:
-        inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        optim_spec: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
         island_size: nodes per averaging island each round; None averages over all participants.
         H: local steps per round (the seed gym's default, 1, averages every step).
         max_norm: clip the local gradient norm before each local step.
         participation: fraction of nodes taking part in each round, in (0, 1].
         deadline_s: close each round this many simulated seconds after it opens (None: wait for everyone).
         elastic: rounds go on without the nodes that failed since their last sync (needs a scenario).
-        optim_spec: alias of ``inner_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
     """
@@ -83,19 +81,18 @@ class FedAvgStrategy(Strategy):
 
     def __init__(
         self,
-        inner_optim: OptimSpec | str | type | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
         island_size: int | None = None,
         H: int = 1,
         max_norm: float | None = None,
-        *,
         participation: float = 1.0,
         deadline_s: float | None = None,
         elastic: bool = False,
-        optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        super().__init__(optim_spec, **base_options(locals()))
         if not isinstance(elastic, bool):
             raise TypeError(f"elastic must be True or False, got {elastic!r}")
         if elastic and (deadline_s is not None or participation != 1 or island_size is not None):

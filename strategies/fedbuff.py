@@ -24,17 +24,19 @@ class FedBuffStrategy(ServerStrategy):
 
     An update from a client whose model is τ server steps old counts with weight
     s(τ) = 1/√(1+τ) (the paper's polynomial staleness scaling); after B arrivals the server
-    takes θ ← θ − η_g · Σ s(τ_i)·Δ_i / B and its version advances. Each client gets the current
+    steps its optimizer on Σ s(τ_i)·Δ_i / B (by default θ ← θ − η_g · Σ s(τ_i)·Δ_i / B, η_g = 1) and its
+    version advances. Each client gets the current
     parameters back at once (possibly unchanged) and continues.
 
     Args:
-        inner_optim: the clients' optimizer. Default AdamW lr 1e-3.
+        optim_spec: the clients' optimizer. Default AdamW lr 1e-3.
+        outer_optim_spec: the server's optimizer over θ, stepped on the buffer's weighted mean
+            Σ s(τ_i)·Δ_i / B. Default SGD(lr=1.0): θ ← θ − η_g · Σ s(τ_i)·Δ_i / B with η_g = 1, the paper's step
+            (``server_lr=η`` is its deprecated spelling, ``OptimSpec("sgd", lr=η)``).
         H: local steps per round (the paper's K).
         buffer_size: B, arrivals per server step.
-        server_lr: η_g.
         max_norm: clip the local gradient norm.
         dynamic_local_updates: local steps proportional to speed (see ``ServerStrategy``).
-        optim_spec: seed-gym alias of ``inner_optim``.
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner schedule.
     """
 
@@ -42,22 +44,20 @@ class FedBuffStrategy(ServerStrategy):
 
     def __init__(
         self,
-        inner_optim: OptimSpec | str | type | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
+        outer_optim_spec: OptimSpec | str | type | None = None,
         H: int = 100,
         buffer_size: int = 2,
-        server_lr: float = 1.0,
         max_norm: float | None = None,
-        *,
         dynamic_local_updates: bool = False,
-        optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_optim, H, dynamic_local_updates=dynamic_local_updates, optim_spec=optim_spec,
-                         **base_options(locals()))
+        super().__init__(optim_spec, H=H, dynamic_local_updates=dynamic_local_updates, **base_options(locals()))
         check_range("buffer_size", buffer_size, low=1, integer=True)
-        check_range("server_lr", server_lr, low=0, low_open=True)
-        self.buffer_size, self.server_lr = buffer_size, server_lr
+        self.buffer_size = buffer_size
+        self.outer_optim_spec = OptimSpec.coerce(outer_optim_spec, "outer_optim_spec", OptimSpec("sgd", lr=1.0))
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         super().setup(model, comm, ctx)
@@ -66,13 +66,16 @@ class FedBuffStrategy(ServerStrategy):
             self.buffered = 0
             self.version = 0
             self.sent_version = [0] * ctx.num_nodes  # the version each client trains from
+            self.outer_optimizer = self.outer_optim_spec.build([self.global_params])
 
     def apply(self, delta: torch.Tensor, trainer: int) -> None:
         staleness = self.version - self.sent_version[trainer]
         self.buffer.add_(delta, alpha=1 / math.sqrt(1 + staleness))
         self.buffered += 1
         if self.buffered == self.buffer_size:
-            self.global_params.sub_(self.buffer, alpha=self.server_lr / self.buffer_size)
+            self.global_params.grad = self.buffer.div_(self.buffer_size)
+            self.outer_optimizer.step()
+            self.global_params.grad = None
             self.buffer.zero_()
             self.buffered = 0
             self.version += 1

@@ -28,7 +28,6 @@ from exonet.strategies.base import (
     base_options,
     check_range,
     flatten,
-    inner_spec,
     unflatten_into,
 )
 
@@ -40,13 +39,12 @@ class ServerStrategy(Strategy):
     """H local steps per round on each trainer; the server applies each trainer's Δ as it arrives.
 
     Args:
-        inner_optim: the trainers' optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        optim_spec: the trainers' optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
         H: local steps per round (the fastest trainer's, with ``dynamic_local_updates``).
         max_norm: clip the local gradient norm before each local step.
         dynamic_local_updates: each trainer takes H·v/v_max local steps per round, v its compute speed
             in the scenario (at least 1), so rounds end at about the same simulated time (DyLU,
             Liu et al. 2024).
-        optim_spec: alias of ``inner_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule.
     """
 
@@ -54,16 +52,15 @@ class ServerStrategy(Strategy):
 
     def __init__(
         self,
-        inner_optim: OptimSpec | str | type | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
         H: int = 100,
         max_norm: float | None = None,
-        *,
         dynamic_local_updates: bool = False,
-        optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        super().__init__(optim_spec, **base_options(locals()))
         check_range("H", H, low=1, integer=True)
         self.H = H
         self.dynamic_local_updates = bool(dynamic_local_updates)

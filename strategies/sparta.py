@@ -23,7 +23,6 @@ from exonet.strategies.base import (
     Strategy,
     base_options,
     check_range,
-    inner_spec,
     shared_generator,
 )
 
@@ -172,11 +171,10 @@ class SPARTAStrategy(SparseAveraging):
     checkpoint keeps those in flight, so a resumed run applies them at the same steps.
 
     Args:
-        inner_optim: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        optim_spec: the local optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
         p_sparta: fraction of the parameters averaged after every step, in (0, 1].
         max_norm: clip the local gradient norm before each step.
         delay_steps: how many steps an exchange may stay in flight (0: blocking).
-        optim_spec: alias of ``inner_optim`` (seed gym spelling).
         async_sparta_delay: alias of ``delay_steps`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the learning-rate schedule,
             as in ``Strategy``.
@@ -186,17 +184,16 @@ class SPARTAStrategy(SparseAveraging):
 
     def __init__(
         self,
-        inner_optim: OptimSpec | str | type | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
         p_sparta: float = 0.005,
         max_norm: float | None = None,
         delay_steps: int = 0,
-        *,
-        optim_spec: OptimSpec | str | type | None = None,
         async_sparta_delay: int | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
+        super().__init__(optim_spec, **base_options(locals()))
         if async_sparta_delay is not None:
             if delay_steps:
                 raise TypeError("delay_steps and async_sparta_delay are aliases of one argument; pass only one of them")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exonet.strategies.base import OptimSpec, base_options, check_range, one_of
+from exonet.strategies.base import OptimSpec, base_options, check_range
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.sparta import SparseAverager, SparseAveraging
 
@@ -22,17 +22,15 @@ class SPARTADiLoCoStrategy(SparseAveraging, DiLoCoStrategy):
     outer step when the round's group is every node, and its bytes would be wasted.
 
     Args:
-        inner_optim: the inner optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
-        outer_optim: the outer optimizer over θ_global. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
+        optim_spec: the inner optimizer (name, class or OptimSpec); the gym spells it ``inner_optim_spec``.
+            Default AdamW lr 1e-3.
+        outer_optim_spec: the outer optimizer over θ_global. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
         p_sparta: fraction of the parameters averaged per sparse exchange, in (0, 1].
         sparta_interval: steps between sparse exchanges.
         H: inner steps per DiLoCo round.
         max_norm: clip the inner gradient norm before each inner step.
         participation: fraction of nodes taking part in each DiLoCo round, in (0, 1].
         island_size: nodes per DiLoCo averaging island; None averages over all participants.
-        optim_spec: alias of ``inner_optim``.
-        inner_optim_spec: alias of ``inner_optim`` (the seed gym's spelling for this strategy).
-        outer_optim_spec: alias of ``outer_optim``.
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
     """
@@ -41,24 +39,20 @@ class SPARTADiLoCoStrategy(SparseAveraging, DiLoCoStrategy):
 
     def __init__(
         self,
-        inner_optim: OptimSpec | str | type | None = None,
-        outer_optim: OptimSpec | str | type | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
+        outer_optim_spec: OptimSpec | str | type | None = None,
         p_sparta: float = 0.005,
         sparta_interval: int = 1,
         H: int = 100,
         max_norm: float | None = None,
-        *,
         participation: float = 1.0,
         island_size: int | None = None,
-        optim_spec: OptimSpec | str | type | None = None,
-        inner_optim_spec: OptimSpec | str | type | None = None,
-        outer_optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(one_of(inner_optim=inner_optim, inner_optim_spec=inner_optim_spec), outer_optim, H,
-                         participation=participation, island_size=island_size, optim_spec=optim_spec,
-                         outer_optim_spec=outer_optim_spec, **base_options(locals()))
+        super().__init__(optim_spec, outer_optim_spec=outer_optim_spec, H=H, participation=participation,
+                         island_size=island_size, **base_options(locals()))
         check_range("sparta_interval", sparta_interval, low=1, integer=True)
         self.sparse = SparseAverager(p_sparta)
         self.p_sparta = p_sparta

@@ -58,7 +58,6 @@ from exonet.strategies.base import (
     base_options,
     check_range,
     flatten,
-    inner_spec,
     outer_spec,
     unflatten_into,
 )
@@ -116,8 +115,8 @@ class StreamingDiLoCoStrategy(Strategy):
     """DiLoCo whose fragments sync in turn, overlapped with τ inner steps, optionally quantized.
 
     Args:
-        inner_optim: the inner optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
-        outer_optim: the outer optimizer of every fragment. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
+        optim_spec: the inner optimizer (name, class or OptimSpec). Default AdamW lr 1e-3.
+        outer_optim_spec: the outer optimizer of every fragment. Default SGD(lr=0.7, momentum=0.9, nesterov=True).
         H: inner steps between two syncs of the same fragment, >= 1.
         num_fragments: F, 1 <= F <= H (and at most the number of parameter tensors).
         delay_steps: τ, inner steps between starting a fragment's reduction and using it, 0 <= τ <= H.
@@ -125,8 +124,6 @@ class StreamingDiLoCoStrategy(Strategy):
         merge_alpha: α in [0, 1]; after an outer step θ_local ← (1 − α)·θ_global + α·θ_local.
         max_norm: clip the inner gradient norm before each inner step.
         replica_size: ranks per DiLoCo worker (data-parallel inside, G must divide K); not with quantize_bits.
-        optim_spec: alias of ``inner_optim`` (seed gym spelling).
-        outer_optim_spec: alias of ``outer_optim`` (seed gym spelling).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
     """
@@ -135,23 +132,21 @@ class StreamingDiLoCoStrategy(Strategy):
 
     def __init__(
         self,
-        inner_optim: OptimSpec | str | type | None = None,
-        outer_optim: OptimSpec | str | type | None = None,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
+        outer_optim_spec: OptimSpec | str | type | None = None,
         H: int = 100,
         num_fragments: int = 2,
         delay_steps: int = 1,
         quantize_bits: int | None = None,
         merge_alpha: float = 0.5,
         max_norm: float | None = None,
-        *,
         replica_size: int = 1,
-        optim_spec: OptimSpec | str | type | None = None,
-        outer_optim_spec: OptimSpec | str | type | None = None,
         lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(inner_spec(inner_optim, optim_spec), **base_options(locals()))
-        self.outer_optim = outer_spec(outer_optim, outer_optim_spec)
+        super().__init__(optim_spec, **base_options(locals()))
+        self.outer_optim_spec = outer_spec(outer_optim_spec)
         check_range("H", H, low=1, integer=True)
         check_range("num_fragments", num_fragments, low=1, high=H, integer=True)
         check_range("delay_steps", delay_steps, low=0, high=H, integer=True)
@@ -178,7 +173,7 @@ class StreamingDiLoCoStrategy(Strategy):
                           for r in fragment_bounds([p.numel() for p in self.params], self.num_fragments)]
         with torch.no_grad():
             self.global_params = [flatten(ps).float() for ps in self.fragments]
-        self.outer_optimizers = [self.outer_optim.build([g]) for g in self.global_params]
+        self.outer_optimizers = [self.outer_optim_spec.build([g]) for g in self.global_params]
         self.offsets = fragment_offsets(self.H, self.num_fragments)
         self._in_flight: list[_Round] = []
         self._wire_dtype = self.params[0].dtype if self.params else torch.float32

@@ -40,7 +40,7 @@ def test_bf16_autocast_trains_on_cuda():
     assert all(torch.isfinite(torch.tensor(result.history["train_loss"])))
 
 
-@pytest.mark.parametrize("strategy", [DeMoStrategy(lr=1e-3),
+@pytest.mark.parametrize("strategy", [DeMoStrategy(OptimSpec("sgd", lr=1e-3)),
                                       StreamingDiLoCoStrategy(OptimSpec("adamw", lr=1e-3), H=3, num_fragments=2)],
                          ids=["demo", "streaming_diloco"])
 def test_compressed_and_streaming_strategies_on_a_shared_device(strategy):

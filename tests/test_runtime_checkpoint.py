@@ -202,7 +202,7 @@ def test_data_order_is_a_pure_function_of_seed_rank_and_epoch(shared):
 @pytest.mark.slow
 def test_demo_resumes_exactly_from_its_checkpointed_dct_momentum(tmp_path):
     def demo() -> DeMoStrategy:
-        return DeMoStrategy(lr=1e-3, compression_topk=4, compression_chunk=8)
+        return DeMoStrategy(OptimSpec("sgd", lr=1e-3), compression_topk=4, compression_chunk=8)
 
     kw = dict(KW, max_steps=6, val_interval=0)
     whole = LocalTrainer(healthy(), DATA).fit(demo(), checkpoint_interval=3, run_dir=tmp_path, **kw)
@@ -257,7 +257,7 @@ RESUMED = {
     # the clock replays the run it continues: the waits after the resume name collectives issued before it
     "sparta": Case(lambda: SPARTAStrategy(OptimSpec("adamw", lr=3e-3), p_sparta=0.1, delay_steps=3),
                    in_flight="the exchanges of steps 4, 5 and 6", fit={"scenario": "datacenter"}),
-    "demo": Case(lambda: DeMoStrategy(lr=1e-3, compression_topk=4, compression_chunk=8)),
+    "demo": Case(lambda: DeMoStrategy(OptimSpec("sgd", lr=1e-3), compression_topk=4, compression_chunk=8)),
     "sparta_diloco": Case(lambda: SPARTADiLoCoStrategy(OptimSpec("adamw", lr=3e-3), p_sparta=0.1, H=4)),
     "streaming_diloco": Case(lambda: _streaming(delay_steps=1), in_flight="fragment 0's round, started at step 6"),
     "streaming_diloco-4bit": Case(lambda: _streaming(delay_steps=2, quantize_bits=4),

@@ -139,14 +139,14 @@ class _Server:
 
 
 def test_delayed_nesterov_applies_momentum_every_n_arrivals():
-    s = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5, momentum=0.9), delayed_nesterov=2,
+    s = _Server.of(AsyncDiLoCoStrategy(outer_optim_spec=OptimSpec("sgd", lr=0.5, momentum=0.9), delayed_nesterov=2,
                                        grad_scale=0.0))
     s.apply(torch.tensor([1.0, 0.0, 0.0]), 0)
     assert s.global_params.tolist() == [0.0, 0.0, 0.0]  # buffered, c = 0
     s.apply(torch.tensor([0.0, 2.0, 0.0]), 1)
     d = torch.tensor([0.5, 1.0, 0.0])  # the buffer's mean; m = d; θ = −η (β m + d)
     assert torch.allclose(s.global_params, -0.5 * (0.9 * d + d))
-    scaled = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5, momentum=0.9), delayed_nesterov=2,
+    scaled = _Server.of(AsyncDiLoCoStrategy(outer_optim_spec=OptimSpec("sgd", lr=0.5, momentum=0.9), delayed_nesterov=2,
                                             grad_scale=0.25))
     scaled.apply(torch.tensor([1.0, 0.0, 0.0]), 0)
     assert scaled.global_params.tolist() == [-0.125, 0.0, 0.0]  # θ −= η c Δ between momentum steps
@@ -154,27 +154,27 @@ def test_delayed_nesterov_applies_momentum_every_n_arrivals():
 
 def test_delayed_nesterov_reads_the_sgds_nesterov_flag_and_rejects_what_it_would_ignore():
     """nesterov=False, weight_decay and a naive run's grad_scale changed nothing before (max diff 0.0)."""
-    heavy = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5, momentum=0.9, nesterov=False),
+    heavy = _Server.of(AsyncDiLoCoStrategy(outer_optim_spec=OptimSpec("sgd", lr=0.5, momentum=0.9, nesterov=False),
                                            delayed_nesterov=1))
     heavy.apply(torch.tensor([1.0, 0.0, 0.0]), 0)
     heavy.apply(torch.tensor([1.0, 0.0, 0.0]), 1)
     assert torch.allclose(heavy.global_params, torch.tensor([-0.5 * (1 + 1.9), 0.0, 0.0]))  # θ −= η m, m = β m + d
     with pytest.raises(ValueError, match="weight_decay would be ignored"):
-        AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.7, momentum=0.9, weight_decay=0.5))
-    AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.7, momentum=0.9, weight_decay=0.0))  # a no-op is fine
+        AsyncDiLoCoStrategy(outer_optim_spec=OptimSpec("sgd", lr=0.7, momentum=0.9, weight_decay=0.5))
+    AsyncDiLoCoStrategy(outer_optim_spec=OptimSpec("sgd", lr=0.7, momentum=0.9, weight_decay=0.0))  # a no-op is fine
     with pytest.raises(ValueError, match="grad_scale=0.5 scales the arrivals between"):
         AsyncDiLoCoStrategy(delayed_nesterov=None, grad_scale=0.5)
 
 
 def test_naive_async_diloco_takes_an_outer_step_per_arrival():
-    s = _Server.of(AsyncDiLoCoStrategy(outer_optim=OptimSpec("sgd", lr=0.5), delayed_nesterov=None))
+    s = _Server.of(AsyncDiLoCoStrategy(outer_optim_spec=OptimSpec("sgd", lr=0.5), delayed_nesterov=None))
     s.apply(torch.tensor([1.0, 2.0, 0.0]), 0)
     s.apply(torch.tensor([1.0, 0.0, 0.0]), 1)
     assert s.global_params.tolist() == [-1.0, -1.0, 0.0]
 
 
 def test_fedbuff_steps_after_b_arrivals_with_staleness_weights():
-    s = _Server.of(FedBuffStrategy(buffer_size=2, server_lr=1.0), trainers=3)
+    s = _Server.of(FedBuffStrategy(buffer_size=2), trainers=3)  # the default server step: SGD lr 1, the paper's
     s.apply(torch.tensor([2.0, 0.0, 0.0]), 0)
     assert s.global_params.tolist() == [0.0, 0.0, 0.0] and s.version == 0
     s.apply(torch.tensor([0.0, 2.0, 0.0]), 1)
@@ -186,6 +186,16 @@ def test_fedbuff_steps_after_b_arrivals_with_staleness_weights():
     assert s.version == 2 and s.sent_version == [2, 1, 1]
 
 
+def test_fedbuff_server_steps_its_outer_optimizer_on_the_buffer_mean():
+    s = _Server.of(FedBuffStrategy(buffer_size=2, outer_optim_spec=OptimSpec("sgd", lr=0.5, momentum=0.5)), trainers=2)
+    s.apply(torch.tensor([2.0, 0.0, 0.0]), 0)
+    s.apply(torch.tensor([0.0, 2.0, 0.0]), 1)  # mean d = [1, 1, 0]: m = d, θ = −0.5·m
+    assert s.global_params.tolist() == [-0.5, -0.5, 0.0]
+    s.apply(torch.tensor([2.0, 0.0, 0.0]), 1)
+    s.apply(torch.tensor([2.0, 0.0, 0.0]), 1)  # fresh both times: d = [2, 0, 0], m = 0.5·[1, 1, 0] + d
+    assert s.global_params.tolist() == [-0.5 - 0.5 * 2.5, -0.5 - 0.5 * 0.5, 0.0]
+
+
 def test_strategies_with_a_server_need_the_clock_and_check_their_arguments():
     trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4))
     with pytest.raises(ValueError, match="AsyncDiLoCoStrategy .*scenario="):
@@ -193,7 +203,7 @@ def test_strategies_with_a_server_need_the_clock_and_check_their_arguments():
     with pytest.raises(ValueError, match="compute.mode 'measured'"):
         trainer.fit(async_diloco(), num_nodes=2, max_steps=2, scenario="cross-continent", progress=False)
     with pytest.raises(ValueError, match="delayed_nesterov: the outer optimizer must be SGD"):
-        AsyncDiLoCoStrategy(outer_optim="adam", delayed_nesterov=2)
+        AsyncDiLoCoStrategy(outer_optim_spec="adam", delayed_nesterov=2)
     with pytest.raises(ValueError, match="buffer_size"):
         FedBuffStrategy(buffer_size=0)
 

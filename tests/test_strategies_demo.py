@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from exonet import LocalTrainer
+from exonet.strategies import OptimSpec
 from exonet.strategies.demo import (
     ChunkedDCT,
     DeMoStrategy,
@@ -139,7 +140,7 @@ def test_indices_are_int16_up_to_32768_entries_per_block():
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    ({"lr": 0}, "lr"), ({"compression_decay": 1.0}, "compression_decay"),
+    ({"optim_spec": OptimSpec("sgd", lr=0)}, "optim_spec's lr"), ({"compression_decay": 1.0}, "compression_decay"),
     ({"compression_decay": -0.1}, "compression_decay"), ({"compression_topk": 0}, "compression_topk"),
     ({"compression_chunk": 0}, "compression_chunk"), ({"weight_decay": -1}, "weight_decay"),
     ({"max_norm": 0}, "max_norm"),
@@ -206,8 +207,8 @@ def plain_demo(model: nn.Module, batches: list[list[tuple[torch.Tensor, torch.Te
 @pytest.fixture(scope="module")
 def demo_run():
     factory = ShardFactory(n=64, dim=16, classes=4)
-    strategy = DeMoStrategy(lr=LR, compression_decay=DECAY, compression_topk=TOPK, compression_chunk=CHUNK,
-                            weight_decay=WD)
+    strategy = DeMoStrategy(OptimSpec("sgd", lr=LR), compression_decay=DECAY, compression_topk=TOPK,
+                            compression_chunk=CHUNK, weight_decay=WD)
     result = LocalTrainer(conv_model(), factory).fit(strategy, num_nodes=K, max_steps=STEPS, batch_size=BATCH,
                                                      shuffle=False, progress=False)
     shards = [factory(rank, K, True).tensors for rank in range(K)]
@@ -231,7 +232,7 @@ def test_demo_steps_match_a_plain_rederivation(demo_run):
 @pytest.fixture(scope="module")
 def square_run():
     data = synthetic_regression(n=64, in_dim=256, out_dim=256)
-    strategy = DeMoStrategy(lr=1e-3, compression_topk=32, compression_chunk=64)
+    strategy = DeMoStrategy(OptimSpec("sgd", lr=1e-3), compression_topk=32, compression_chunk=64)
     return LocalTrainer(square_model(), data).fit(strategy, num_nodes=K, max_steps=3, batch_size=8, progress=False)
 
 

@@ -108,7 +108,8 @@ def test_no_hand_off_is_planned_past_the_last_round_or_at_full_participation():
 
 @pytest.mark.parametrize("outer, size", [(None, 2 * P), (OptimSpec("adam", lr=0.1, weight_decay=0.1), 3 * P + 1)])
 def test_a_node_that_never_stepped_adopts_the_outer_state_of_one_that_did(outer, size):
-    donor, newcomer = (bound(DiLoCoStrategy(ADAMW, outer, H=H, participation=PARTICIPATION), r) for r in (1, 0))
+    donor, newcomer = (bound(DiLoCoStrategy(ADAMW, outer_optim_spec=outer, H=H, participation=PARTICIPATION), r)
+                       for r in (1, 0))
     with torch.no_grad():
         for _ in range(2):
             donor.global_params.grad = torch.randn_like(donor.global_params)

@@ -106,7 +106,7 @@ def test_diloco_over_replica_groups_sends_exact_bytes(replica_runs):
 @pytest.mark.slow
 def test_streaming_diloco_over_replica_groups_equals_plain_streaming_on_the_union():
     data = _data()
-    make = dict(inner_optim=SGD, H=H, num_fragments=1, delay_steps=1)
+    make = dict(optim_spec=SGD, H=H, num_fragments=1, delay_steps=1)
     grouped = _fit(StreamingDiLoCoStrategy(**make, replica_size=G), data, K, B)
     plain = _fit(StreamingDiLoCoStrategy(**make), _union_of_worker_batches(data), K // G, G * B)
     torch.testing.assert_close(_params(grouped), _params(plain), rtol=0, atol=1e-6)  # θ_global is fp32

@@ -58,13 +58,11 @@ def _assert_same_run(a, b, atol=1e-5):
     (lambda: SPARTAStrategy(p_sparta=1.01), "p_sparta"),
     (lambda: SPARTADiLoCoStrategy(p_sparta=float("nan")), "p_sparta"),
     (lambda: SPARTADiLoCoStrategy(sparta_interval=0), "sparta_interval"),
-    (lambda: DiLoCoStrategy(inner_optim="adamm"), "inner_optim"),
-    (lambda: SPARTAStrategy(optim_spec="nope"), "inner_optim"),
-    (lambda: DiLoCoStrategy(outer_optim="sgdd"), "outer_optim"),
-    (lambda: DiLoCoStrategy(outer_optim=42), "outer_optim"),
-    (lambda: DiLoCoStrategy(inner_optim="sgd", optim_spec="adam"), "optim_spec"),
-    (lambda: DiLoCoStrategy(outer_optim="sgd", outer_optim_spec="adam"), "outer_optim_spec"),
-    (lambda: SPARTADiLoCoStrategy(inner_optim="sgd", inner_optim_spec="adam"), "inner_optim_spec"),
+    (lambda: DiLoCoStrategy(optim_spec="adamm"), "optim_spec"),
+    (lambda: SPARTAStrategy(optim_spec="nope"), "optim_spec"),
+    (lambda: DiLoCoStrategy(outer_optim_spec="sgdd"), "outer_optim_spec"),
+    (lambda: DiLoCoStrategy(outer_optim_spec=42), "outer_optim_spec"),
+    (lambda: SPARTADiLoCoStrategy(optim_spec="sgd", inner_optim_spec="adam"), "inner_optim_spec"),
     (lambda: FedAvgStrategy(warmup_steps=-1), "warmup_steps"),
 ])
 def test_bad_arguments_fail_at_construction_naming_the_argument(make, argument):
@@ -73,17 +71,17 @@ def test_bad_arguments_fail_at_construction_naming_the_argument(make, argument):
 
 
 def test_seed_gym_spellings_and_paper_defaults():
-    d = DiLoCoStrategy(inner_optim="adam", H=100)
+    d = DiLoCoStrategy("adam", H=100)
     assert d.optim_spec.cls is torch.optim.Adam and d.H == 100
-    assert d.outer_optim.cls is torch.optim.SGD
-    assert d.outer_optim.kwargs == {"lr": 0.7, "momentum": 0.9, "nesterov": True}
-    assert DiLoCoStrategy(optim_spec="sgd", outer_optim_spec=PLAIN_OUTER).outer_optim is PLAIN_OUTER
+    assert d.outer_optim_spec.cls is torch.optim.SGD
+    assert d.outer_optim_spec.kwargs == {"lr": 0.7, "momentum": 0.9, "nesterov": True}
+    assert DiLoCoStrategy(optim_spec="sgd", outer_optim_spec=PLAIN_OUTER).outer_optim_spec is PLAIN_OUTER
     assert DiLoCoStrategy().optim_spec.cls is torch.optim.AdamW
-    assert FedAvgStrategy("sgd", 2, 5).island_size == 2 and FedAvgStrategy().H == 1
+    assert FedAvgStrategy("sgd", island_size=2, H=5).island_size == 2 and FedAvgStrategy().H == 1
     assert SPARTAStrategy().p_sparta == 0.005
     s = SPARTADiLoCoStrategy(inner_optim_spec="sgd", p_sparta=0.1, sparta_interval=5, H=50)
     assert s.optim_spec.cls is torch.optim.SGD and (s.p_sparta, s.sparta_interval, s.H) == (0.1, 5, 50)
-    assert s.config()["outer_optim"]["nesterov"] is True
+    assert s.config()["outer_optim_spec"]["nesterov"] is True
 
 
 # ------------------------------------------------------------------ rounds, masks, outer step (in process)
@@ -206,11 +204,11 @@ def fedavg_h3():
 
 @pytest.fixture(scope="module")
 def diloco_h3():
-    return _fit(DiLoCoStrategy(ADAMW, PLAIN_OUTER, H=3))
+    return _fit(DiLoCoStrategy(ADAMW, outer_optim_spec=PLAIN_OUTER, H=3))
 
 
 def test_diloco_h1_with_plain_outer_sgd_equals_ddp(ddp_sgd):
-    _assert_same_run(_fit(DiLoCoStrategy(SGD, PLAIN_OUTER, H=1)), ddp_sgd)
+    _assert_same_run(_fit(DiLoCoStrategy(SGD, outer_optim_spec=PLAIN_OUTER, H=1)), ddp_sgd)
 
 
 def test_fedavg_equals_diloco_with_outer_sgd_lr1_no_momentum(fedavg_h3, diloco_h3):
@@ -223,7 +221,7 @@ def test_sparta_p1_equals_per_step_parameter_averaging(fedavg_h1, ddp_sgd):
 
 
 def test_sparta_diloco_p1_is_per_step_averaging_with_outer_steps_that_adopt_the_mean(fedavg_h1):
-    _assert_same_run(_fit(SPARTADiLoCoStrategy(ADAMW, PLAIN_OUTER, p_sparta=1.0, H=3)), fedavg_h1)
+    _assert_same_run(_fit(SPARTADiLoCoStrategy(ADAMW, outer_optim_spec=PLAIN_OUTER, p_sparta=1.0, H=3)), fedavg_h1)
 
 
 # ------------------------------------------------------------------ payload bytes (real processes)

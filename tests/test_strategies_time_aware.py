@@ -68,8 +68,8 @@ def test_async_diloco_defaults_to_delayed_nesterov_over_the_trainers():
     s.setup(model, None, NodeContext(3, 3, 10, 0, torch.device("cpu")))  # the server of 3 trainers
     assert s.delayed_nesterov == 3 and not hasattr(s, "outer_optimizer")
     with pytest.raises(ValueError, match="pass delayed_nesterov=None for a naive outer step"):
-        AsyncDiLoCoStrategy(outer_optim="adam")
-    assert AsyncDiLoCoStrategy(outer_optim="adam", delayed_nesterov=None).delayed_nesterov is None
+        AsyncDiLoCoStrategy(outer_optim_spec="adam")
+    assert AsyncDiLoCoStrategy(outer_optim_spec="adam", delayed_nesterov=None).delayed_nesterov is None
 
 
 @pytest.mark.slow
