@@ -74,14 +74,14 @@ def _cmd_timeline(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     import warnings
 
-    from exonet.comparison import compare
+    from exonet.comparison import compare, run_names
 
     if args.plot:
         check_output(args.plot, "--plot")
     runs: dict[str, str] = {}
     for item in args.runs:
         name, eq, path = item.partition("=")
-        name, path = (name, path) if eq else (Path(item).name, item)
+        name, path = (name, path) if eq else (run_names([Path(item)])[0], item)
         if name in runs:
             if eq:
                 raise ValueError(f"compare: the name {name!r} is given twice; names must be unique")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from exonet.files import output_path
+from exonet.files import check_output, output_path
 from exonet.fit_result import FitResult
 from exonet.trace import Trace
 
@@ -63,7 +64,29 @@ def expand_runs(name: str, obj: Any) -> tuple[dict[str, Any], list[str]]:
         return {name: runs[0]}, [f"{runs[0]}: {why}"] if why else []
     if len(runs) == 1:
         return {name: runs[0]}, notes
-    return {f"{name}/{run.name}": run for run in runs}, notes
+    return {f"{name}/{label}": run for label, run in zip(run_names(runs), runs)}, notes
+
+
+def run_names(paths: Sequence[Path]) -> list[str]:
+    """Each run's name (``fit(run_name=...)``, or the strategy and K): its folder's name after the start time
+    (``<time>-<name>``, exonet.rundir); the folder's whole name where two runs share a name."""
+    names = [re.sub(r"^\d{8}-\d{6}-", "", path.name) or path.name for path in paths]
+    return [name if names.count(name) == 1 else path.name for name, path in zip(names, paths)]
+
+
+def _named(runs: Any) -> Mapping[str, Any]:
+    """``compare``'s runs as a mapping: one folder or a list of runs named by their run names, or by position."""
+    if isinstance(runs, (str, os.PathLike)):
+        runs = [runs]
+    if isinstance(runs, (list, tuple)):
+        paths = iter(run_names([Path(obj) for obj in runs if isinstance(obj, (str, os.PathLike))]))
+        runs = {next(paths) if isinstance(obj, (str, os.PathLike)) else f"run {i}": obj for i, obj in enumerate(runs)}
+    if not isinstance(runs, Mapping):
+        raise TypeError(f"compare: runs must map names to runs (FitResult, Trace, run directory or folder of runs), "
+                        f"or be a folder or a list of them, got {type(runs).__name__}")
+    if not runs:
+        raise ValueError("compare: runs is empty; pass a mapping of name -> FitResult, Trace or run directory")
+    return runs
 
 
 def time_to_loss(history: Mapping[str, list], step_end_times: Sequence[float], target: float) -> float | None:
@@ -223,18 +246,21 @@ def _smooth(points: list[tuple[float, float]], window: int = 10) -> list[tuple[f
 
 
 def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenarios: Sequence[Any],
-            target_loss: float | None = None, loss: str = "auto") -> Comparison:
+            target_loss: float | None = None, loss: str = "auto",
+            plot: str | os.PathLike | None = None) -> Comparison:
     """Replay every run in every scenario.
 
     Args:
         runs: name → FitResult, Trace, run directory, or a folder of runs (every complete run in it;
-            incomplete ones are left out with a warning); or one folder, or a list (named by their folders).
+            incomplete ones are left out with a warning); or one folder, or a list (named by their run names).
+            A folder of several runs names each ``<name>/<run name>``.
         scenarios: Scenario objects, preset names or paths.
         target_loss: report the simulated time at which each run first reached this loss.
         loss: the quantity of "final loss", "to target" and ``plot``: "validation" (the last evaluation),
             "train" (the mean of the last 10 training losses), or "auto" (validation when
             every run with a history evaluated, so asynchronous and time-aware runs read by their models, not
             by per-trainer training losses in arrival order; else train).
+        plot: also draw loss vs simulated time to this PNG (``Comparison.plot``), as ``exonet compare --plot``.
 
     Returns:
         A Comparison with ``rows``, ``to_markdown()`` and ``plot(path)``.
@@ -242,16 +268,9 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
     from exonet.netsim import simulate
     from exonet.scenario import Scenario
 
-    if isinstance(runs, (str, os.PathLike)):
-        runs = [runs]
-    if isinstance(runs, (list, tuple)):  # named by their folders, or by position
-        runs = {Path(obj).name if isinstance(obj, (str, os.PathLike)) else f"run {i}": obj
-                for i, obj in enumerate(runs)}
-    if not isinstance(runs, Mapping):
-        raise TypeError(f"compare: runs must map names to runs (FitResult, Trace, run directory or folder of runs), "
-                        f"or be a folder or a list of them, got {type(runs).__name__}")
-    if not runs:
-        raise ValueError("compare: runs is empty; pass a mapping of name -> FitResult, Trace or run directory")
+    if plot is not None:
+        check_output(plot, "compare(plot=)")  # before the replays, not after
+    runs = _named(runs)
     if isinstance(scenarios, (str, os.PathLike, Scenario)):
         scenarios = [scenarios]
     named: dict[str, Any] = {}
@@ -311,4 +330,7 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "correlation": evals[-1].get("correlation") if evals else None,
                 **({"goodput": sim.goodput} if scen.resolve(k).failures is not None else {}),
             })
-    return Comparison(rows, results, loaded, target_loss, loss)
+    table = Comparison(rows, results, loaded, target_loss, loss)
+    if plot is not None:
+        table.plot(plot)
+    return table

@@ -223,3 +223,27 @@ def test_a_fit_result_prints_as_one_line_saying_what_ran_and_how_it_ended(tiny_r
     assert text.startswith("FitResult(DDPStrategy, K=2, 6 steps, val loss ") and "at step 6" in text
     assert "payload/node" in text and f"run_dir={str(tiny_run.run_dir)!r}" in text and "\n" not in text
     assert len(text) < 160 + len(str(tiny_run.run_dir))  # not every loss and the whole model
+
+
+def _fake_run(root, folder: str, trace: Trace) -> None:
+    """A complete run directory as fit writes it (``<time>-<run name>``), without training."""
+    from exonet.rundir import create_run, write_run
+
+    path = create_run(root, "x", {})
+    path = path.rename(root / folder)
+    write_run(path, {"train_loss": [2.0, 1.5, 1.0]}, trace, True, 0.1)
+
+
+def test_compare_labels_runs_by_run_name_and_plots_itself(tmp_path):
+    """Rows read "runs/20261202-101010-ddp-k2" where the run was named ddp-k2; compare had no plot=."""
+    root = tmp_path / "runs"
+    for folder in ("20261202-101010-ddp-k2", "20261202-101011-sparta-k2", "20261202-101012-sparta-k2"):
+        _fake_run(root, folder, small_trace(2))
+    table = compare({"runs": root}, ["datacenter"], plot=tmp_path / "p.png")
+    assert [row["run"] for row in table.rows] == ["runs/ddp-k2", "runs/20261202-101011-sparta-k2",
+                                                  "runs/20261202-101012-sparta-k2"]  # a shared name: the folders
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    listed = compare([root / "20261202-101010-ddp-k2", root / "20261202-101011-sparta-k2"], ["datacenter"])
+    assert [row["run"] for row in listed.rows] == ["ddp-k2", "sparta-k2"]
+    with pytest.raises(ValueError, match=r"compare\(plot=\)"):
+        compare({"r": small_trace(2)}, ["datacenter"], plot=tmp_path / "p.png" / "under-a-file.png")
