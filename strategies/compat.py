@@ -58,8 +58,10 @@ def _did_you_mean(name: str, choices: set[str]) -> str | None:
     return close[0] if close else None
 
 
-def _deprecated(cls_name: str, names: set[str], kwargs: dict[str, Any], spec_type: Any) -> None:
-    """Map exonet's renamed keywords in ``kwargs`` to the new ones, each with a DeprecationWarning."""
+def deprecated(cls_name: str, names: set[str], kwargs: dict[str, Any], spec_type: Any, stacklevel: int = 3) -> None:
+    """Map exonet's renamed keywords in ``kwargs`` to the new ones, each with a DeprecationWarning.
+
+    ``stacklevel`` is the warning's: 3 names the line that called the constructor this function was called from."""
     old = OLD_POSITIONAL.get(cls_name, ())
     for name, value in [(n, kwargs[n]) for n in kwargs if n not in names]:
         if name in RENAMED and RENAMED[name] in names:
@@ -72,7 +74,7 @@ def _deprecated(cls_name: str, names: set[str], kwargs: dict[str, Any], spec_typ
         if kwargs.get(new) is not None:
             raise TypeError(f"{cls_name}: {name} is the deprecated spelling of {new}; pass only {new}")
         warnings.warn(f"{cls_name}: {name}= is deprecated and goes in the next release; pass {hint}",
-                      DeprecationWarning, stacklevel=4)
+                      DeprecationWarning, stacklevel=stacklevel)
         del kwargs[name]
         kwargs[new] = spec
 
@@ -124,7 +126,7 @@ def translate(cls_name: str, names: set[str], kwargs: dict[str, Any], spec_type:
         if kwargs.get("optim_spec") is not None:
             raise TypeError("optim_spec and inner_optim_spec (the gym's spelling) are one argument; pass only one")
         kwargs["optim_spec"] = kwargs.pop("inner_optim_spec")
-    _deprecated(cls_name, names, kwargs, spec_type)
+    deprecated(cls_name, names, kwargs, spec_type, stacklevel=4)
     elsewhere = set().union(*KNOWN.values()) if KNOWN else set()
     for name in [n for n in kwargs if n not in names]:
         if name not in elsewhere and name not in GYM_MEANT:
@@ -160,7 +162,8 @@ def accept_gym_spellings(cls: type, spec_type: Any) -> None:
 
     ``spec_type`` is ``OptimSpec`` (an optimizer spelling becomes one; a deprecated lr becomes an SGD spec).
 
-    Only the constructor a user calls translates; the ``super().__init__`` calls inside pass through.
+    Only the constructor a user calls translates the gym's spellings; exonet's deprecated ones are mapped in a
+    subclass's ``super().__init__`` call too.
     """
     init = cls.__dict__.get("__init__")
     if init is None:
@@ -174,10 +177,13 @@ def accept_gym_spellings(cls: type, spec_type: Any) -> None:
 
     @functools.wraps(init)
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> None:
-        if type(self).__init__ is wrapped:
-            args, kwargs = old_positional(cls.__name__, args, kwargs)
-            if not set(kwargs) <= names:
+        args, kwargs = old_positional(cls.__name__, args, kwargs)
+        if not set(kwargs) <= names:
+            if type(self).__init__ is wrapped:
                 kwargs = translate(cls.__name__, names, kwargs, spec_type)
+            else:
+                kwargs = dict(kwargs)
+                deprecated(cls.__name__, names, kwargs, spec_type)
         init(self, *args, **kwargs)
 
     cls.__init__ = wrapped  # type: ignore[misc]

@@ -108,3 +108,14 @@ def test_the_readme_table_gives_each_strategy_its_signature_from_the_code():
         for name, default in table[cls.__name__].items():
             if default is not None:
                 assert eval(default) == code[name], (cls.__name__, name)
+
+
+def test_a_subclass_passing_an_old_spelling_to_super_warns_at_its_own_line():
+    class Mine(DiLoCoStrategy):
+        def __init__(self, inner):
+            super().__init__(inner_optim=inner, H=7)
+
+    with pytest.warns(DeprecationWarning, match="inner_optim= is deprecated.*pass optim_spec=") as caught:
+        mine = Mine(ADAMW)
+    assert (mine.optim_spec, mine.H) == (ADAMW, 7)
+    assert {Path(w.filename).name for w in caught} == {Path(__file__).name}
