@@ -229,6 +229,7 @@ def test_leftovers_of_a_crashed_run_are_found_and_removed():
 
 @needs_netns
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 15 real-traffic cases, doubtful ones measured again: may pass 900 s at high load
 def test_reduced_matrix_meets_the_error_bound_on_held_out_cases():
     """K = 2 and 4, 10 and 40 Mbit/s, four collectives and a small-message burst, one DDP run: real gloo
     traffic, calibrated on half, held-out median |error| <= 3% and worst <= 8% (the issue's targets)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 def pss(pid: int) -> dict[str, int]:
     """The ``Pss*`` lines of a process's smaps_rollup, in bytes ({} once the process is gone)."""
-    out = {}
+    out: dict[str, int] = {}
     try:
         text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:

@@ -59,7 +59,7 @@ def ddp_trace(steps: int, nodes: int, nbytes: int, seed: int = 0, buckets: int =
     rng = np.random.default_rng(seed)
     per_rank = 0.25 * (1.0 + 0.02 * (np.zeros(nodes) if identical else rng.uniform(-1.0, 1.0, nodes)))
     step = Step()
-    events = []
+    events: list[list] = []
     for r in range(nodes):
         if identical and events:
             events.append(events[0])  # the same list: the engine sees at once that every rank replays alike

@@ -80,7 +80,7 @@ class Planner:
         plan = self._plans.get(key)
         if plan is None:
             if op == "p2p":  # one message, members = (sender, receiver)
-                steps = [((members[0], members[1], float(nbytes)),)] if nbytes else []
+                steps: list[Phase] = [((members[0], members[1], float(nbytes)),)] if nbytes else []
             else:
                 steps = phases(self._builders[op], members, nbytes, self._topo)
             if halved:

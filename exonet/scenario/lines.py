@@ -47,10 +47,10 @@ def key_line(text: str, path: str) -> int | None:
             table = names
             full = table
         else:
-            key = _KEY.match(line)
-            if not key:
+            pair = _KEY.match(line)
+            if not pair:
                 continue
-            full = [*table, *_names(key.group(1))]
+            full = [*table, *_names(pair.group(1))]
         if full == target:
             return number
         if target[: len(full)] == full and (best is None or len(full) > best[0]):

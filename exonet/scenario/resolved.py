@@ -174,7 +174,7 @@ class Resolved:
         a, b = self.region[src], self.region[dst]
         if a == b:
             return self.latency
-        return self.links[tuple(sorted((a, b)))].latency
+        return self.links[(min(a, b), max(a, b))].latency
 
     def queue_delay(self, rate: float) -> float:
         """Seconds a full bottleneck queue holds a packet at ``rate`` bytes/s (0 without a queue)."""
