@@ -158,7 +158,6 @@ def _estimate(args: argparse.Namespace) -> int:
     import json
 
     from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate
-    from exonet.units import format_bytes, format_rate, format_time
 
     try:
         targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
@@ -206,10 +205,18 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    _print_estimate(args, report)
+    return 0
+
+
+def _print_estimate(args: argparse.Namespace, report: dict) -> None:
+    """``exonet estimate``'s report as text."""
+    from exonet.units import format_bytes, format_rate, format_time
+
     hosts = f" ({args.nodes // args.hosts} hosts of {args.hosts})" if args.hosts else ""
-    print(f"estimate: {args.strategy} with K={args.nodes}{hosts}, {args.steps} steps, {est.params:,} parameters")
+    print(f"estimate: {args.strategy} with K={args.nodes}{hosts}, {args.steps} steps, {report['params']:,} parameters")
     print("assumptions:")
-    for a in est.assumptions:
+    for a in report["assumptions"]:
         print(f"  - {a}")
     print(f"payload per node: {format_bytes(report['payload_bytes_per_node'])}")
     for row in report["scenarios"]:
@@ -235,7 +242,6 @@ def _estimate(args: argparse.Namespace) -> int:
                       f"(latency, the TCP window, set-up or uneven compute bound it)")
             else:
                 print(f"  compute utilisation {float(u):.0%} needs {format_rate(bw / 8)} {where}")
-    return 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:

@@ -323,16 +323,7 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
     """
     if isinstance(strategy, str):
         strategy = parse_strategy(strategy)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
-    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
-        raise ValueError(f"layers= must be an integer >= 1, got {layers!r}")
-    if params is not None and math.isfinite(params) and params > MAX_PARAMS:
-        raise ValueError(f"params={params:g}: more than the layer stack holds ({MAX_PARAMS:g} parameters: "
-                         "torch sizes a tensor up to 2**63 bytes)")
-    if params is not None and layers is not None and layers > params / 12:
-        raise ValueError(f"layers={layers}: more blocks than {params:g} parameters fill (a block holds at least "
-                         "12 parameters, 12·d² with d >= 1)")
+    _check_stack(params, layers, dtype)
     torch_dtype = DTYPES[dtype]
     if model is not None:
         if params is not None:
@@ -363,34 +354,7 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
 
         Scenario.coerce(scenario).resolve(nodes, servers=strategy.servers)
     flops = 6.0 * params * (tokens_per_step or 0.0)
-    device = ""
-    if step_time is not None:
-        if tflops is not None or mfu is not None or tokens_per_step is not None:
-            raise ValueError("estimate: give step_time=, or tokens_per_step= with tflops= and mfu=, not both "
-                             "(step_time= is the compute time itself)")
-        if step_time < 0 or not math.isfinite(step_time):
-            raise ValueError(f"step_time= must be a finite number >= 0, got {step_time}")
-    else:
-        if tokens_per_step is None:
-            raise ValueError("estimate: give step_time=, or tokens_per_step= (with tflops= and mfu=, or a "
-                             "scenario whose [compute] names a device)")
-        if not (tokens_per_step > 0 and math.isfinite(tokens_per_step)):
-            raise ValueError(f"tokens_per_step= must be a finite number > 0, got {tokens_per_step}")
-        if tflops is None:
-            tflops, scenario_mfu, device = _scenario_device(scenario, nodes)
-            mfu = scenario_mfu if mfu is None else mfu
-        mfu = DEFAULT_MFU if mfu is None else mfu
-        if not (tflops > 0 and math.isfinite(tflops)):
-            raise ValueError(f"tflops= must be a finite number > 0, got {tflops}")
-        if not 0 < mfu <= 1:
-            raise ValueError(f"mfu= must be in (0, 1], got {mfu}")
-        step_time = flops / (tflops * 1e12 * mfu)
-    if not steps * step_time <= MAX_COMPUTE_S:
-        given = (f"step_time={step_time:g}" if tokens_per_step is None else
-                 f"tokens_per_step={tokens_per_step:g} at {tflops:g} TFLOP/s and MFU {mfu:g} (a step of "
-                 f"{step_time:g} s)")
-        raise ValueError(f"{given}: {steps} steps of it are {steps * step_time:g} s of compute, more than the "
-                         f"simulated clock holds ({MAX_COMPUTE_S:.3g} s)")
+    step_time, tflops, mfu, device = _compute(flops, steps, step_time, tokens_per_step, tflops, mfu, scenario, nodes)
     if model is None:
         count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
@@ -434,6 +398,58 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
          else "every node behaves like rank 0"),
     ]
     return Estimate(trace, real_params, step_time, assumptions, rerun)
+
+
+def _check_stack(params: float | None, layers: int | None, dtype: str) -> None:
+    """``estimate``'s model size, blocks and dtype, checked before anything is built."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise ValueError(f"layers= must be an integer >= 1, got {layers!r}")
+    if params is not None and math.isfinite(params) and params > MAX_PARAMS:
+        raise ValueError(f"params={params:g}: more than the layer stack holds ({MAX_PARAMS:g} parameters: "
+                         "torch sizes a tensor up to 2**63 bytes)")
+    if params is not None and layers is not None and layers > params / 12:
+        raise ValueError(f"layers={layers}: more blocks than {params:g} parameters fill (a block holds at least "
+                         "12 parameters, 12·d² with d >= 1)")
+
+
+def _compute(flops: float, steps: int, step_time: float | None, tokens_per_step: float | None, tflops: float | None,
+             mfu: float | None, scenario: Any, nodes: int) -> tuple[float, float | None, float | None, str]:
+    """The compute ``estimate`` was given, checked: (seconds per step, TFLOP/s, MFU, words naming the device).
+
+    Given as ``step_time`` seconds, or as ``flops`` per step (``tokens_per_step``) at ``tflops`` x ``mfu``,
+    or at the scenario's device when ``tflops`` is not given.
+    """
+    device = ""
+    if step_time is not None:
+        if tflops is not None or mfu is not None or tokens_per_step is not None:
+            raise ValueError("estimate: give step_time=, or tokens_per_step= with tflops= and mfu=, not both "
+                             "(step_time= is the compute time itself)")
+        if step_time < 0 or not math.isfinite(step_time):
+            raise ValueError(f"step_time= must be a finite number >= 0, got {step_time}")
+    else:
+        if tokens_per_step is None:
+            raise ValueError("estimate: give step_time=, or tokens_per_step= (with tflops= and mfu=, or a "
+                             "scenario whose [compute] names a device)")
+        if not (tokens_per_step > 0 and math.isfinite(tokens_per_step)):
+            raise ValueError(f"tokens_per_step= must be a finite number > 0, got {tokens_per_step}")
+        if tflops is None:
+            tflops, scenario_mfu, device = _scenario_device(scenario, nodes)
+            mfu = scenario_mfu if mfu is None else mfu
+        mfu = DEFAULT_MFU if mfu is None else mfu
+        if not (tflops > 0 and math.isfinite(tflops)):
+            raise ValueError(f"tflops= must be a finite number > 0, got {tflops}")
+        if not 0 < mfu <= 1:
+            raise ValueError(f"mfu= must be in (0, 1], got {mfu}")
+        step_time = flops / (tflops * 1e12 * mfu)
+    if not steps * step_time <= MAX_COMPUTE_S:
+        given = (f"step_time={step_time:g}" if tokens_per_step is None else
+                 f"tokens_per_step={tokens_per_step:g} at {tflops:g} TFLOP/s and MFU {mfu:g} (a step of "
+                 f"{step_time:g} s)")
+        raise ValueError(f"{given}: {steps} steps of it are {steps * step_time:g} s of compute, more than the "
+                         f"simulated clock holds ({MAX_COMPUTE_S:.3g} s)")
+    return step_time, tflops, mfu, device
 
 
 def _scenario_device(scenario: Any, nodes: int) -> tuple[float, float, str]:
