@@ -7,11 +7,11 @@ the trainer the current global parameters (exonet.strategies.server).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, base_options, check_range, outer_spec
+from exonet.strategies.base import NodeContext, OptimSpec, check_range, outer_spec
 from exonet.strategies.server import ServerStrategy
 
 DN_OPTIONS = frozenset({"lr", "momentum", "nesterov"})  # what of the outer SGD Delayed Nesterov's step reads
@@ -63,14 +63,11 @@ class AsyncDiLoCoStrategy(ServerStrategy):
         *,
         outer_optim_spec: OptimSpec | str | type | None = None,
         H: int = 100,
-        max_norm: float | None = None,
         delayed_nesterov: int | str | None = "trainers",
         grad_scale: float = 0.0,
         dynamic_local_updates: bool = False,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(optim_spec, H=H, dynamic_local_updates=dynamic_local_updates, **base_options(locals()))
+        super().__init__(optim_spec, H=H, dynamic_local_updates=dynamic_local_updates)
         self.outer_optim_spec = outer_spec(outer_optim_spec)
         if delayed_nesterov is not None:
             if delayed_nesterov != "trainers":

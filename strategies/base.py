@@ -9,9 +9,10 @@ step and all communication, and talks to the network only through ``self.comm``.
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
@@ -24,8 +25,8 @@ from exonet.strategies.compat import accept_gym_spellings
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
 
-__all__ = ["OPTIMIZERS", "NodeContext", "OptimSpec", "Strategy", "base_options", "check_range", "flatten",
-           "one_of", "outer_spec", "shared_generator", "unflatten_into"]
+__all__ = ["BASE_OPTIONS", "OPTIMIZERS", "BaseOptions", "NodeContext", "OptimSpec", "Strategy", "check_range",
+           "flatten", "one_of", "outer_spec", "shared_generator", "unflatten_into"]
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
@@ -117,16 +118,63 @@ def _jsonable(v: Any) -> Any:
     return v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else repr(v)
 
 
-BASE_OPTIONS = ("max_norm", "lr_scheduler", "lr_scheduler_kwargs", "warmup_steps", "cosine_min_ratio")
+@dataclass(frozen=True)
+class BaseOptions:
+    """What every strategy takes besides its optimizer and its own hyperparameters: clipping and the lr schedule.
 
-
-def base_options(arguments: dict[str, Any]) -> dict[str, Any]:
-    """``Strategy``'s keyword arguments (``BASE_OPTIONS``), picked out of a subclass constructor's ``locals()``.
-
-    A strategy repeats these arguments in its own signature, so that its signature is complete
-    for users and tools, and passes them on with ``super().__init__(spec, **base_options(locals()))``.
+    A subclass's constructor leaves them out: ``Strategy.__init_subclass__`` appends them to its signature
+    (keyword-only, so it stays complete for users and tools) and applies the ones given once it has run.
     """
-    return {name: arguments[name] for name in BASE_OPTIONS}
+
+    max_norm: float | None = None
+    lr_scheduler: str | type | None = None
+    lr_scheduler_kwargs: dict[str, Any] | None = None
+    warmup_steps: int = 0
+    cosine_min_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_norm is not None:
+            check_range("max_norm", self.max_norm, low=0, low_open=True)
+        if self.lr_scheduler == "lambda_cosine":  # the seed gym's schedule, its defaults and its arithmetic
+            unknown = set(self.lr_scheduler_kwargs or {}) - set(GYM_LAMBDA_COSINE)
+            if unknown:
+                raise ValueError(f"lr_scheduler_kwargs: 'lambda_cosine' takes {', '.join(GYM_LAMBDA_COSINE)}, "
+                                 f"not {', '.join(sorted(unknown))}")
+        elif self.lr_scheduler is not None and self.lr_scheduler != "cosine" and not (
+            isinstance(self.lr_scheduler, type)
+            and issubclass(self.lr_scheduler, torch.optim.lr_scheduler.LRScheduler)
+        ):
+            raise ValueError(f"lr_scheduler must be None, 'cosine', 'lambda_cosine' or a torch LRScheduler class, "
+                             f"got {self.lr_scheduler!r}")
+        check_range("warmup_steps", self.warmup_steps, low=0, integer=True)
+        check_range("cosine_min_ratio", self.cosine_min_ratio, low=0, high=1)
+        _check_schedule_options(self.lr_scheduler, self.lr_scheduler_kwargs, self.warmup_steps,
+                                self.cosine_min_ratio)
+
+
+BASE_OPTIONS = tuple(f.name for f in fields(BaseOptions))
+
+
+def _with_base_options(cls: type) -> None:
+    """Give ``cls``'s constructor the base options, unless it names them itself (or takes ``**kwargs``)."""
+    init = cls.__dict__.get("__init__")
+    if init is None:
+        return
+    signature = inspect.signature(init)
+    params = signature.parameters
+    if set(BASE_OPTIONS) & set(params) or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    options = [p for name, p in inspect.signature(Strategy.__init__).parameters.items() if name in BASE_OPTIONS]
+
+    @functools.wraps(init)
+    def with_options(self: Strategy, *args: Any, **kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name in BASE_OPTIONS if name in kwargs}
+        init(self, *args, **kwargs)
+        if given:
+            self.set_options(BaseOptions(**given))
+
+    with_options.__signature__ = signature.replace(parameters=[*params.values(), *options])  # type: ignore[attr-defined]
+    cls.__init__ = with_options  # type: ignore[misc]
 
 
 def _default_inner() -> OptimSpec:
@@ -171,6 +219,7 @@ class Strategy(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _with_base_options(cls)
         # the older gym's shared arguments and aliases, exonet's deprecated spellings (exonet.strategies.compat)
         accept_gym_spellings(cls, OptimSpec)
 
@@ -183,26 +232,15 @@ class Strategy(abc.ABC):
         warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         self.optim_spec = OptimSpec.coerce(optim_spec, "optim_spec", _default_inner())
-        if max_norm is not None:
-            check_range("max_norm", max_norm, low=0, low_open=True)
-        if lr_scheduler == "lambda_cosine":  # the seed gym's schedule, its defaults and its arithmetic
-            unknown = set(lr_scheduler_kwargs or {}) - set(GYM_LAMBDA_COSINE)
-            if unknown:
-                raise ValueError(f"lr_scheduler_kwargs: 'lambda_cosine' takes {', '.join(GYM_LAMBDA_COSINE)}, "
-                                 f"not {', '.join(sorted(unknown))}")
-        elif lr_scheduler is not None and lr_scheduler != "cosine" and not (
-            isinstance(lr_scheduler, type) and issubclass(lr_scheduler, torch.optim.lr_scheduler.LRScheduler)
-        ):
-            raise ValueError(f"lr_scheduler must be None, 'cosine', 'lambda_cosine' or a torch LRScheduler class, "
-                             f"got {lr_scheduler!r}")
-        check_range("warmup_steps", warmup_steps, low=0, integer=True)
-        check_range("cosine_min_ratio", cosine_min_ratio, low=0, high=1)
-        _check_schedule_options(lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio)
-        self.max_norm = max_norm
-        self.lr_scheduler = lr_scheduler
-        self.lr_scheduler_kwargs = dict(lr_scheduler_kwargs or {})
-        self.warmup_steps = warmup_steps
-        self.cosine_min_ratio = cosine_min_ratio
+        self.set_options(BaseOptions(max_norm, lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio))
+
+    def set_options(self, options: BaseOptions) -> None:
+        """Take the (checked) base options: clipping and the learning-rate schedule."""
+        self.max_norm = options.max_norm
+        self.lr_scheduler = options.lr_scheduler
+        self.lr_scheduler_kwargs = dict(options.lr_scheduler_kwargs or {})
+        self.warmup_steps = options.warmup_steps
+        self.cosine_min_ratio = options.cosine_min_ratio
 
     # ------------------------------------------------------------ node side
     def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:

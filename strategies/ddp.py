@@ -26,11 +26,11 @@ node taking part holds the same state after every step. If every node failed, no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, Strategy, base_options, check_range, flatten, unflatten_into
+from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range, flatten, unflatten_into
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator, Handle
@@ -75,14 +75,11 @@ class DDPStrategy(Strategy):
         self,
         optim_spec: OptimSpec | str | type | None = None,
         *,
-        max_norm: float | None = None,
         bucket_cap_mb: float = 25,
         overlap: bool = True,
         elastic: bool = False,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(optim_spec, **base_options(locals()))
+        super().__init__(optim_spec)
         check_range("bucket_cap_mb", bucket_cap_mb, low=0, low_open=True)
         if not isinstance(overlap, bool):
             raise TypeError(f"overlap must be True or False, got {overlap!r}")

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import einops
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, Strategy, base_options, check_range
+from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -309,9 +309,6 @@ class DeMoStrategy(Strategy):
         compression_topk: int = 32,
         compression_chunk: int = 64,
         weight_decay: float | None = None,
-        max_norm: float | None = None,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         spec = OptimSpec.coerce(optim_spec, "optim_spec", OptimSpec("sgd", lr=DEFAULT_LR))
         _warn_unused(spec, weight_decay)
@@ -324,7 +321,7 @@ class DeMoStrategy(Strategy):
         check_range("compression_topk", compression_topk, low=1, integer=True)
         check_range("compression_chunk", compression_chunk, low=1, integer=True)
         check_range("weight_decay", weight_decay, low=0)
-        super().__init__(OptimSpec("sgd", lr=lr), **base_options(locals()))
+        super().__init__(OptimSpec("sgd", lr=lr))
         self.compression_decay = compression_decay
         self.compression_topk = compression_topk
         self.compression_chunk = compression_chunk

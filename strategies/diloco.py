@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, base_options, flatten, outer_spec, unflatten_into
+from exonet.strategies.base import NodeContext, OptimSpec, flatten, outer_spec, unflatten_into
 from exonet.strategies.fedavg import FedAvgStrategy
 from exonet.strategies.replica import ReplicaGroups, check_replica_size, check_replica_world
 
@@ -75,17 +75,14 @@ class DiLoCoStrategy(FedAvgStrategy):
         *,
         outer_optim_spec: OptimSpec | str | type | None = None,
         H: int = 100,
-        max_norm: float | None = None,
         participation: float = 1.0,
         island_size: int | None = None,
         replica_size: int = 1,
         deadline_s: float | None = None,
         elastic: bool = False,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         super().__init__(optim_spec, island_size=island_size, H=H, participation=participation,
-                         deadline_s=deadline_s, elastic=elastic, **base_options(locals()))
+                         deadline_s=deadline_s, elastic=elastic)
         self.outer_optim_spec = outer_spec(outer_optim_spec)
         self.replica_size = check_replica_size(replica_size)
         if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None or elastic):

@@ -17,7 +17,6 @@ from exonet.strategies.base import (
     NodeContext,
     OptimSpec,
     Strategy,
-    base_options,
     check_range,
     flatten,
     shared_generator,
@@ -85,14 +84,11 @@ class FedAvgStrategy(Strategy):
         *,
         island_size: int | None = None,
         H: int = 1,
-        max_norm: float | None = None,
         participation: float = 1.0,
         deadline_s: float | None = None,
         elastic: bool = False,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(optim_spec, **base_options(locals()))
+        super().__init__(optim_spec)
         if not isinstance(elastic, bool):
             raise TypeError(f"elastic must be True or False, got {elastic!r}")
         if elastic and (deadline_s is not None or participation != 1 or island_size is not None):

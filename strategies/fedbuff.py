@@ -8,11 +8,11 @@ B arrivals (exonet.strategies.server).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, base_options, check_range
+from exonet.strategies.base import NodeContext, OptimSpec, check_range
 from exonet.strategies.server import ServerStrategy
 
 if TYPE_CHECKING:
@@ -49,12 +49,9 @@ class FedBuffStrategy(ServerStrategy):
         outer_optim_spec: OptimSpec | str | type | None = None,
         H: int = 100,
         buffer_size: int = 2,
-        max_norm: float | None = None,
         dynamic_local_updates: bool = False,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(optim_spec, H=H, dynamic_local_updates=dynamic_local_updates, **base_options(locals()))
+        super().__init__(optim_spec, H=H, dynamic_local_updates=dynamic_local_updates)
         check_range("buffer_size", buffer_size, low=1, integer=True)
         self.buffer_size = buffer_size
         self.outer_optim_spec = OptimSpec.coerce(outer_optim_spec, "outer_optim_spec", OptimSpec("sgd", lr=1.0))

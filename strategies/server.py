@@ -17,7 +17,7 @@ point-to-point: every round a trainer sends P·itemsize bytes and receives as ma
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -25,7 +25,6 @@ from exonet.strategies.base import (
     NodeContext,
     OptimSpec,
     Strategy,
-    base_options,
     check_range,
     flatten,
     unflatten_into,
@@ -55,12 +54,9 @@ class ServerStrategy(Strategy):
         optim_spec: OptimSpec | str | type | None = None,
         *,
         H: int = 100,
-        max_norm: float | None = None,
         dynamic_local_updates: bool = False,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(optim_spec, **base_options(locals()))
+        super().__init__(optim_spec)
         check_range("H", H, low=1, integer=True)
         self.H = H
         self.dynamic_local_updates = bool(dynamic_local_updates)

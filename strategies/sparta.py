@@ -21,7 +21,6 @@ from exonet.strategies.base import (
     NodeContext,
     OptimSpec,
     Strategy,
-    base_options,
     check_range,
     shared_generator,
 )
@@ -187,13 +186,10 @@ class SPARTAStrategy(SparseAveraging):
         optim_spec: OptimSpec | str | type | None = None,
         *,
         p_sparta: float = 0.005,
-        max_norm: float | None = None,
         delay_steps: int = 0,
         async_sparta_delay: int | None = None,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(optim_spec, **base_options(locals()))
+        super().__init__(optim_spec)
         if async_sparta_delay is not None:
             if delay_steps:
                 raise TypeError("delay_steps and async_sparta_delay are aliases of one argument; pass only one of them")

@@ -7,9 +7,7 @@ composed from ``DiLoCoStrategy`` and SPARTA's ``SparseAveraging``.
 
 from __future__ import annotations
 
-from typing import Any
-
-from exonet.strategies.base import OptimSpec, base_options, check_range
+from exonet.strategies.base import OptimSpec, check_range
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.sparta import SparseAverager, SparseAveraging
 
@@ -45,14 +43,11 @@ class SPARTADiLoCoStrategy(SparseAveraging, DiLoCoStrategy):
         p_sparta: float = 0.005,
         sparta_interval: int = 1,
         H: int = 100,
-        max_norm: float | None = None,
         participation: float = 1.0,
         island_size: int | None = None,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
         super().__init__(optim_spec, outer_optim_spec=outer_optim_spec, H=H, participation=participation,
-                         island_size=island_size, **base_options(locals()))
+                         island_size=island_size)
         check_range("sparta_interval", sparta_interval, low=1, integer=True)
         self.sparse = SparseAverager(p_sparta)
         self.p_sparta = p_sparta

@@ -55,7 +55,6 @@ from exonet.strategies.base import (
     NodeContext,
     OptimSpec,
     Strategy,
-    base_options,
     check_range,
     flatten,
     outer_spec,
@@ -140,12 +139,9 @@ class StreamingDiLoCoStrategy(Strategy):
         delay_steps: int = 1,
         quantize_bits: int | None = None,
         merge_alpha: float = 0.5,
-        max_norm: float | None = None,
         replica_size: int = 1,
-        lr_scheduler: str | type | None = None, lr_scheduler_kwargs: dict[str, Any] | None = None,
-        warmup_steps: int = 0, cosine_min_ratio: float = 0.0,
     ) -> None:
-        super().__init__(optim_spec, **base_options(locals()))
+        super().__init__(optim_spec)
         self.outer_optim_spec = outer_spec(outer_optim_spec)
         check_range("H", H, low=1, integer=True)
         check_range("num_fragments", num_fragments, low=1, high=H, integer=True)

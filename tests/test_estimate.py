@@ -113,7 +113,7 @@ def test_overlap_beats_one_flat_all_reduce_in_an_estimate():
 @pytest.mark.parametrize(("spec", "match"), [
     ("diloco:H=50,outer_lr=0.7", r"strategy=diloco: unknown argument 'outer_lr' \(did you mean 'outer_optim_spec'\?\)"),
     ("diloco:h=5", r"unknown argument 'h' \(did you mean 'H'\?\)"),
-    ("ddp:H=5", "unknown argument 'H'; DDPStrategy takes optim_spec, max_norm, bucket_cap_mb"),
+    ("ddp:H=5", "unknown argument 'H'; DDPStrategy takes optim_spec, bucket_cap_mb, overlap"),
     ("sparta:p=0.01", "unknown argument 'p'.*takes optim_spec, p_sparta"),  # the gym's spelling: a warning in code
 ])
 def test_a_strategy_spec_names_only_the_strategys_own_arguments(spec, match):

@@ -119,3 +119,14 @@ def test_a_subclass_passing_an_old_spelling_to_super_warns_at_its_own_line():
         mine = Mine(ADAMW)
     assert (mine.optim_spec, mine.H) == (ADAMW, 7)
     assert {Path(w.filename).name for w in caught} == {Path(__file__).name}
+
+
+@pytest.mark.parametrize("cls", sorted(set(STRATEGIES.values()), key=lambda c: c.__name__))
+def test_the_base_options_are_one_dataclass_appended_to_each_signature(cls):
+    assert not set(BASE_OPTIONS) & set(inspect.signature(inspect.unwrap(cls.__init__)).parameters)  # not repeated
+    assert [p.name for p in _parameters(cls)][-len(BASE_OPTIONS):] == list(BASE_OPTIONS)
+    strategy = cls(max_norm=0.5, lr_scheduler="cosine", warmup_steps=3, cosine_min_ratio=0.1)
+    assert (strategy.max_norm, strategy.lr_scheduler, strategy.warmup_steps, strategy.cosine_min_ratio) == (
+        0.5, "cosine", 3, 0.1)
+    with pytest.raises(ValueError, match="max_norm"):
+        cls(max_norm=0)
