@@ -27,6 +27,10 @@ def test_simulate_times_an_estimate_by_the_compute_it_was_given_and_says_so(tmp_
     saved = simulate(Trace.load(est.trace.save(tmp_path / "t.jsonl")), "cross-region")  # it travels with the file
     assert saved.per_node[0].compute_s == pytest.approx(sim.per_node[0].compute_s)
 
+    half = est.trace.scaled(compute=0.5)  # a device twice as fast: the stated compute follows
+    assert half.meta["compute"] == {"step_time_s": est.step_time_s / 2, "tflops": 1978, "mfu": 0.4}
+    assert simulate(half, "cross-region").per_node[0].compute_s == pytest.approx(1.5 * est.step_time_s)
+
     device = simulate(est.trace, "cross-region", given_compute=False)  # asked otherwise: the preset's device
     assert device.per_node[0].compute_s == pytest.approx(3 * est.step_time_s * 989 / 312)
     assert any("timed on the device of scenario 'cross-region'" in c for c in device.cautions)
