@@ -56,7 +56,6 @@ def keep_gloo_on_loopback() -> None:
     if "GLOO_SOCKET_IFNAME" in os.environ:
         return
     names = [name for _, name in socket.if_nameindex()]
-    iface = next((n for n in ("lo", "lo0") if n in names), None) or next((n for n in names if n.startswith("lo")),
-                                                                         None)
-    if iface is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    loopback = [n for n in ("lo", "lo0") if n in names] + [n for n in names if n.startswith("lo")]
+    if loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]

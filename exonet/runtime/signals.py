@@ -19,7 +19,7 @@ import contextlib
 import signal
 import threading
 from types import FrameType
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -67,7 +67,7 @@ def stop_signals() -> Iterator[None]:
         _restore(taken)
 
 
-def _restore(handlers: dict[int, Any]) -> None:
+def _restore(handlers: Mapping[signal.Signals, Any]) -> None:
     for s, handler in handlers.items():
         signal.signal(s, handler)
 
