@@ -247,8 +247,8 @@ def test_replace_network_keys_by_name_and_tables_by_dict() -> None:
     flops = base.replace(compute={"mode": "flops", "tflops": 989.0})
     assert flops.resolve(2).compute_mode == "flops"
     assert base.replace(network={"efficiency": 0.5}).resolve(2).uplink[0] == 0.5 * 12.5e9
-    assert base.replace(tcp_window=None).resolve(2).tcp_window is None
-    assert base.replace(tcp_window=None, backend="nccl").resolve(2).tcp_window == LINUX_WINDOW  # hosts run Linux
+    assert base.replace(tcp_window=None).resolve(2).tcp_window == LINUX_WINDOW  # NCCL on Linux hosts
+    assert base.replace(tcp_window=None, backend=None, nccl=None).resolve(2).tcp_window is None
     assert base.replace(regions=None, links=None).resolve(2).region == ("default", "default")
 
 
@@ -258,7 +258,8 @@ def test_replace_merges_algorithms_op_by_op_as_the_variants_name_says() -> None:
         algorithms={"broadcast": "binomial"})
     assert s.name == "datacenter (algorithms.all_reduce=star) (algorithms.broadcast=binomial)"
     assert s.resolve(4).algorithms["all_reduce"] == "star" and s.resolve(4).algorithms["broadcast"] == "binomial"
-    assert s.replace(network={"algorithms": {"all_reduce": None}}).resolve(4).algorithms["all_reduce"] == "ring"
+    # without the override, the preset's own: datacenter runs NCCL
+    assert s.replace(network={"algorithms": {"all_reduce": None}}).resolve(4).algorithms["all_reduce"] == "nccl"
 
 
 def test_replace_a_nested_table_that_was_absent() -> None:

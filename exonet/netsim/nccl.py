@@ -37,9 +37,9 @@ sends up to 2S: S/2 up and S to two children where it is interior, S/2 up where 
 S/B for n = 2).
 
 **Protocols.** Simple sends the bytes; LL sends 8-byte flags beside every 8 data bytes (wire = 2×
-data) in one-slice steps of 32 KiB, so its ring is the phase model on twice the bytes with LL's
-smaller per-hop overhead; LL128 (120 of every 128 bytes) is off over sockets by default and
-offered when asked.
+data) in steps of 32 KiB of data, and a rank forwards each 16-byte line as it lands, so a step
+waits only on the hop (x = 0: max(τ, a)), with LL's smaller per-hop overhead. LL128 (120 of
+every 128 bytes) is off over sockets by default and offered when asked.
 
 **The tuner** picks (algorithm, protocol) by NCCL's own model, time = lat + nBytes / bw (µs, GB/s),
 with NCCL's constants for one GPU per host over the network (``_BASE``, ``_HOP``; `ncclTopoTuneModel`
@@ -155,9 +155,10 @@ def ring_time(op: str, nbytes: float, n: int, channels: int, rate: float, latenc
     while left > 0:
         c = min(per_loop, left) / n  # the last loop's chunk is what is left ÷ n
         left -= per_loop
-        slices = 1 if protocol != "simple" else min(2, max(1, math.ceil(c / (MIN_SLICE * buffsize))))
         tau = c / b
-        total += (s - 1) * max(tau, tau / slices + latency) + tau + last
+        # a Simple step waits for its first slice; LL and LL128 forward each line (16 or 128 bytes) as it lands
+        x = tau / min(2, max(1, math.ceil(c / (MIN_SLICE * buffsize)))) if protocol == "simple" else 0.0
+        total += (s - 1) * max(tau, x + latency) + tau + last
     return total
 
 

@@ -76,6 +76,7 @@ class NcclSpec:
     channels: int = 2  # rings (and trees) NCCL runs side by side, each on its own connections
     buffsize: float = 4 * 1024 * 1024  # NCCL_BUFFSIZE: a connection's 8 steps; a ring chunk is half of it
     nic: str = "generic"  # the NIC's vendor, which sets NCCL's socket defaults: "generic" | "aws" | "gcp"
+    transport: str = "socket"  # "socket" (TCP: windows, slow start) | "ib" (InfiniBand/RoCE verbs: no TCP)
     socket_threads: int | None = None  # NCCL_SOCKET_NTHREADS (None: the NIC's default)
     socks_per_thread: int | None = None  # NCCL_NSOCKS_PERTHREAD (None: the NIC's default)
 

@@ -261,6 +261,7 @@ class Scenario:
         compute, strag = p.get("compute", {}), p.get("stragglers", {})
         backend = net.get("backend")
         nccl = NcclSpec(**net.get("nccl", {})) if backend == "nccl" else None
+        tcp = backend is not None and (nccl is None or nccl.transport == "socket")  # verbs bypass TCP
         return Resolved(
             num_nodes=n,
             uplink=tuple(x * efficiency for x in up),
@@ -271,14 +272,14 @@ class Scenario:
             speed=tuple(speed),
             algorithms=algorithms,
             sharing=net.get("sharing", "max-min"),
-            tcp_window=net.get("tcp_window", LINUX_WINDOW if backend else None),
+            tcp_window=net.get("tcp_window", LINUX_WINDOW if tcp else None),
             mss=net.get("mss"),
             header_bytes=net.get("header_bytes", 0.0),
             message_overhead=net.get("message_overhead", 0.0),
             host_cores=net.get("host_cores"),
             group_concurrency=net.get("group_concurrency", 2 if backend == "gloo" else 1),
             queue=net.get("queue"),
-            streams=net.get("streams", nccl.channels * nccl.sockets if nccl is not None else 1),
+            streams=net.get("streams", nccl.channels * nccl.sockets if nccl is not None and tcp else 1),
             setup=net.get("setup", 0.0),
             compute_mode=compute.get("mode", "measured"),
             tflops=compute.get("tflops"),
@@ -293,7 +294,7 @@ class Scenario:
             servers=servers,
             backend=backend,
             nccl=nccl,
-            slow_start=net.get("slow_start_after_idle", backend is not None),
+            slow_start=net.get("slow_start_after_idle", tcp),
         )
 
     def _collective(self) -> str:

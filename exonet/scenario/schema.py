@@ -56,6 +56,7 @@ BACKENDS = ("nccl", "gloo")
 NCCL_ALGORITHMS = ("auto", "ring", "tree")
 NCCL_PROTOCOLS = ("auto", "simple", "ll", "ll128")
 NCCL_NICS = ("generic", "aws", "gcp")
+NCCL_TRANSPORTS = ("socket", "ib")
 SHARING = ("max-min", "fifo")
 COMPUTE_MODES = ("measured", "wall", "flops")
 JITTERS = ("none", "lognormal", "normal", "exponential")
@@ -208,8 +209,9 @@ NETWORK = {
     "queue": _queue, "streams": _positive_count, "setup": _time,
     "backend": _enum(BACKENDS), "slow_start_after_idle": _flag,
     "nccl": _table({"algorithm": _enum(NCCL_ALGORITHMS), "protocol": _enum(NCCL_PROTOCOLS),
-                    "channels": _positive_count, "nic": _enum(NCCL_NICS), "socket_threads": _positive_count,
-                    "socks_per_thread": _positive_count, "buffsize": _window}, "[network.nccl]"),
+                    "channels": _positive_count, "nic": _enum(NCCL_NICS), "transport": _enum(NCCL_TRANSPORTS),
+                    "socket_threads": _positive_count, "socks_per_thread": _positive_count, "buffsize": _window},
+                   "[network.nccl]"),
 }
 _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
 _REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
