@@ -279,3 +279,11 @@ def test_a_ring_across_regions_waits_on_its_mean_hop_and_ends_on_its_slowest() -
     tau = S / 2 / n / (GBIT / 2)  # one loop: a 1 MiB chunk per channel step
     assert expected == pytest.approx(8.4e-6 + 5 * max(tau, tau / 2 + mean) + tau + slowest, rel=1e-12)
     assert simulate(one("all_reduce", S, n), sc).wall_clock_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_nccl_over_verbs_has_no_tcp() -> None:
+    r = scenario(latency="2 us", backend="nccl", nccl={"transport": "ib"}).resolve(4)
+    assert (r.tcp_window, r.streams, r.slow_start) == (None, 1, False)
+    assert r.algorithms["all_reduce"] == "nccl"
+    assert Scenario.load("datacenter").resolve(2).nccl.transport == "ib"  # type: ignore[union-attr]
+    assert Scenario.load("cross-region").resolve(2).streams == 32
