@@ -4,6 +4,7 @@ directory, and a process that survives an early Ctrl-C. (SIGTERM and SIGHUP: tes
 from __future__ import annotations
 
 import errno
+import fcntl
 import ipaddress
 import json
 import os
@@ -135,6 +136,18 @@ def test_a_run_directory_is_written_by_one_fit_at_a_time(running_fit):
     assert json.loads((run / LOCK).read_text())["pid"] == os.getpid()
     lock.release()
     assert not (run / LOCK).exists()
+
+
+def test_a_file_system_that_cannot_lock_warns_and_the_run_goes_on(tmp_path, monkeypatch):
+    def cannot(fd: int, how: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(fcntl, "flock", cannot)
+    with pytest.warns(UserWarning, match=f"cannot lock {tmp_path / LOCK}.*second fit"):
+        lock = RunLock(tmp_path)
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (tmp_path / LOCK).exists()
 
 
 # Ctrl-C a fresh process's first fit, then fit again. WHEN is a delay in seconds (set-up, the forkserver's start,

@@ -5,20 +5,25 @@ their checkpoints, metrics and status. The fit that writes a run directory holds
 in it, an ``flock`` on that file, for as long as it writes; the file says who holds it (pid,
 host, since when), so a refusal names the holder. The kernel releases an ``flock`` when its
 holder exits, however it ends (SIGKILL included), so a lock file left by a dead process is
-stale by construction and the next fit takes it over. The fit removes the file when it ends.
+stale by construction and the next fit takes it over. The fit removes the file when it ends. On a
+file system that cannot lock (some FUSE mounts) the fit warns and goes on without the lock.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 LOCK = "run.lock"
+# flock's errors where a file system cannot lock at all (some FUSE mounts): the run goes on unlocked, with a warning
+UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
 class RunLocked(RuntimeError):
@@ -48,6 +53,13 @@ class RunLock:
                 raise RunLocked(f"{run} is in use by {_describe(holder)} (its lock file {self.file}); a run "
                                 "directory is written by one fit at a time: wait for that one to end, or stop it",
                                 holder) from None
+            except OSError as exc:
+                if exc.errno not in UNSUPPORTED:
+                    os.close(fd)
+                    raise
+                warnings.warn(f"{run}: this file system cannot lock {self.file} ({exc}); nothing stops a second fit "
+                              "from writing the run directory at the same time", stacklevel=2)
+                break
             except BaseException:
                 os.close(fd)
                 raise
