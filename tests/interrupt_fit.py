@@ -1,7 +1,8 @@
-"""A long fit for the Ctrl-C test to interrupt (run as ``python tests/interrupt_fit.py RUN_ROOT``).
+"""A long fit for tests to stop (run as ``python tests/interrupt_fit.py RUN_ROOT``).
 
-Not a test module: tests/test_runtime_faults.py starts it in a subprocess, waits for its
-first committed checkpoint (training is then under way) and sends it SIGINT.
+Not a test module: the ``running_fit`` fixture (tests/conftest.py) starts it in a subprocess and
+waits for its first committed checkpoint (training is then under way); tests send it SIGINT,
+SIGTERM or SIGHUP, or try to resume its run directory while it runs.
 """
 
 import sys
