@@ -173,7 +173,7 @@ class Estimate:
 
 
 def parse_strategy(spec: str) -> Strategy:
-    """``"diloco:H=500,outer_optim=sgd"`` → a constructed strategy (values parsed as Python literals)."""
+    """``"diloco:H=500,outer_optim_spec=sgd"`` → a constructed strategy (values parsed as Python literals)."""
     from exonet.strategies import STRATEGIES
 
     name, _, args = spec.partition(":")

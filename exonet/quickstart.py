@@ -30,9 +30,9 @@ def quickstart_strategies() -> dict:
     outer = OptimSpec("sgd", lr=0.7, momentum=0.5, nesterov=True)
     return {
         "DDP": DDPStrategy(inner),
-        "DiLoCo H=25": DiLoCoStrategy(inner, outer, H=25),
+        "DiLoCo H=25": DiLoCoStrategy(inner, outer_optim_spec=outer, H=25),
         "SPARTA p=0.005": SPARTAStrategy(inner, p_sparta=0.005),
-        "DeMo": DeMoStrategy(lr=1e-3),
+        "DeMo": DeMoStrategy(OptimSpec("sgd", lr=1e-3)),
     }
 
 

@@ -37,8 +37,8 @@ from exonet.runtime.rendezvous import join_store, loopback_store
 from exonet.toy import bench_mlp
 
 BATCH, IN_DIM, CLASSES = 32, 64, 10
-DEMO = {"lr": 1e-3, "compression_decay": 0.999, "compression_topk": 32, "compression_chunk": 64,
-        "weight_decay": 0.01}
+DEMO_LR = 1e-3
+DEMO = {"compression_decay": 0.999, "compression_topk": 32, "compression_chunk": 64, "weight_decay": 0.01}
 
 
 # ------------------------------------------------------------------ DeMo reference (per tensor)
@@ -92,11 +92,11 @@ def _fixed_grads(params: list[torch.Tensor], rank: int, seed: int) -> list[torch
 
 
 def _demo_part(rank: int, k: int, comm: Communicator, rounds: int, calls: int, check_steps: int) -> dict[str, float]:
-    from exonet.strategies import DeMoStrategy
+    from exonet.strategies import DeMoStrategy, OptimSpec
     from exonet.strategies.base import NodeContext
 
     model = bench_mlp()
-    ours = DeMoStrategy(**DEMO)
+    ours = DeMoStrategy(OptimSpec("sgd", lr=DEMO_LR), **DEMO)
     ours.setup(model, comm, NodeContext(rank, k, 1 << 30, 0, torch.device("cpu")))
     ref = ReferenceDeMo([p.detach().clone() for p in ours.params], comm, DEMO["compression_chunk"],
                         DEMO["compression_topk"])
@@ -109,7 +109,7 @@ def _demo_part(rank: int, k: int, comm: Communicator, rounds: int, calls: int, c
         comm.mark_step()
 
     def step_ref() -> None:
-        ref.step(grads, DEMO["lr"], DEMO["compression_decay"], DEMO["weight_decay"])
+        ref.step(grads, DEMO_LR, DEMO["compression_decay"], DEMO["weight_decay"])
         comm.mark_step()
 
     for _ in range(check_steps):
@@ -134,7 +134,7 @@ def _strategies() -> dict[str, Any]:
 
     adamw = OptimSpec("adamw", lr=1e-3)
     return {"DDP": DDPStrategy(adamw), "FedAvg": FedAvgStrategy(adamw, H=20), "DiLoCo": DiLoCoStrategy(adamw, H=20),
-            "SPARTA": SPARTAStrategy(adamw), "DeMo": DeMoStrategy(**DEMO)}
+            "SPARTA": SPARTAStrategy(adamw), "DeMo": DeMoStrategy(OptimSpec("sgd", lr=DEMO_LR), **DEMO)}
 
 
 def _bare_step(k: int) -> Callable[[tuple[torch.Tensor, torch.Tensor]], None]:
