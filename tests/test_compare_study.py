@@ -87,9 +87,12 @@ def test_final_loss_is_one_quantity_for_every_row(tiny_run):
 def test_compare_takes_a_folder_of_runs_or_a_list_as_well_as_a_mapping(tiny_run):
     from pathlib import Path
 
+    from exonet.comparison import run_names
+
     folder = Path(tiny_run.run_dir).parent
     by_folder, by_list = compare(str(folder), "datacenter"), compare([tiny_run.run_dir], "datacenter")
-    assert [r["run"] for r in by_list.rows] == [Path(tiny_run.run_dir).name]
+    assert [r["run"] for r in by_list.rows] == run_names([Path(tiny_run.run_dir)])  # its run name, not its folder
+    assert by_list.rows[0]["run"] == Path(tiny_run.run_dir).name.split("-", 2)[2]  # the folder less its start time
     assert len(by_folder.rows) == 1 and by_folder.rows[0]["wall_clock_s"] == by_list.rows[0]["wall_clock_s"]
     with pytest.raises(TypeError, match="compare: runs must map names to runs .* got int"):
         compare(42, "datacenter")
