@@ -5,8 +5,8 @@ apply unless the scenario says otherwise:
 
 * **The window.** A socket's window is bounded by its buffers: ``net.ipv4.tcp_wmem`` max 4 MiB
   (what the sender may have in flight) and ``net.ipv4.tcp_rmem`` max 6 MiB (what the receiver
-  advertises). The smaller, 4 MiB (``LINUX_WINDOW``), is the window of one stream, so one stream
-  at 74 ms RTT carries at most 4 MiB / 74 ms ≈ 453 Mbit/s.
+  advertises). The smaller, 4 MiB (``exonet.scenario.resolved.LINUX_WINDOW``), is the window of
+  one stream, so one stream at 74 ms RTT carries at most 4 MiB / 74 ms ≈ 453 Mbit/s.
 * **Slow start after idle** (``net.ipv4.tcp_slow_start_after_idle = 1``, the default). A
   connection that sent nothing for longer than its retransmission timeout restarts its
   congestion window (``tcp_cwnd_restart`` in ``net/ipv4/tcp_output.c``): the window halves for
@@ -37,13 +37,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# The bytes one stream keeps in flight: min(tcp_wmem max 4 MiB, tcp_rmem max 6 MiB), Linux's defaults.
-LINUX_WINDOW = 4 * 1024 * 1024
 # Linux's initial congestion window (RFC 6928) of full segments, 1448 payload bytes each when the scenario
 # gives no mss (MTU 1500 with TCP timestamps).
 INITIAL_WINDOW = 10
 SEGMENT = 1448
 RTO_MIN = 0.2  # seconds: net.ipv4 tcp_rto_min, the floor of the RTO's variance term
+NEW = 64  # halvings that stand for a new connection: it starts from the initial window whatever it would reach
 
 
 def initial_window(mss: float | None) -> float:
@@ -78,9 +77,6 @@ def slow_start_delay(nbytes: float, rate: float, rtt: float, start: float) -> fl
 def halvings(idle: float, rto_s: float) -> int:
     """How often ``tcp_cwnd_restart`` halves the window after ``idle`` seconds: once per RTO beyond the first."""
     return 0 if idle <= rto_s else min(NEW, math.ceil(idle / rto_s) - 1)
-
-
-NEW = 64  # halvings that stand for a new connection: it starts from the initial window whatever it would reach
 
 
 def cold_phases(phases: Sequence[tuple], rates: Sequence[np.ndarray], rtts: Sequence[Sequence[float]],
