@@ -30,7 +30,7 @@ def one(scenario: Resolved, op: str, nbytes: int) -> float:
 
 # ------------------------------------------------------------------ tcp_window at latency 0
 def test_a_window_with_every_latency_zero_is_an_error_naming_the_file_and_field():
-    with pytest.raises(ScenarioError, match=r"lan\.toml: network\.tcp_window: has no effect.*every latency is 0"):
+    with pytest.raises(ScenarioError, match=r"lan\.toml:4: network\.tcp_window: has no effect.*every latency is 0"):
         Scenario.from_toml('name = "lan"\n[network]\nbandwidth = "1 Gbit/s"\ntcp_window = "4 MiB"\n', "lan.toml")
     with pytest.raises(ScenarioError, match="network.tcp_window"):
         Scenario.load("home-broadband").replace(latency="0 s")
