@@ -12,7 +12,10 @@ from exonet.validate.buckets import MIB, BucketCase, BucketMeasurement, run_case
 from exonet.validate.netns import Shaper, leftovers, privilege
 
 REASON = privilege()
-RERUN_SPREAD = 0.20  # how far the median of a loss case's repeats has moved between reruns on a 2-core machine
+# How far outside the model's p10-p90 a measured median may lie: eight measurements (three of three repeats, five of
+# five; load 5.5-8) put it between 1.2% below p10 and 1.7% above p90 (validate README, "DDP through a real shaper");
+# the ideal model lies 3% below the widened range.
+RANGE_TOLERANCE = 0.03
 
 
 def test_the_scenario_is_the_shapers_configuration_with_wall_clock_compute():
@@ -28,14 +31,16 @@ def test_the_scenario_is_the_shapers_configuration_with_wall_clock_compute():
 def test_ddp_buckets_and_broadcast_on_a_shallow_tbf_queue():
     """K = 2 at 100 Mbit/s behind tbf burst 32768 latency 5 ms: every step broadcasts 256 KiB from rank 0,
     then launches four bucket all-reduces (1, 2, 2, 2 MiB) during the backward before waiting on any.
-    The queue overflows (drops and retransmissions are counted); replaying the nodes' own trace on the
-    scenario of the shaper's configuration is within the 20% reruns spread over (10% on a quiet machine) of the
-    real time. Nothing is left behind."""
-    case = BucketCase(2, 100e6 / 8, steps=2, repeats=3, shaper=Shaper(latency=0.005))
+    The queue overflows (drops and retransmissions are counted), so the model predicts a range
+    (``SimResult.wall_clock_range``, p10-p90 of the recovery cost): replaying the nodes' own trace on the
+    scenario of the shaper's configuration, the median of one measurement (five repeats) lies inside it,
+    widened by RANGE_TOLERANCE, and the ideal model's time does not. Nothing is left behind."""
+    case = BucketCase(2, 100e6 / 8, steps=2, repeats=5, shaper=Shaper(latency=0.005))
     m = run_case(case)
     model, ideal = m.predict(), m.predict(ideal=True)
-    print(f"\nreal {m.real:.3f} s ({m.times}), ideal {ideal:.3f} s, model {model:.3f} s, "
-          f"losses {m.losses}")
+    low, high = m.predicted_range()
+    print(f"\nreal {m.real:.3f} s ({m.times}), ideal {ideal:.3f} s, model {model:.3f} s "
+          f"(p10-p90 {low:.3f}-{high:.3f}), losses {m.losses}")
     for trace in m.traces:
         for events in trace.events:
             colls = [e for e in events if isinstance(e, Collective)]
@@ -44,18 +49,10 @@ def test_ddp_buckets_and_broadcast_on_a_shallow_tbf_queue():
             kinds = [type(e).__name__ for e in events if isinstance(e, (Collective, Wait, Step))]
             assert kinds == case.steps * (["Collective"] * 5 + ["Wait"] * 4 + ["Step"])
     assert m.losses["drops"] > 0 and m.losses["retransmits"] > 0
-    # Single repeats have measured 1.42-2.2 s and medians of three 1.58-1.78 s (model 1.49 s): which stream meets a
-    # retransmission timeout is chance, and clean-clone CI machines sit at the slow end. The issue's 10% is a
-    # measured figure (README "How accurate is it"), not a bound reruns keep; this checks the model within the
-    # spread reruns show, measured again up to three times in all and judged on all repeats, as the ring test.
-    for _ in range(2):
-        if abs(model - m.real) / m.real <= RERUN_SPREAD:
-            break
-        again = run_case(case)
-        m = BucketMeasurement(case, m.times + again.times, m.traces + again.traces)
-        model = m.predict()
-        print(f"measured again: real {m.real:.3f} s, model {model:.3f} s")
-    assert abs(model - m.real) / m.real <= RERUN_SPREAD
+    assert low < model < high  # a lossy case has a range
+    inside = (low * (1 - RANGE_TOLERANCE), high * (1 + RANGE_TOLERANCE))
+    assert inside[0] <= m.real <= inside[1], f"median {m.real:.3f} s outside {inside[0]:.3f}-{inside[1]:.3f} s"
+    assert not inside[0] <= ideal <= inside[1]  # the judgement can fail: the model without the queue's losses does
     mine = [name for _, name in leftovers(include_live=True) if name.startswith(f"exv{os.getpid():x}-")]
     assert mine == [] and f"exv{os.getpid():x}-" not in subprocess.run(
         ["tc", "qdisc", "show"], capture_output=True, text=True).stdout

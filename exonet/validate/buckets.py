@@ -82,6 +82,11 @@ class BucketMeasurement:
         scenario = self.case.scenario(ideal=ideal)
         return statistics.median(simulate(t, scenario).wall_clock_s for t in self.traces)
 
+    def predicted_range(self) -> tuple[float, float]:
+        """The model's p10 and p90 (``SimResult.wall_clock_range``), each the median over the repetitions' traces."""
+        ranges = [simulate(t, self.case.scenario()).wall_clock_range for t in self.traces]
+        return statistics.median(r[0] for r in ranges), statistics.median(r[1] for r in ranges)
+
 
 def run_case(case: BucketCase, port: int = 29700) -> BucketMeasurement:
     """Shape K namespaces per ``case``, run the DDP steps in each and read the counters."""

@@ -12,11 +12,13 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="fit efficiency and per-message overhead on half the cases, report the other half, write --out")
-    p.add_argument("--matrix", choices=("ci", "full", "slowlinks"), default="ci",
+    p.add_argument("--matrix", choices=("ci", "full", "slowlinks", "delay"), default="ci",
                    help="ci: K=2,4 at 10 and 40 Mbit/s plus one DDP run (about 2 min); full: the README matrix; "
                         "slowlinks: tbf-shaped rings over 1-16 TCP streams against the queue model, with the matrix's "
                         "corners, per-tensor all-reduces back to back and DDP's concurrent buckets over gloo "
-                        "(about 20 min)")
+                        "(about 20 min); delay: the user-space delay line's rate, then gloo's window, Linux's window, "
+                        "slow start after idle and the NCCL-like pipelined ring at RTT 20-100 ms against the backend "
+                        "models (about 25 min)")
     p.add_argument("--measurements", help="calibrate from your own measurements (CSV: op,nodes,bytes,count,bandwidth,"
                                           "seconds) instead of running namespaces")
     p.add_argument("--run", metavar="RUN_DIR",
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if args.matrix == "slowlinks":
             return _slow_links()
+        if args.matrix == "delay":
+            return _delay()
         cases = ci_matrix() if args.matrix == "ci" else full_matrix()
         load = os.getloadavg()[0]
         print(f"exonet validate: {len(cases)} cases on network namespaces (load average {load:.2f} "
@@ -117,6 +121,27 @@ def _slow_links() -> int:
     print(f"\n{len(ddp)} cases (DDP: concurrent bucket all-reduces and a per-step broadcast over gloo), "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     buckets.report([buckets.run_case(case) for case in ddp])
+    return 0
+
+
+def _delay() -> int:
+    """Measure the delay line's rate, then run the delay-line cases (two fresh networks each); print each table."""
+    from exonet.validate import windows
+    from exonet.validate.delayline import RATE_HEADER, line_rate
+
+    print(f"\nthe delay line's rate (16 TCP streams, 6 s), load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(RATE_HEADER)
+    for delay in (0.01, 0.025, 0.05):
+        for mbit in (250, 500, 1000):
+            print(line_rate(delay, mbit * 1e6 / 8).row(), flush=True)
+    for title, cases in (("gloo's window", windows.window_limited()), ("Linux's window", windows.tcp_window()),
+                         ("slow start after idle", windows.slow_start()),
+                         ("the NCCL-like pipelined ring", windows.pipelined())):
+        print(f"\n{len(cases)} cases ({title}), load average {os.getloadavg()[0]:.2f}", flush=True)
+        measured = [windows.run_case(case, runs=2) for case in cases]
+        windows.report(measured)
+        if any(case.idle for case in cases):
+            windows.idle_report(measured)
     return 0
 
 

@@ -26,7 +26,7 @@ import re
 import signal
 import subprocess
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 PREFIX = "exv"
 SUBNET = "10.77"
@@ -177,44 +177,28 @@ def address(rank: int) -> str:
     return f"{SUBNET}.{rank // 250}.{rank % 250 + 1}"
 
 
-class Network:
-    """K namespaces on one or two bridges, shaped; a context manager that always tears down.
+_N = TypeVar("_N", bound="Namespaces")
 
-    Args:
-        nodes: each rank's NIC rates.
-        region: each rank's region index (0 or 1); None puts every rank on one bridge.
-        link: the inter-region link's rate in bytes/s, each direction (needed with two regions).
-        mtu: the MTU of every interface (None: the kernel's 1500), e.g. 9001 as on cloud NICs.
-    """
 
-    def __init__(self, nodes: Sequence[NodeLink], region: Sequence[int] | None = None, link: float | None = None,
-                 mtu: int | None = None) -> None:
-        self.nodes = list(nodes)
-        self.region = list(region) if region is not None else [0] * len(self.nodes)
-        if len(self.region) != len(self.nodes) or not set(self.region) <= {0, 1}:
-            raise ValueError(f"Network: region must give 0 or 1 for each of the {len(self.nodes)} ranks, "
-                             f"got {region!r}")
-        if len(set(self.region)) == 2 and link is None:
-            raise ValueError("Network: two regions need the inter-region link's rate (link=)")
-        self.link = link
-        self.mtu = mtu
+class Namespaces:
+    """Node namespaces named ``exv<pid>-n<rank>``, built on entry and always torn down: on exit, Ctrl-C,
+    SIGTERM and a failed build (``_build`` and ``close``, the subclass's); a crashed run's leftovers go first."""
+
+    def __init__(self) -> None:
         self.prefix = f"{PREFIX}{os.getpid():x}-"
-        self._made: list[tuple[str, str]] = []  # ("netns" | "link", name), in creation order
         self._old_handlers: dict[int, object] = {}
 
-    # ------------------------------------------------------------ names
     def netns(self, rank: int) -> str:
         return f"{self.prefix}n{rank}"
 
     def iface(self, rank: int) -> str:
-        return f"{self.prefix}e{rank}"
+        raise NotImplementedError
 
     def exec_prefix(self, rank: int) -> list[str]:
         """The command prefix that runs a program inside ``rank``'s namespace."""
         return ["ip", "netns", "exec", self.netns(rank)]
 
-    # ------------------------------------------------------------ life cycle
-    def __enter__(self) -> "Network":
+    def __enter__(self: _N) -> _N:
         remove_leftovers()
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._old_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -232,6 +216,43 @@ class Network:
         self.close()
         raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
 
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Put the signal handlers back (a subclass deletes what it made first)."""
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._old_handlers.clear()
+
+
+class Network(Namespaces):
+    """K namespaces on one or two bridges, shaped; a context manager that always tears down.
+
+    Args:
+        nodes: each rank's NIC rates.
+        region: each rank's region index (0 or 1); None puts every rank on one bridge.
+        link: the inter-region link's rate in bytes/s, each direction (needed with two regions).
+        mtu: the MTU of every interface (None: the kernel's 1500), e.g. 9001 as on cloud NICs.
+    """
+
+    def __init__(self, nodes: Sequence[NodeLink], region: Sequence[int] | None = None, link: float | None = None,
+                 mtu: int | None = None) -> None:
+        super().__init__()
+        self.nodes = list(nodes)
+        self.region = list(region) if region is not None else [0] * len(self.nodes)
+        if len(self.region) != len(self.nodes) or not set(self.region) <= {0, 1}:
+            raise ValueError(f"Network: region must give 0 or 1 for each of the {len(self.nodes)} ranks, "
+                             f"got {region!r}")
+        if len(set(self.region)) == 2 and link is None:
+            raise ValueError("Network: two regions need the inter-region link's rate (link=)")
+        self.link = link
+        self.mtu = mtu
+        self._made: list[tuple[str, str]] = []  # ("netns" | "link", name), in creation order
+
+    def iface(self, rank: int) -> str:
+        return f"{self.prefix}e{rank}"
+
     def close(self) -> None:
         """Delete everything this network made, newest first; safe to call twice."""
         while self._made:
@@ -240,9 +261,7 @@ class Network:
                 _sh("ip", "netns", "del", name, check=False)
             else:
                 _sh("ip", "link", "del", name, check=False)
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self._old_handlers.clear()
+        super().close()
 
     def _build(self) -> None:
         p = self.prefix
