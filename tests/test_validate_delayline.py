@@ -20,7 +20,9 @@ from exonet.validate.windows import MIB, DelayCase, run_case, window
 
 REASON = privilege()
 needs_netns = pytest.mark.skipif(REASON is not None, reason=f"needs network namespaces: {REASON}")
-TOLERANCE = 0.05  # how far runs of the CI case moved their medians from each other (validate README)
+# Nine runs of the CI case at load 2-10 gave medians of 1.974-2.020 s, 1.7-4.0% above the gloo model's 1.941 s
+# (validate README); 8% leaves room for a busier CI machine, and the phase model (27% fast) still fails it.
+TOLERANCE = 0.08
 SYSCTLS = {"net.core.wmem_max": "4194304", "net.core.rmem_max": "4194304", "net.ipv4.tcp_wmem": "4096 16384 4194304",
            "net.ipv4.tcp_rmem": "4096 131072 33554432", "net.ipv4.tcp_slow_start_after_idle": "1",
            "net.ipv4.tcp_congestion_control": "reno"}
