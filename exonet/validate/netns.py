@@ -25,6 +25,7 @@ import os
 import re
 import signal
 import subprocess
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence, TypeVar
 
@@ -180,7 +181,7 @@ def address(rank: int) -> str:
 _N = TypeVar("_N", bound="Namespaces")
 
 
-class Namespaces:
+class Namespaces(ABC):
     """Node namespaces named ``exv<pid>-n<rank>``, built on entry and always torn down: on exit, Ctrl-C,
     SIGTERM and a failed build (``_build`` and ``close``, the subclass's); a crashed run's leftovers go first."""
 
@@ -191,8 +192,9 @@ class Namespaces:
     def netns(self, rank: int) -> str:
         return f"{self.prefix}n{rank}"
 
+    @abstractmethod
     def iface(self, rank: int) -> str:
-        raise NotImplementedError
+        """The interface ``rank``'s traffic leaves by (a veth end, or a TUN device)."""
 
     def exec_prefix(self, rank: int) -> list[str]:
         """The command prefix that runs a program inside ``rank``'s namespace."""
@@ -216,8 +218,9 @@ class Namespaces:
         self.close()
         raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
 
+    @abstractmethod
     def _build(self) -> None:
-        raise NotImplementedError
+        """Make the namespaces, links and shapers; ``close`` removes whatever part of them exists."""
 
     def close(self) -> None:
         """Put the signal handlers back (a subclass deletes what it made first)."""
