@@ -24,7 +24,7 @@ NODES, DEVICES, SCENARIO = 64, 8, "cross-region"
 def row(strategy: str, steps: int, params: float) -> list[str]:
     """One strategy's cells: wall-clock and utilisation flat and in hosts, and bytes per node."""
     try:
-        est = estimate(strategy, params=params, nodes=NODES, steps=steps, step_time=1.0, dtype="bf16",
+        est = estimate(strategy, params=params, num_nodes=NODES, max_steps=steps, step_time=1.0, dtype="bf16",
                        scenario=SCENARIO)  # asynchronous strategies run the online clock in it
         flat = simulate_estimate(est, SCENARIO)
         hosted = simulate_estimate(est, with_hosts(SCENARIO, DEVICES, NODES))

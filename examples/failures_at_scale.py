@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         t0 = time.perf_counter()
         failing = scenario(units, args.device_mtbf, args.repair, args.restart, args.reform, args.seed,
                            args.servers_fail)
-        est = estimate(spec, params=1e9, layers=2, nodes=units, steps=args.steps, step_time=args.step_time,
+        est = estimate(spec, params=1e9, layers=2, num_nodes=units, max_steps=args.steps, step_time=args.step_time,
                        dtype="bf16", scenario=failing)
         res = simulate_estimate(est, failing)
         lost = res.lost

@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "LocalTrainer": "exonet.runtime.trainer",
     "Trainer": "exonet.runtime.trainer",
+    "get_device": "exonet.runtime.trainer",
     "FitResult": "exonet.fit_result",
     "Scenario": "exonet.scenario",
     "simulate": "exonet.netsim",

@@ -7,6 +7,7 @@ depending on the other; ``exonet.strategies.base`` re-exports them for strategy 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 
@@ -33,3 +34,19 @@ def one_of(**spellings: Any) -> Any:
     if len(given) > 1:
         raise TypeError(f"{' and '.join(given)} are aliases of one argument; pass only one of them")
     return spellings[given[0]] if given else None
+
+
+def renamed(who: str, new: str, value: Any, old: str, old_value: Any) -> Any:
+    """``new``'s value, taking the deprecated spelling ``old`` with a DeprecationWarning naming ``new``.
+
+    Raises:
+        TypeError: both spellings were given, or neither (the argument is required), naming them.
+    """
+    if old_value is not None:
+        if value is not None:
+            raise TypeError(f"{who}: {old} is the old spelling of {new}; pass only {new}")
+        warnings.warn(f"{who}: {old}= is deprecated, use {new}=", DeprecationWarning, stacklevel=3)
+        return old_value
+    if value is None:
+        raise TypeError(f"{who}: missing required keyword argument {new!r}")
+    return value

@@ -113,7 +113,7 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
 
 # estimate()'s keywords as the CLI spells them: its errors name the keyword (``params=``), the CLI's the flag
 ESTIMATE_FLAGS = {"params": "--model-params", "model": "--model", "layers": "--layers", "strategy": "--strategy",
-                  "nodes": "--nodes", "steps": "--steps", "step_time": "--step-time",
+                  "num_nodes": "--nodes", "max_steps": "--steps", "step_time": "--step-time",
                   "tokens_per_step": "--tokens-per-step", "tflops": "--tflops", "mfu": "--mfu", "dtype": "--dtype",
                   "scenario": "--scenario"}
 
@@ -173,7 +173,8 @@ def _estimate(args: argparse.Namespace) -> int:
     estimates = {}
     for name in args.scenario if own_device else args.scenario[:1]:
         estimates[name] = estimate(
-            args.strategy, params=args.model_params, nodes=args.nodes, steps=args.steps, step_time=args.step_time,
+            args.strategy, params=args.model_params, num_nodes=args.nodes, max_steps=args.steps,
+            step_time=args.step_time,
             tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu, dtype=args.dtype,
             layers=args.layers, model=args.model, scenario=name)
     est = next(iter(estimates.values()))

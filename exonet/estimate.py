@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import torch
 
+from exonet.arguments import renamed
 from exonet.communicator import Communicator
 from exonet.estimate_hub import OnlineHub, RankLink
 from exonet.netsim.agenda import SCALE
@@ -300,17 +301,18 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
     return Trace(world, meta=meta, events=hub.events)
 
 
-def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: int, steps: int,
-             step_time: float | None = None, tokens_per_step: float | None = None, tflops: float | None = None,
-             mfu: float | None = None, dtype: str = "fp32", layers: int | None = None,
-             model: str | Callable[[], torch.nn.Module] | None = None, scenario: Any = None) -> Estimate:
+def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes: int | None = None,
+             max_steps: int | None = None, step_time: float | None = None, tokens_per_step: float | None = None,
+             tflops: float | None = None, mfu: float | None = None, dtype: str = "fp32", layers: int | None = None,
+             model: str | Callable[[], torch.nn.Module] | None = None, scenario: Any = None,
+             nodes: int | None = None, steps: int | None = None) -> Estimate:
     """Build the trace a run would produce, from the strategy's own logic on meta tensors.
 
     Args:
         strategy: a Strategy or a spec such as "diloco:H=500".
         params: model parameters (e.g. 7e9), for the default layer stack.
-        nodes: K.
-        steps: optimizer steps per node.
+        num_nodes: K (``fit``'s name; the CLI's ``--nodes``).
+        max_steps: optimizer steps per node (``fit``'s name; the CLI's ``--steps``).
         step_time: compute seconds per step per node; or give tokens_per_step, tflops and mfu.
         tokens_per_step: tokens per node per step (compute = 6 · params · tokens FLOPs).
         tflops: device peak TFLOP/s; without it, the scenario's device (``[compute]`` tflops and mfu).
@@ -320,7 +322,10 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
         model: instead of ``params``, a model: "module:factory", or a factory, built on the meta device.
         scenario: where a strategy that reacts to simulated time (``Strategy.asynchronous``) is run on the
             online clock; required for those, unused by the others.
+        nodes, steps: the old spellings of ``num_nodes`` and ``max_steps``, deprecated (one release).
     """
+    nodes = renamed("estimate", "num_nodes", num_nodes, "nodes", nodes)
+    steps = renamed("estimate", "max_steps", max_steps, "steps", steps)
     if isinstance(strategy, str):
         strategy = parse_strategy(strategy)
     _check_stack(params, layers, dtype)
@@ -347,8 +352,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, nodes: in
     elif params is None:
         raise ValueError("estimate: give params= (a parameter count) or model= (module:factory)")
     if not (params >= 1 and nodes >= 1 and steps >= 1) or not math.isfinite(params):
-        raise ValueError(f"estimate: params=, nodes= and steps= must be finite and >= 1, got {params}, {nodes}, "
-                         f"{steps}")
+        raise ValueError(f"estimate: params=, num_nodes= and max_steps= must be finite and >= 1, got {params}, "
+                         f"{nodes}, {steps}")
     if scenario is not None:  # a scenario that cannot hold the nodes fails now, not after the trace is built
         from exonet.scenario import Scenario
 

@@ -19,10 +19,11 @@ VALIDATION_COLUMNS = ("step", "local_loss", "local_perplexity", "global_loss", "
 GYM_LOG_DIR = "logs"  # the gym's CSVLogger default, relative to the working directory
 
 
-def _perplexity(loss: Any) -> Any:
-    if not isinstance(loss, (int, float)) or not math.isfinite(loss):
+def perplexity(loss: Any) -> Any:
+    """exp(loss), as the gym logged it (inf past float range, nan for nan); "" where there is no loss."""
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
         return ""
-    return math.exp(loss) if loss < 700 else math.inf
+    return math.exp(loss) if not loss >= 700 else math.inf
 
 
 def write_gym_csv(folder: str | Path, history: dict[str, list], examples_per_step: int) -> Path:
@@ -39,11 +40,11 @@ def write_gym_csv(folder: str | Path, history: dict[str, list], examples_per_ste
         w = csv.writer(f)
         w.writerow(TRAIN_COLUMNS)
         for step, loss in enumerate(history.get("train_loss", [])):
-            w.writerow([step, examples_per_step * (step + 1), loss, _perplexity(loss), ""])
+            w.writerow([step, examples_per_step * (step + 1), loss, perplexity(loss), ""])
     with open(folder / "validation.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(VALIDATION_COLUMNS)
         for entry in history.get("eval", []):
             local, glob = entry.get("local_loss", ""), entry.get("loss", "")
-            w.writerow([entry["step"], local, _perplexity(local), glob, _perplexity(glob)])
+            w.writerow([entry["step"], local, perplexity(local), glob, perplexity(glob)])
     return folder

@@ -75,7 +75,7 @@ def project(strategies: Mapping[str, Strategy], scenarios: Sequence[Scenario | s
     for scenario in map(Scenario.coerce, scenarios):
         tflops, mfu = scenario_device(scenario, nodes)
         for name, strategy in strategies.items():
-            est = estimate(copy.deepcopy(strategy), params=scale.params, nodes=nodes, steps=scale.steps,
+            est = estimate(copy.deepcopy(strategy), params=scale.params, num_nodes=nodes, max_steps=scale.steps,
                            tokens_per_step=scale.tokens_per_node_step, tflops=tflops, mfu=mfu, dtype=scale.dtype)
             sim = simulate_estimate(est, scenario)
             rows.append({

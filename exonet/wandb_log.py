@@ -8,33 +8,45 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from exonet.gymlog import perplexity as _perplexity
+
 if TYPE_CHECKING:
     from exonet.netsim import SimResult
 
 
 class WandbLogger:
-    """One wandb run: the config up front, the loss per step, evaluations, and simulated time at the end.
+    """One wandb run under the seed gym's metric names: the config up front, ``train_loss`` and
+    ``train_perplexity`` per step, ``local_*``/``global_*`` per evaluation, simulated time at the end.
 
     Args:
         project: the wandb project.
-        config: the run's resolved configuration.
+        config: the run's resolved configuration (its batch_size × num_nodes counts examples).
         name: an optional run name.
         dir: where wandb writes its files (e.g. the run directory).
+        x_axis: "step" (steps done) or "examples" (examples trained), the gym's ``log_x_axis``.
     """
 
-    def __init__(self, project: str, config: dict[str, Any], name: str | None = None, dir: str | None = None) -> None:
+    def __init__(self, project: str, config: dict[str, Any], name: str | None = None, dir: str | None = None,
+                 x_axis: str = "step") -> None:
         try:
             import wandb
         except ImportError:
             raise ImportError("fit(wandb_project=...) needs wandb: pip install 'exonet[wandb]'") from None
         self._wandb = wandb
+        self._examples = config["batch_size"] * config["num_nodes"] if x_axis == "examples" else 0
         self.run = wandb.init(project=project, name=name, config=config, dir=dir, reinit="finish_previous")
 
     def log_step(self, step: int, loss: float) -> None:
-        self.run.log({"train/loss": loss}, step=step)
+        """Step ``step`` (counted from 1) is done; logged as the gym did, before its step counter moved on."""
+        at = step * self._examples if self._examples else step - 1  # the gym's examples count it, its steps not yet
+        self.run.log({"train_loss": loss, "train_perplexity": _perplexity(loss)}, step=at)
 
     def log_eval(self, ev: dict[str, Any]) -> None:
-        self.run.log({f"eval/{k}": v for k, v in ev.items() if k != "step"}, step=ev["step"])
+        data = {"global_loss": ev["loss"], "global_perplexity": _perplexity(ev["loss"])}
+        if "local_loss" in ev:
+            data.update(local_loss=ev["local_loss"], local_perplexity=_perplexity(ev["local_loss"]))
+        data.update({k: v for k, v in ev.items() if k not in ("step", "loss", "local_loss")})
+        self.run.log(data, step=ev["step"] * self._examples if self._examples else ev["step"])
 
     def log_simulation(self, sim: "SimResult") -> None:
         """Loss against simulated wall-clock as a table, and the totals in the summary."""

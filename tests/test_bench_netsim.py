@@ -45,7 +45,7 @@ def test_the_hierarchical_estimate_case_returns_its_figures(capsys):
     assert (figures["nodes"], figures["strategy"], figures["steps"]) == (8, "ddp", 3)
     assert 0 < figures["build_seconds"] <= figures["seconds"] and figures["cpu_seconds"] > 0
     assert 0 < figures["peak_bytes"] < 2 * 2**30
-    est = estimate("ddp", params=1e7, nodes=8, steps=3, step_time=1.0, dtype="bf16")
+    est = estimate("ddp", params=1e7, num_nodes=8, max_steps=3, step_time=1.0, dtype="bf16")
     assert figures["wall_clock_s"] == simulate_estimate(est.trace, with_hosts("cross-region", 4)).wall_clock_s
     assert netsim.main(["--estimate", "--hosts", "2", "--devices", "4", "--steps", "2"]) == 0
     out = capsys.readouterr().out

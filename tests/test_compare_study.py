@@ -141,7 +141,7 @@ def test_estimate_7b_diloco_is_fast_small_and_sends_4P_per_sync():
         "import resource, time\n"
         "from exonet.estimate import estimate\n"
         "t = time.perf_counter()\n"
-        "e = estimate('diloco:H=500', params=7e9, nodes=8, steps=10000, step_time=1.0)\n"
+        "e = estimate('diloco:H=500', params=7e9, num_nodes=8, max_steps=10000, step_time=1.0)\n"
         "per_step = e.trace.payload_bytes_per_step(0)\n"
         "syncs = [b for b in per_step if b]\n"
         "print(e.params, len(syncs), set(syncs), time.perf_counter() - t,"
@@ -203,7 +203,7 @@ def test_time_to_target_without_evaluations_ignores_one_lucky_batch():
 def test_estimate_with_partial_participation_runs_every_rank():
     from exonet.estimate import estimate
 
-    e = estimate("diloco:H=1,participation=0.25", params=1e5, nodes=8, steps=6, step_time=1.0)
+    e = estimate("diloco:H=1,participation=0.25", params=1e5, num_nodes=8, max_steps=6, step_time=1.0)
     assert sum(e.trace.payload_bytes(r) for r in range(8)) > 0
     e.trace.validate()
 

@@ -21,7 +21,7 @@ def first_step(events):
 
 
 def test_a_users_module_is_built_on_meta_and_its_buckets_overlap_backward():
-    e = estimate("ddp:bucket_cap_mb=0.1", model="exonet.toy:bench_mlp", nodes=2, steps=3, step_time=0.3)
+    e = estimate("ddp:bucket_cap_mb=0.1", model="exonet.toy:bench_mlp", num_nodes=2, max_steps=3, step_time=0.3)
     assert e.params == BENCH_P and e.trace.payload_bytes_per_step(0) == [4 * BENCH_P] * 3
     step = first_step(e.trace.events[0])
     kinds = [type(x).__name__ for x in step]
@@ -40,13 +40,13 @@ def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_paramet
     assert sum(p.numel() for p in stack.parameters()) == 24 * 12 * 1792**2 + 41984 * 1792
     assert abs(sum(p.numel() for p in stack.parameters()) - 1e9) <= 64 * 1792
     with pytest.raises(ValueError, match="layers="):
-        estimate("ddp", params=1e6, nodes=2, steps=1, step_time=1.0, layers=0)
+        estimate("ddp", params=1e6, num_nodes=2, max_steps=1, step_time=1.0, layers=0)
     with pytest.raises(ValueError, match=r"params=1.5: 24 transformer-like blocks cannot hold .* has 288\)"):
-        estimate("ddp", params=1.5, nodes=2, steps=1, step_time=1.0)  # 1.5e9 meant
+        estimate("ddp", params=1.5, num_nodes=2, max_steps=1, step_time=1.0)  # 1.5e9 meant
     with pytest.raises(ValueError, match="model="):
-        estimate("ddp", model="no_such_module:f", nodes=2, steps=1, step_time=1.0)
+        estimate("ddp", model="no_such_module:f", num_nodes=2, max_steps=1, step_time=1.0)
     with pytest.raises(ValueError, match="not both"):
-        estimate("ddp", params=1e6, model="exonet.toy:bench_mlp", nodes=2, steps=1, step_time=1.0)
+        estimate("ddp", params=1e6, model="exonet.toy:bench_mlp", num_nodes=2, max_steps=1, step_time=1.0)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -62,7 +62,7 @@ def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_paramet
     ({"step_time": 1.0, "tokens_per_step": 5000}, "not both"),  # the tokens were dropped without a word
     ({"tokens_per_step": -1000, "tflops": 100}, "tokens_per_step= must be a finite number > 0, got -1000"),
     ({"tokens_per_step": math.inf, "tflops": 100}, "tokens_per_step= must be a finite number > 0, got inf"),
-    ({"params": math.inf, "step_time": 1.0}, "params=, nodes= and steps= must be finite and >= 1, got inf"),
+    ({"params": math.inf, "step_time": 1.0}, "params=, num_nodes= and max_steps= must be finite and >= 1, got inf"),
 ])
 def test_compute_is_given_one_way_and_the_other_options_are_not_ignored(kwargs, match):
     args = {"params": 1e6, "nodes": 2, "steps": 1, **kwargs}
@@ -74,7 +74,7 @@ def test_compute_is_given_one_way_and_the_other_options_are_not_ignored(kwargs, 
     r = Scenario.load("datacenter").resolve(1)
     assert est.step_time_s == pytest.approx(6 * 1e6 * 1000 / (r.tflops * 1e12 * r.mfu), rel=1e-6)
     assert "the device of scenario 'datacenter'" in est.assumptions[1]
-    assert " at " not in estimate("ddp", params=1e6, nodes=2, steps=1, step_time=1.0).assumptions[1]
+    assert " at " not in estimate("ddp", params=1e6, num_nodes=2, max_steps=1, step_time=1.0).assumptions[1]
 
 @pytest.mark.parametrize("argv, match", [
     (["--model-params", "1e30", "--step-time", "1"],  # was torch's "Storage size calculation overflowed"
@@ -96,9 +96,9 @@ def test_numbers_beyond_what_the_model_holds_are_named(capsys, argv, match):
 
 
 def test_the_largest_numbers_the_model_holds_are_accepted():
-    assert estimate("ddp", params=1e18, nodes=2, steps=1, step_time=1.0, layers=1).params == pytest.approx(1e18,
+    assert estimate("ddp", params=1e18, num_nodes=2, max_steps=1, step_time=1.0, layers=1).params == pytest.approx(1e18,
                                                                                                          rel=1e-3)
-    assert estimate("ddp", params=1e6, nodes=2, steps=10, step_time=4e287).step_time_s == 4e287
+    assert estimate("ddp", params=1e6, num_nodes=2, max_steps=10, step_time=4e287).step_time_s == 4e287
 
 
 def test_overlap_beats_one_flat_all_reduce_in_an_estimate():
@@ -122,3 +122,14 @@ def test_a_strategy_spec_names_only_the_strategys_own_arguments(spec, match):
     with pytest.raises(ValueError, match=match):
         parse_strategy(spec)
     assert parse_strategy("diloco:H=50,outer_optim_spec='sgd'").H == 50
+
+
+def test_estimate_takes_fits_names_and_the_old_ones_warn():
+    new = estimate("ddp", params=1e6, num_nodes=2, max_steps=3, step_time=1.0)
+    with pytest.warns(DeprecationWarning, match="nodes= is deprecated, use num_nodes="):
+        old = estimate("ddp", params=1e6, nodes=2, max_steps=3, step_time=1.0)
+    assert old.trace.num_nodes == new.trace.num_nodes == 2 and old.trace.num_steps(0) == 3
+    with pytest.raises(TypeError, match="max_steps is missing|missing required keyword argument 'max_steps'"):
+        estimate("ddp", params=1e6, num_nodes=2, step_time=1.0)
+    with pytest.raises(TypeError, match="steps is the old spelling of max_steps; pass only max_steps"):
+        estimate("ddp", params=1e6, num_nodes=2, max_steps=3, steps=3, step_time=1.0)

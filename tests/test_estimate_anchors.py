@@ -38,13 +38,14 @@ def step_compute(N: float, chips: int) -> float:
 
 @lru_cache(maxsize=None)
 def ddp(N: float, nodes: int, step_time: float, steps: int = 1):
-    return estimate(DDPStrategy("sgd", overlap=False), params=N, nodes=nodes, steps=steps, step_time=step_time,
+    return estimate(DDPStrategy("sgd", overlap=False), params=N, num_nodes=nodes, max_steps=steps, step_time=step_time,
                     dtype="bf16", layers=4)
 
 
 @lru_cache(maxsize=None)
 def diloco(N: float, nodes: int, H: int, step_time: float):
-    return estimate(f"diloco:H={H}", params=N, nodes=nodes, steps=H, step_time=step_time, dtype="bf16", layers=4)
+    return estimate(f"diloco:H={H}", params=N, num_nodes=nodes, max_steps=H, step_time=step_time, dtype="bf16",
+                    layers=4)
 
 
 def bits(est) -> float:

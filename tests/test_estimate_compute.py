@@ -57,7 +57,7 @@ def test_a_scenario_without_a_device_needs_no_word_and_a_recorded_trace_keeps_th
 ])
 def test_estimate_names_its_keywords_and_the_cli_its_flags(kwargs, keyword, flag):
     with pytest.raises(ValueError) as caught:
-        estimate("ddp", nodes=2, steps=1, **kwargs)
+        estimate("ddp", num_nodes=2, max_steps=1, **kwargs)
     assert keyword in str(caught.value) and "--" not in str(caught.value)
     assert flag in in_flags(str(caught.value))
 
@@ -115,4 +115,4 @@ def test_estimate_checks_the_scenario_before_it_builds_a_trace(tmp_path, monkeyp
                  "--step-time", "1", "--scenario", "datacenter", "--scenario", str(path)]) == 2
     assert "hosted" in capsys.readouterr().err
     with pytest.raises(ValueError, match="hosted"):
-        estimate("ddp", params=1e6, nodes=3, steps=2, step_time=1.0, scenario=Scenario.load(path))
+        estimate("ddp", params=1e6, num_nodes=3, max_steps=2, step_time=1.0, scenario=Scenario.load(path))

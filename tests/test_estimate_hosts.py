@@ -41,7 +41,7 @@ def test_bad_hosts_name_the_argument(devices, nodes, match):
 
 def test_a_hosted_ddp_estimate_is_the_hierarchical_closed_form():
     G, H, steps, step_time = 4, 2, 3, 0.5
-    est = estimate(DDPStrategy("sgd", overlap=False), params=1e6, nodes=G * H, steps=steps, step_time=step_time,
+    est = estimate(DDPStrategy("sgd", overlap=False), params=1e6, num_nodes=G * H, max_steps=steps, step_time=step_time,
                    dtype="bf16", layers=2)
     S = est.trace.payload_bytes(0) / steps
     per_step = 2 * ((G - 1) * AF + (G - 1) / G * S / BF) + 2 * (H - 1) * A + 2 * (H - 1) / H * (S / G) / B
@@ -57,7 +57,7 @@ def test_the_cli_answers_hosts_across_two_regions_in_one_command(capsys):
     assert main(argv + ["--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["hosts"] == 8
-    est = estimate("ddp", params=1e7, nodes=16, steps=2, step_time=1, dtype="bf16", layers=2)
+    est = estimate("ddp", params=1e7, num_nodes=16, max_steps=2, step_time=1, dtype="bf16", layers=2)
     hosted = simulate_estimate(est.trace, with_hosts("cross-region", 8))
     flat = simulate_estimate(est.trace, "cross-region")
     assert report["wall_clock_s"] == pytest.approx(hosted.wall_clock_s, rel=1e-12)

@@ -57,23 +57,23 @@ def test_server_strategies_are_estimated_on_the_online_clock(capsys, strategy):
 
 
 def test_deadline_rounds_are_estimated_on_the_online_clock():
-    e = estimate("diloco:H=5,deadline_s=6", params=1e6, nodes=4, steps=20, step_time=1.0, scenario=SLOW_LAST)
+    e = estimate("diloco:H=5,deadline_s=6", params=1e6, num_nodes=4, max_steps=20, step_time=1.0, scenario=SLOW_LAST)
     p = e.params
     # rank 3 (a quarter of the speed) misses every deadline: it sends nothing and adopts what rank 0 sends it,
     # θ_global and the outer momentum (2P) after each of the 4 rounds' averages (P) of ranks 0-2.
     assert [e.trace.payload_bytes(r) for r in range(4)] == [4 * 4 * (p + 2 * p), 4 * 4 * p, 4 * 4 * p, 0]
     assert simulate_estimate(e, SLOW_LAST).wall_clock_s == pytest.approx(80)
     with pytest.raises(ValueError, match="give the scenario"):
-        estimate("fedbuff", params=1e6, nodes=4, steps=20, step_time=1.0)
+        estimate("fedbuff", params=1e6, num_nodes=4, max_steps=20, step_time=1.0)
 
 
 def test_replica_groups_are_estimated_with_exact_bytes():
-    e = estimate("diloco:H=5,replica_size=2", params=1e6, nodes=4, steps=10, step_time=1.0, dtype="bf16")
+    e = estimate("diloco:H=5,replica_size=2", params=1e6, num_nodes=4, max_steps=10, step_time=1.0, dtype="bf16")
     p = e.params
     assert all(e.trace.payload_bytes(r) == 10 * 2 * p + 2 * 2 * 2 * math.ceil(p / 2) for r in range(4))
     e.trace.validate()
     with pytest.raises(ValueError, match="replica_size=3 must divide"):
-        estimate("diloco:replica_size=3", params=1e6, nodes=4, steps=1, step_time=1.0)
+        estimate("diloco:replica_size=3", params=1e6, num_nodes=4, max_steps=1, step_time=1.0)
 
 
 def test_sparta_and_sparta_diloco_at_1b_take_under_30_s():
@@ -82,7 +82,7 @@ def test_sparta_and_sparta_diloco_at_1b_take_under_30_s():
         "from exonet.estimate import estimate, simulate_estimate\n"
         "for s in ('sparta', 'sparta_diloco'):\n"
         "    t = time.perf_counter()\n"
-        "    e = estimate(s, params=1e9, nodes=8, steps=100, step_time=1.0, dtype='bf16')\n"
+        "    e = estimate(s, params=1e9, num_nodes=8, max_steps=100, step_time=1.0, dtype='bf16')\n"
         "    simulate_estimate(e, 'datacenter')\n"
         "    print(s, e.params, e.trace.payload_bytes_per_step(0)[0], time.perf_counter() - t)\n"
     )
@@ -107,7 +107,7 @@ def test_expected_count_is_the_mean_of_distinct_indices_drawn():
 
 
 def test_solve_for_a_link_finds_the_link_bandwidth_where_nic_bandwidth_cannot_help():
-    e = estimate("diloco:H=10", params=1e8, nodes=4, steps=30, step_time=0.1, layers=4)
+    e = estimate("diloco:H=10", params=1e8, num_nodes=4, max_steps=30, step_time=0.1, layers=4)
     assert bandwidth_for_utilization(e, TWO_REGIONS, 0.5) is None  # the 1 Gbit/s link is the bottleneck
     need = bandwidth_for_utilization(e, TWO_REGIONS, 0.5, solve_for="link:eu/us")
     assert need is not None
@@ -119,7 +119,7 @@ def test_solve_for_a_link_finds_the_link_bandwidth_where_nic_bandwidth_cannot_he
     ("link:us/ue", r"did you mean 'eu/us'"),
 ])
 def test_solve_for_an_unknown_link_names_the_scenarios_links(solve_for, text):
-    e = estimate("ddp", params=1e6, nodes=4, steps=1, step_time=0.1)
+    e = estimate("ddp", params=1e6, num_nodes=4, max_steps=1, step_time=0.1)
     with pytest.raises(ScenarioError, match=text):
         bandwidth_for_utilization(e, TWO_REGIONS, 0.5, solve_for=solve_for)
 

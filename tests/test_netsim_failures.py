@@ -356,12 +356,13 @@ def test_an_elastic_estimate_goes_on_without_its_failed_nodes():
     failing = Scenario.from_dict({"name": "failing", "network": {"bandwidth": "400 Gbit/s", "latency": "10 us"},
                                   "failures": {"mtbf": "20 min", "repair": "5 min", "restart": "2 min", "seed": 0}})
     steps, step_time = 30, 10.0
-    est = estimate("ddp:elastic=True", params=1e6, nodes=6, steps=steps, step_time=step_time, scenario=failing)
+    est = estimate("ddp:elastic=True", params=1e6, num_nodes=6, max_steps=steps, step_time=step_time, scenario=failing)
     res = simulate_estimate(est, failing)
     assert res.failures >= 2
     assert steps * step_time < res.wall_clock_s < steps * step_time * 1.01
     assert res.lost["lost_work"] <= res.failures * step_time
-    blocking = simulate_estimate(estimate("ddp", params=1e6, nodes=6, steps=steps, step_time=step_time), failing)
+    blocking = simulate_estimate(estimate("ddp", params=1e6, num_nodes=6, max_steps=steps, step_time=step_time),
+                                 failing)
     assert blocking.wall_clock_s > res.wall_clock_s + 7 * 60  # it waits out each repair and restart
 
 

@@ -542,7 +542,7 @@ def test_an_outage_by_step_that_opens_as_a_collective_ends_starts_then_not_a_rou
     # through seconds and back and could land a tick before the clock: simpy's "Negative delay" (mobile-edge)
     from exonet.estimate import estimate, simulate_estimate
 
-    est = estimate("ddp", params=1e6, nodes=4, steps=25, step_time=0.01)
+    est = estimate("ddp", params=1e6, num_nodes=4, max_steps=25, step_time=0.01)
     sim = simulate_estimate(est, "mobile-edge")
     down = [p.down_s for p in sim.per_node]
     assert sum(d > 0 for d in down) == 1 and sim.wall_clock_s > 0  # the preset's share 0.1: one of four ranks

@@ -113,7 +113,7 @@ def test_a_long_evaluation_on_rank_0_is_not_a_hang():
     result = LocalTrainer(SlowEvalModel(0.2), DATA, DATA).fit(
         DDPStrategy(), num_nodes=2, max_steps=3, batch_size=8, val_interval=2, val_size=32, progress=False,
         progress_timeout_s=1.2)
-    assert [e["step"] for e in result.history["eval"]] == [2, 3]
+    assert [e["step"] for e in result.history["eval"]] == [0, 2, 3]
 
 
 class TestBlameRule:

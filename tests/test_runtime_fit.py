@@ -104,7 +104,7 @@ def test_dataset_factory_builds_one_shard_per_node():
     result = LocalTrainer(tiny_mlp(), ShardFactory(n=128), ShardFactory(n=64)).fit(
         AllReduceStrategy(OptimSpec("adam", lr=0.01)), num_nodes=2, max_steps=4, batch_size=8, val_interval=2,
         val_size=32, progress=False)
-    assert [e["step"] for e in result.history["eval"]] == [2, 4]
+    assert [e["step"] for e in result.history["eval"]] == [0, 2, 4]
     assert all(e["divergence"] < 1e-6 and abs(e["correlation"] - 1) < 1e-4 for e in result.history["eval"])
 
 
@@ -160,7 +160,7 @@ def test_seed_style_snippet_runs_as_written():
                          val_interval=50, val_size=256, seed=0)
     assert len(result.history["train_loss"]) == 200
     assert result.history["train_loss"][-1] < result.history["train_loss"][0] / 10
-    assert [e["step"] for e in result.history["eval"]] == [50, 100, 150, 200]
+    assert [e["step"] for e in result.history["eval"]] == [0, 50, 100, 150, 200]
     assert Trainer is LocalTrainer
 
 

@@ -3,8 +3,9 @@
 The slow tests are exonet-written equivalents of the code paths of the gym's ``example/mnist.py``
 (three strategies given one shared set of keyword arguments, then its plotting code reading
 ``logs/<run>/validation.csv``) and ``example/nanogpt_train.py`` (its ``create_strategy`` spellings, a
-dataset factory, ``device=""``, ``save_dir``, then ``torch.save(model.state_dict())``), on local
-stand-in data. Only their imports differ from the gym's.
+dataset factory, ``device=""``, ``save_dir``, then ``torch.save(model.state_dict())``) and
+``example/diloco_scaling.py`` (``get_device``, ``fit(kwargs=...)``, wandb with ``log_x_axis="examples"``), on
+local stand-in data. Only their imports differ from the gym's.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def test_the_gym_mnist_example_runs_with_only_its_imports_changed(tmp_path, monk
     assert any("ran at p_sparta=0.005" in str(w.message) for w in caught)
     for run_name in run_names:
         steps, losses = _gym_plot_reads(run_name)
-        assert steps == [4, 6] and all(0 < loss < 10 for loss in losses), (run_name, steps, losses)
+        assert steps == [0, 4, 6] and all(0 < loss < 10 for loss in losses), (run_name, steps, losses)
         with open(os.path.join("logs", run_name, "train.csv")) as f:
             assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(6))
     assert node_pids() == []
@@ -229,7 +230,7 @@ def test_the_gym_nanogpt_example_runs_with_only_its_imports_changed(tmp_path, mo
     dataset_factory = partial(token_factory, 8)
     for name in ("diloco", "demo"):
         trainer = Trainer(TinyGPT(), dataset_factory, dataset_factory, start_port=15000)
-        with pytest.warns(UserWarning):  # start_port, and log_x_axis ignored
+        with pytest.warns(UserWarning, match="correlation_interval is ignored"):
             model = trainer.fit(num_epochs=1, max_steps=4, strategy=strategies[name], num_nodes=2, device="",
                                 batch_size=8, minibatch_size=None, shuffle=True, val_size=16, val_interval=2,
                                 correlation_interval=None, save_dir="./checkpoints", wandb_project=None,
@@ -240,8 +241,95 @@ def test_the_gym_nanogpt_example_runs_with_only_its_imports_changed(tmp_path, mo
         saved = torch.load(model_path)
         assert all(torch.equal(saved[k], v) for k, v in model.model.state_dict().items())
         (run,) = [p for p in os.scandir("checkpoints") if p.is_dir() and p.name.endswith(f"{name}_run")]
-        with open(os.path.join(run.path, "validation.csv")) as f:
-            assert [int(r["step"]) for r in csv.DictReader(f)] == [2, 4]
+        for folder in (run.path, os.path.join("logs", f"{name}_run")):  # its plots read logs/<run_name>/
+            with open(os.path.join(folder, "validation.csv")) as f:
+                assert [int(r["step"]) for r in csv.DictReader(f)] == [0, 2, 4]
+
+
+class _FakeWandb:
+    """Stands in for the wandb module: records init's config and every log call (no service, no network)."""
+
+    def __init__(self):
+        self.config, self.logged = None, []
+
+    def init(self, project, name, config, dir, reinit):
+        self.config = config
+        return self
+
+    def log(self, data, step):
+        self.logged.append((step, dict(data)))
+
+    def finish(self, exit_code=0):
+        pass
+
+
+@pytest.mark.slow
+def test_the_gym_diloco_scaling_calls_work(tmp_path, monkeypatch):
+    """diloco_scaling.py's calls: get_device, fit(kwargs=...), wandb under the gym's names, x-axis in examples."""
+    import sys
+
+    from exonet import get_device  # the gym: from exogym.aux.utils import get_device
+
+    monkeypatch.chdir(tmp_path)
+    wandb = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    device = get_device()
+    assert device in ("cuda", "mps", "cpu")
+    dataset_factory = partial(token_factory, 8)
+    trainer = Trainer(TinyGPT(), dataset_factory, dataset_factory)
+    trainer.fit(num_epochs=1, max_steps=4, strategy=DiLoCoStrategy(optim_spec=OptimSpec(torch.optim.AdamW, lr=1e-3),
+                                                                   H=2, max_norm=1.0),
+                num_nodes=2, device=device, batch_size=4, shuffle=True, val_size=8, val_interval=2,
+                wandb_project="DiLoCo-Scaling", run_name="diloco-K2-batchsize8", log_x_axis="examples",
+                kwargs={"dataset_name": "shakespeare"}, progress=False)
+    assert wandb.config["kwargs"] == {"dataset_name": "shakespeare"}
+    per_step = 4 * 2  # examples per step: batch_size x num_nodes, as the gym counted them
+    train = [(step, sorted(d)) for step, d in wandb.logged if "train_loss" in d]
+    assert train == [(per_step * s, ["train_loss", "train_perplexity"]) for s in (1, 2, 3, 4)]
+    evals = [(step, {"global_loss", "global_perplexity", "local_loss", "local_perplexity"} <= set(d))
+             for step, d in wandb.logged if "global_loss" in d]
+    assert evals == [(per_step * s, True) for s in (0, 2, 4)]
+    with open(os.path.join("logs", "diloco-K2-batchsize8", "validation.csv")) as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)] == [0, 2, 4]
+
+
+def test_num_epochs_that_cuts_max_steps_short_warns():
+    trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, seed=0))
+    with pytest.warns(UserWarning, match=r"num_epochs=1 ends the run after 2 steps, before max_steps=6"):
+        assert trainer._resolve_steps(6, 1, 2, 16) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert trainer._resolve_steps(2, 1, 2, 16) == 2
+
+
+def test_fit_defaults_are_the_gyms():
+    import inspect
+
+    params = inspect.signature(LocalTrainer.fit).parameters
+    assert {k: params[k].default for k in ("batch_size", "val_size", "val_interval")} == {
+        "batch_size": 16, "val_size": 64, "val_interval": 100}
+
+
+class _MeanOfInputs(nn.Module):
+    """Its loss is the mean of the batch's inputs: what an evaluation scores shows which samples it drew."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, batch):
+        x, _ = batch
+        return x.float().mean() + 0 * self.w.sum()
+
+
+def test_validation_scores_one_seeded_random_sample():
+    """On ordered data the first val_size samples are a biased estimate; exonet draws a seeded sample instead."""
+    ordered = TensorDataset(torch.arange(1000).float().unsqueeze(1), torch.zeros(1000))
+    result = LocalTrainer(_MeanOfInputs(), ordered, ordered).fit(
+        SimpleReduceStrategy(), num_nodes=1, max_steps=4, val_size=64, val_interval=2, progress=False)
+    losses = [e["loss"] for e in result.history["eval"]]
+    assert [e["step"] for e in result.history["eval"]] == [0, 2, 4]
+    assert len(set(losses)) == 1 and 350 < losses[0] < 650  # the first 64 would score 31.5
 
 
 @pytest.mark.parametrize(("kwargs", "want"), [

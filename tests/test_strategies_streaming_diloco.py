@@ -8,6 +8,7 @@ from torch import nn
 
 from exonet import LocalTrainer
 from exonet.communicator import Communicator
+from exonet.runtime.node import validation_sample
 from exonet.strategies.base import NodeContext, OptimSpec
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.quantize import BLOCK, pack, packed_nbytes, padded_length, unpack
@@ -178,8 +179,8 @@ def overlapped_run(small_data):
 def test_the_last_evaluation_is_of_the_returned_model_after_the_sync_in_flight(overlapped_run, small_data):
     """Fragment 1's sync after step 8 lands in finish(): the final evaluation came before it, so
     history's last loss was of another model than the one fit returned."""
-    assert [e["step"] for e in overlapped_run.history["eval"]] == [4, 8]
-    rows = torch.utils.data.default_collate([small_data[i] for i in range(64)])
+    assert [e["step"] for e in overlapped_run.history["eval"]] == [0, 4, 8]
+    rows = torch.utils.data.default_collate([small_data[i] for i in validation_sample(len(small_data), 64, 0)])
     with torch.no_grad():
         returned = float(overlapped_run.model.eval()(rows))
     assert overlapped_run.history["eval"][-1]["loss"] == pytest.approx(returned, rel=1e-5)

@@ -178,7 +178,7 @@ def estimate_case(hosts: int = 128, devices: int = 8, strategy: str = "ddp", ste
 
     nodes = hosts * devices
     t0, c0 = time.perf_counter(), time.process_time()
-    est = estimate(strategy, params=params, nodes=nodes, steps=steps, step_time=1.0, dtype="bf16")
+    est = estimate(strategy, params=params, num_nodes=nodes, max_steps=steps, step_time=1.0, dtype="bf16")
     built = time.perf_counter() - t0
     sim = simulate_estimate(est.trace, with_hosts("cross-region", devices, nodes))
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -49,8 +49,8 @@ class NodeConfig:
     seed: int
     shuffle: bool = True
     autocast: str | None = None
-    val_interval: int = 0
-    val_size: int = 256
+    val_interval: int = 100
+    val_size: int = 64
     threads: int = 1
     count_flops: bool = True
     dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -73,6 +73,15 @@ class NodeConfig:
     def evaluator(self) -> int:
         """The rank that evaluates and returns the final model: the server if there is one, else rank 0."""
         return self.num_nodes if self.servers else 0
+
+
+def validation_sample(length: int, val_size: int, seed: int) -> list[int]:
+    """The validation samples every evaluation scores: a seeded random ``val_size`` of ``length``, in order.
+
+    On ordered data (text) the first ``val_size`` samples would be a biased estimate, and a fresh draw
+    at each evaluation would make evaluations noisy to compare.
+    """
+    return sorted(torch.randperm(length, generator=shared_generator(seed, "validation"))[:val_size].tolist())
 
 
 MAP_STYLE = ("a map-style Dataset (with __len__ and __getitem__: nodes are dealt samples by index) or a factory "
@@ -201,7 +210,7 @@ class TrainNode:
             return None
         cfg = self.cfg
         ds = resolve_dataset(self.val_data, self.rank, cfg.num_nodes, False)
-        ds = Subset(ds, range(min(cfg.val_size, len(ds))))
+        ds = Subset(ds, validation_sample(len(ds), cfg.val_size, cfg.seed))
         return DataLoader(ds, batch_size=cfg.batch_size, shuffle=False, generator=torch.Generator(),
                           **cfg.dataloader_kwargs)
 
@@ -256,6 +265,8 @@ class TrainNode:
         # Asynchronous trainers stop at different steps: rank 0 evaluates its own model, without a collective.
         alone = self.strategy.asynchronous
         done = cfg.start_step
+        if evaluates and done == 0:  # the seed gym evaluates the initial model too, and its plots start there
+            self._evaluate_own(0, val_loader) if alone else self._evaluate(0, val_loader)
         for step in range(cfg.start_step, cfg.max_steps):
             if step > cfg.start_step and self.clock is not None and not self.clock.allows(step):
                 break
@@ -309,6 +320,8 @@ class TrainNode:
             if val_loader is not None and cfg.val_interval and updates % cfg.val_interval == 0:
                 evaluate(updates, sim_time_s)
 
+        if val_loader is not None and cfg.val_interval:  # the initial model, as trainers evaluate theirs
+            evaluate(0, 0.0)
         self.strategy.serve(updated)
         if val_loader is not None and cfg.val_interval and last[0] != last[2]:  # the final model, at its final time
             evaluate(last[0], last[1])

@@ -323,8 +323,10 @@ def launch(job: Job, *, progress: bool, scenario: Any,
            run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
            resume_from: str | os.PathLike | None, wandb_project: str | None = None,
            wandb_run_name: str | None = None, run_name: str | None = None,
-           upload_to: str | None = None, watch: Any = None) -> FitResult:
-    """Run a validated fit: run directory, rendezvous, nodes, supervision, results (``watch``: a DivergenceWatch)."""
+           upload_to: str | None = None, watch: Any = None, extra_config: dict[str, Any] | None = None,
+           x_axis: str = "step") -> FitResult:
+    """Run a validated fit: run directory, rendezvous, nodes, supervision, results (``watch``: a DivergenceWatch;
+    ``extra_config``: the seed gym's ``kwargs``, recorded in the config; ``x_axis``: wandb's, "step" or "examples")."""
     strategy, cfg = job.strategy, job.cfg
     if scenario is not None:
         from exonet.scenario import Scenario
@@ -332,6 +334,9 @@ def launch(job: Job, *, progress: bool, scenario: Any,
         scenario = Scenario.coerce(scenario)
         scenario.resolve(cfg.world, servers=cfg.servers)  # fail before training, not after
     config = run_config(strategy, cfg, job.model, scenario)
+    if extra_config:
+        config["kwargs"] = extra_config
+    wandb_at = {"project": wandb_project, "name": wandb_run_name, "x_axis": x_axis}
     label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     if cfg.servers:  # the last ranks serve: a scenario places the trainers without them (Scenario.resolve)
@@ -345,19 +350,18 @@ def launch(job: Job, *, progress: bool, scenario: Any,
                              "not supported under torchrun yet")
         is_zero = os.environ.get("RANK") == "0"
         run_path = create_run(run_dir, label, config) if is_zero and run_dir is not None else None
-        logger = _wandb(wandb_project, config, wandb_run_name, run_path) if is_zero else None
+        logger = _wandb(wandb_at, config, run_path) if is_zero else None
         record, real_time = train_under_torchrun(job, meta, progress and is_zero, logger)
         return _finish(job, config, record, run_path, real_time, scenario, upload_to, run_name=run_name)
     with stop_signals():  # SIGTERM and SIGHUP stop the run as Ctrl-C does; then the process ends by that signal
         return _launch_here(job, config, label, meta, scenario, progress=progress, run_dir=run_dir,
                             progress_timeout_s=progress_timeout_s, resume_from=resume_from,
-                            wandb_project=wandb_project, wandb_run_name=wandb_run_name, run_name=run_name,
-                            upload_to=upload_to, watch=watch)
+                            wandb_at=wandb_at, run_name=run_name, upload_to=upload_to, watch=watch)
 
 
 def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, Any], scenario: Any, *,
                  progress: bool, run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
-                 resume_from: str | os.PathLike | None, wandb_project: str | None, wandb_run_name: str | None,
+                 resume_from: str | os.PathLike | None, wandb_at: dict[str, Any],
                  run_name: str | None, upload_to: str | None, watch: Any) -> FitResult:
     """``launch`` on this machine: K node processes from the forkserver, a rendezvous on loopback."""
     strategy, cfg = job.strategy, job.cfg
@@ -387,7 +391,7 @@ def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, A
             for rank, events in enumerate(resume.trace.events):
                 clock.feed(rank, events)
         sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
-        sup.record.logger = _wandb(wandb_project, config, wandb_run_name, run_path)
+        sup.record.logger = _wandb(wandb_at, config, run_path)
         sup.record.watch = watch
         if run_path is not None:
             sup.record.metrics = MetricsLog(run_path / "metrics.jsonl", sup.record.history)
@@ -439,13 +443,14 @@ def _save_incomplete(record: RunRecord, run_path: Path, held: tuple | None, real
         warnings.warn(f"fit: the stopped run could not be saved: {exc}", stacklevel=6)
 
 
-def _wandb(project: str | None, config: dict[str, Any], name: str | None, run_path: Path | None) -> Any:
-    """A WandbLogger when a project is given (lazily imported), else None."""
-    if project is None:
+def _wandb(at: dict[str, Any], config: dict[str, Any], run_path: Path | None) -> Any:
+    """A WandbLogger when ``at`` names a project (lazily imported), else None."""
+    if at["project"] is None:
         return None
     from exonet.wandb_log import WandbLogger
 
-    return WandbLogger(project, config, name=name, dir=str(run_path) if run_path is not None else None)
+    return WandbLogger(at["project"], config, name=at["name"], dir=str(run_path) if run_path is not None else None,
+                       x_axis=at["x_axis"])
 
 
 def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path | None,
@@ -531,13 +536,16 @@ def _say_who_stopped_early(clock: SimClock, trace: Any, trainers: int, max_steps
 
 
 def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, run_name: str | None) -> None:
-    """The older gym's train.csv and validation.csv: in the run directory, or, with only a run_name, where the gym
-    wrote them (``logs/<run_name>/``)."""
+    """The older gym's train.csv and validation.csv: in the run directory, and, with a run_name, where the gym wrote
+    them whatever ``save_dir`` says (``logs/<run_name>/``), so that a gym script's plotting code finds them."""
     from exonet.gymlog import GYM_LOG_DIR, write_gym_csv
 
-    folder = run_path if run_path is not None else Path(GYM_LOG_DIR) / run_name if run_name is not None else None
-    if folder is not None and (not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0"):
-        write_gym_csv(folder, result.history, config["batch_size"] * config["num_nodes"])
+    folders = [run_path] if run_path is not None else []
+    if run_name is not None:
+        folders.append(Path(GYM_LOG_DIR) / run_name)
+    if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":
+        for folder in folders:
+            write_gym_csv(folder, result.history, config["batch_size"] * config["num_nodes"])
 
 
 def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module, scenario: Any = None) -> dict[str, Any]:

@@ -33,8 +33,10 @@ DEVICES = ("cpu", "cuda", "mps")
 AUTOCAST = {True: "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
 # DataLoader arguments exonet sets itself: the batch order must stay a pure function of (seed, rank, epoch).
 # The seed gym's fit arguments that have no meaning here, and why.
-IGNORED = {"correlation_interval": "exonet measures the nodes' correlation at every evaluation",
-           "log_x_axis": "exonet logs steps and, with a scenario, simulated time to wandb"}
+IGNORED = {"correlation_interval": "exonet measures the nodes' correlation at every evaluation"}
+# The seed gym's fit arguments that exonet honours under the gym's names (its ``**kwargs``).
+GYM_EXTRAS = ("save_dir", "kwargs", "log_x_axis")
+DEFAULT_VAL_INTERVAL = 100  # the seed gym's; set with no val_dataset it is not a request worth a warning
 # A time budget without max_steps/num_epochs trains over as many epochs as the budget holds, up to this cap.
 TIME_BUDGET_STEPS = 10**9
 RESERVED_LOADER_ARGS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
@@ -72,6 +74,24 @@ def _check_loader_args(kwargs: Any) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"fit: dataloader_kwargs: {exc}") from None
     return dict(kwargs)
+
+
+def get_device() -> str:
+    """The best device on this machine: "cuda", else "mps", else "cpu" (the seed gym's ``get_device``)."""
+    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+
+
+def _gym_extras(legacy: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The seed gym's ``kwargs`` (extra configuration, recorded with the run) and ``log_x_axis``, checked."""
+    extra = legacy.get("kwargs")
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"fit: kwargs must be a dict of extra configuration (the seed gym's), "
+                        f"got {type(extra).__name__}")
+    x_axis = legacy.get("log_x_axis", "step")
+    if x_axis not in ("step", "examples"):
+        raise ValueError(f"fit: log_x_axis must be 'step' or 'examples', got {x_axis!r}")
+    return ({str(k): v if isinstance(v, (str, int, float, bool, type(None))) else repr(v) for k, v in extra.items()}
+            if extra is not None else None), x_axis
 
 
 def _cores() -> int:
@@ -118,14 +138,14 @@ class LocalTrainer:
         *,
         max_steps: int | None = None,
         num_epochs: int | None = None,
-        batch_size: int = 32,
+        batch_size: int = 16,
         minibatch_size: int | None = None,
         shuffle: bool = True,
         device: str | None = None,
         devices: list[int] | None = None,
         autocast: bool | str = False,
-        val_interval: int = 0,
-        val_size: int = 256,
+        val_interval: int = 100,
+        val_size: int = 64,
         seed: int = 0,
         dataloader_kwargs: dict[str, Any] | None = None,
         count_flops: bool = True,
@@ -158,8 +178,10 @@ class LocalTrainer:
             device: "cpu", "cuda" or "mps"; auto-detected when None (or "", the older gym's default).
             devices: CUDA device indices to spread nodes over (default: all visible).
             autocast: False, True (bf16), "bf16" or "fp16".
-            val_interval: evaluate every this many steps (and at the end); 0 = never.
-            val_size: validation samples per evaluation; 0 disables evaluation (the seed gym's meaning).
+            val_interval: evaluate at step 0, every this many steps and at the end (the seed gym's schedule);
+                0 = never.
+            val_size: validation samples per evaluation, a seeded random sample that is the same at every
+                evaluation; 0 disables evaluation (the seed gym's meaning).
             seed: seeds model-side randomness and data order; same seed, same curves.
             count_flops: count forward+backward FLOPs once, for FLOPs-based simulation.
             progress: draw a progress bar (in this process only).
@@ -177,8 +199,9 @@ class LocalTrainer:
                 directory (needs ``run_dir``); see exonet.runtime.checkpoint for the layout.
             resume_from: a run directory with a checkpoint: continue that run (same arguments as the
                 original fit), writing into that same directory. The result equals an uninterrupted run.
-            run_name: names the run: its folder is ``<time>-<run_name>`` and it is the default wandb
-                run name (the seed gym's spelling).
+            run_name: names the run: its folder is ``<time>-<run_name>``, it is the default wandb run
+                name, and the gym's ``train.csv``/``validation.csv`` also go to ``logs/<run_name>/`` (the
+                seed gym's spelling and place).
             upload_to: an ``s3://bucket/prefix`` URL: copy the finished run directory there (needs
                 ``run_dir`` and the ``s3`` extra).
             wandb_project: log config, losses, evaluations and (with ``scenario``) simulated time to
@@ -188,9 +211,10 @@ class LocalTrainer:
                 "raise" stops the run with DivergenceError naming the rank and step, "warn" warns once per
                 rank with its step and goes on, "ignore" trains on silently.
             divergence_factor: a loss above this many times a rank's first loss is runaway.
-            **legacy: ``save_dir``, accepted for seed compatibility; the seed gym's ``correlation_interval``
-                (exonet measures correlation at every evaluation) and ``log_x_axis`` (a wandb plot choice) are
-                accepted and ignored with a warning.
+            **legacy: the seed gym's ``save_dir`` (alias of ``run_dir``), ``kwargs`` (a dict recorded in the
+                run's config, as the gym recorded it) and ``log_x_axis`` ("step" or "examples", wandb's x-axis);
+                its ``correlation_interval`` is accepted and ignored with a warning (exonet measures correlation
+                at every evaluation).
         """
         complete_imports()  # what fit imports on its way, whole: Ctrl-C now cannot leave half a package behind
         if run_name is not None and (not isinstance(run_name, str) or not run_name or "/" in run_name
@@ -202,7 +226,7 @@ class LocalTrainer:
             parse_s3_url(upload_to)
             if run_dir is None and legacy.get("save_dir") is None and resume_from is None:
                 raise ValueError("fit: upload_to copies the run directory, so it needs run_dir")
-        unknown = set(legacy) - {"save_dir", *IGNORED}
+        unknown = set(legacy) - {*GYM_EXTRAS, *IGNORED}
         if unknown:
             known = [n for n in inspect.signature(LocalTrainer.fit).parameters if n not in ("self", "legacy")]
             hints = [f"{n} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(n, known, n=1))
@@ -210,6 +234,7 @@ class LocalTrainer:
             raise TypeError(f"fit: unexpected argument(s) {', '.join(hints)}")
         for name in sorted(set(legacy) & set(IGNORED)):
             warnings.warn(f"fit: {name} is ignored: {IGNORED[name]}", stacklevel=2)
+        extra_config, x_axis = _gym_extras(legacy)
         if not isinstance(strategy, Strategy):
             raise TypeError("fit: strategy must be an exonet.strategies.Strategy instance, "
                             f"got {type(strategy).__name__}")
@@ -223,7 +248,7 @@ class LocalTrainer:
         if minibatch > batch_size:
             raise ValueError(f"fit: minibatch_size ({minibatch}) must be <= batch_size ({batch_size})")
         _check_int("val_interval", val_interval or 0, 0)
-        if val_interval and self.val_dataset is None:
+        if val_interval and val_interval != DEFAULT_VAL_INTERVAL and self.val_dataset is None:
             warnings.warn(f"fit: val_interval={val_interval} but this LocalTrainer has no val_dataset, so nothing is "
                           f"evaluated; pass one as LocalTrainer(model, train_dataset, val_dataset)", stacklevel=2)
         _check_int("val_size", val_size, 0)
@@ -293,14 +318,14 @@ class LocalTrainer:
         return launch(job, progress=progress, scenario=scenario, run_dir=run_dir,
                       progress_timeout_s=progress_timeout_s, resume_from=resume_from,
                       wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
-                      upload_to=upload_to, watch=watch)
+                      upload_to=upload_to, watch=watch, extra_config=extra_config, x_axis=x_axis)
 
     # ------------------------------------------------------------ resolution
     @staticmethod
     def _resolve_device(device: str | None, devices: list[int] | None,
                         k: int) -> tuple[str, str, tuple[int, ...] | None]:
         if device is None or device == "":  # "" is the older gym's default: auto-detect, as it did
-            device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+            device = get_device()
         if device not in DEVICES:
             raise ValueError(f"fit: device must be one of {', '.join(DEVICES)} "
                              f"(or None to auto-detect), got {device!r}")
@@ -332,6 +357,11 @@ class LocalTrainer:
         by_epochs = per_epoch * num_epochs if num_epochs is not None else None
         if max_steps is None:
             return by_epochs if by_epochs is not None else per_epoch
+        if by_epochs is not None and by_epochs < max_steps:
+            warnings.warn(f"fit: num_epochs={num_epochs} ends the run after {by_epochs} steps, before "
+                          f"max_steps={max_steps} ({per_epoch} batches of {batch_size} per node per epoch); the seed "
+                          "gym ignored num_epochs when max_steps was given: drop num_epochs to train max_steps",
+                          stacklevel=3)
         return max_steps if by_epochs is None else min(max_steps, by_epochs)
 
     def _shard_len(self, k: int) -> int:
