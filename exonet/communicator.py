@@ -44,6 +44,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def any_source_question(cid: int, tensor: torch.Tensor | Callable[[int], torch.Tensor]) -> tuple:
+    """The online clock's ``recv_any`` question; a buffer chosen per sender is asked as 0 bytes (the send's count)."""
+    if callable(tensor):
+        return ("recv_any", cid, 0, "float32")
+    return ("recv_any", cid, tensor.numel() * tensor.element_size(), _dtype_name(tensor.dtype))
+
+
 def _no_copy_back(_: torch.Tensor) -> None:
     """``_staged``'s copy-back for a tensor the backend reads in place."""
 
@@ -452,14 +459,16 @@ class Communicator:
         return self._run("recv", tensor, (src, self.rank), async_op,
                          lambda a: dist.irecv(out, src) if a else dist.recv(out, src), finish)
 
-    def recv_any(self, tensor: torch.Tensor) -> tuple[int, float] | None:
+    def recv_any(self, tensor: torch.Tensor | Callable[[int], torch.Tensor]) -> tuple[int, float] | None:
         """Receive into ``tensor`` the message that arrives first in simulated time, from any rank.
 
         The online clock decides (a parameter server applies updates in simulated arrival
         order, whatever order the real processes send in); the trace records a plain recv
         from that rank. Returns (sender, simulated seconds it was received), or None once no
         message can come (every other rank has finished). Needs the online clock: a run of a
-        strategy with a server, given a scenario.
+        strategy with a server, given a scenario. ``tensor`` may be a function of the sender
+        giving the buffer, for messages whose size depends on who sends (Decoupled DiLoCo's
+        fragments); the trace's recv then records 0 bytes and the replay times the send's.
         """
         if self.clock is None:
             raise RuntimeError("recv_any: the online clock decides who is received first; it runs for strategies "
@@ -467,12 +476,13 @@ class Communicator:
         self._flush_compute()
         cid = self._next_cid
         self._next_cid += 1
-        buf, copy_back = self._staged(tensor)
-        out = buf.contiguous()
         events, self.events = self.events, []
-        question = ("recv_any", cid, tensor.numel() * tensor.element_size(), str(tensor.dtype).removeprefix("torch."))
-        answer = self.clock.ask(question, events)
+        answer = self.clock.ask(any_source_question(cid, tensor), events)
         if answer is not None:
+            if callable(tensor):
+                tensor = tensor(answer[0])
+            buf, copy_back = self._staged(tensor)
+            out = buf.contiguous()
             with self.blocking("recv", answer[0], cid):
                 dist.recv(out, answer[0])
             if out is not buf:

@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 
 from exonet.arguments import renamed
-from exonet.communicator import Communicator
+from exonet.communicator import Communicator, any_source_question
 from exonet.estimate_hub import OnlineHub, RankLink
 from exonet.netsim.agenda import SCALE
 from exonet.scenario.schema import did_you_mean
@@ -91,15 +91,17 @@ class RecordingCommunicator(Communicator):
     def _flush_compute(self) -> None:
         """Compute is injected per step by the estimator, never measured here."""
 
-    def recv_any(self, tensor: torch.Tensor) -> tuple[int, float] | None:
+    def recv_any(self, tensor: torch.Tensor | Callable[[int], torch.Tensor]) -> tuple[int, float] | None:
         """Ask the online clock who is received first (as ``Communicator.recv_any``); nothing is received."""
         if self.clock is None:
             return super().recv_any(tensor)  # its error: the online clock is needed
         cid = self._next_cid
         self._next_cid += 1
         events, self.events = self.events, []
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        return self.clock.ask(("recv_any", cid, tensor.numel() * tensor.element_size(), dtype), events)
+        answer = self.clock.ask(any_source_question(cid, tensor), events)
+        if answer is not None and callable(tensor):
+            tensor(answer[0])  # the sender's buffer: the strategy reads which message it is
+        return answer
 
 
 class LayerStack(torch.nn.Module):

@@ -6,6 +6,7 @@
 from exonet.strategies.async_diloco import AsyncDiLoCoStrategy
 from exonet.strategies.base import NodeContext, OptimSpec, Strategy
 from exonet.strategies.ddp import AllReduceStrategy, DDPStrategy, SimpleReduceStrategy
+from exonet.strategies.decoupled_diloco import DecoupledDiLoCoStrategy
 from exonet.strategies.demo import DeMoStrategy
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.fedavg import FedAvgStrategy
@@ -25,11 +26,12 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "streaming_diloco": StreamingDiLoCoStrategy,
     "async_diloco": AsyncDiLoCoStrategy,
     "fedbuff": FedBuffStrategy,
+    "decoupled_diloco": DecoupledDiLoCoStrategy,
 }
 
 __all__ = [
-    "AllReduceStrategy", "AsyncDiLoCoStrategy", "DDPStrategy", "DeMoStrategy", "DiLoCoStrategy", "FedAvgStrategy",
-    "FedBuffStrategy", "NodeContext",
+    "AllReduceStrategy", "AsyncDiLoCoStrategy", "DDPStrategy", "DeMoStrategy", "DecoupledDiLoCoStrategy",
+    "DiLoCoStrategy", "FedAvgStrategy", "FedBuffStrategy", "NodeContext",
     "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "SimpleReduceStrategy",
     "StreamingDiLoCoStrategy", "Strategy",
 ]

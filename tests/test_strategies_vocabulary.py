@@ -13,6 +13,7 @@ from exonet.strategies import (
     STRATEGIES,
     AsyncDiLoCoStrategy,
     DDPStrategy,
+    DecoupledDiLoCoStrategy,
     DeMoStrategy,
     DiLoCoStrategy,
     FedAvgStrategy,
@@ -26,7 +27,8 @@ from exonet.strategies.base import BASE_OPTIONS
 
 ADAMW = OptimSpec("adamw", lr=3e-4)
 OUTER = OptimSpec("sgd", lr=0.5)
-WITH_OUTER = (DiLoCoStrategy, SPARTADiLoCoStrategy, StreamingDiLoCoStrategy, AsyncDiLoCoStrategy, FedBuffStrategy)
+WITH_OUTER = (DiLoCoStrategy, SPARTADiLoCoStrategy, StreamingDiLoCoStrategy, AsyncDiLoCoStrategy, FedBuffStrategy,
+              DecoupledDiLoCoStrategy)
 
 
 def _parameters(cls):

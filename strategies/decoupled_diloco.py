@@ -1,0 +1,463 @@
+"""Decoupled DiLoCo (Google DeepMind, arXiv 2604.21428): learners that never wait for each other.
+
+M learners, each a data-parallel group of G ranks (``replica_size``), train on their own and
+stream parameter fragments to a syncer, a parameter server (rank K, after the trainers). The
+syncer merges a fragment once a minimum quorum of learners has sent it, so a slow or failed
+learner stalls nobody. Built from Streaming DiLoCo's fragments and schedule
+(exonet.strategies.streaming_diloco) and the server of asynchronous DiLoCo
+(exonet.strategies.server): the syncer acts in simulated arrival order (``comm.recv_any``).
+
+Exact rules (t counts a learner's inner steps):
+
+* Fragments and schedule: Streaming DiLoCo's. P fragments of whole tensors; fragment f starts a
+  sync after inner step t when ``t >= o_f = (f+1)·H // P`` and ``(t − o_f) % H == 0``; its merged
+  value is taken τ steps later.
+* Learner, at a start: Δ_f = θ_global,f − θ_local,f (fp32, sent in the parameters' dtype, by the
+  learner's first rank). At completion: receive θ_global,f from the syncer (shared inside the
+  learner by a broadcast), ``θ_local,f ← (1 − α)·θ_global,f + α·θ_local,f``.
+* Syncer, per fragment: the r-th sync of a learner belongs to round r of the fragment. Round r
+  merges once it holds ``quorum`` K contributions of its own (or every learner that can still send
+  one), then, with ``grace_fraction`` γ > 0, waits up to γ·τ·(the learner's step time, measured
+  from its arrivals) for more: an arrival after that deadline, or a learner asking for the merged
+  fragment (a 1-element pull sent a step before it needs it), closes the window at once. The
+  merge is the outer optimizer's step on the token-weighted mean Σ n_i·Δ_i / Σ n_i, where n_i is
+  the tokens (inner steps × G) the learner trained since its previous sync of that fragment.
+* Late: a contribution to a round already merged is stale. It is not dropped: it is weighted by its
+  tokens into the fragment's next merge, and its learner gets the latest θ_global,f back at once
+  (so a learner back from an outage takes the latest fragments and goes on).
+* Leaving: a learner stopped before ``max_steps`` (a ``max_sim_time_s`` budget) sends one message of
+  the size the syncer expects next, holding NaN, so the quorum no longer counts on it.
+
+With K = M, γ = 0, equal speeds and no failures every round merges all M contributions with equal
+weights: the run equals Streaming DiLoCo with the same outer optimizer, and each trainer sends the
+same bytes (Δ_f once per sync; the syncer's replies are its own payload).
+
+Defaults: P = 24 fragments and τ = 2 as the issue states the paper's setting; quorum 1; γ = 0.5;
+α = 0.5 and the outer optimizer (SGD lr 0.7, momentum 0.9, Nesterov) as Streaming DiLoCo.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+import torch
+
+from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range, flatten, outer_spec, unflatten_into
+from exonet.strategies.replica import ReplicaGroups, check_replica_size, check_replica_world
+from exonet.strategies.streaming_diloco import fragment_bounds, fragment_offsets
+
+if TYPE_CHECKING:
+    from exonet.communicator import Communicator, Handle
+
+
+def learner_sends(offsets: Sequence[int], H: int, tau: int, pulls: bool,
+                  max_steps: int) -> Iterator[tuple[str, int, int]]:
+    """Every message a learner sends the syncer, in order: ("delta" | "pull", fragment, step), then ("done", -1, ·).
+
+    The learner and the syncer both walk it: the syncer so knows the size of each learner's next
+    message, and the step and tokens a Δ stands for, without a header on the wire.
+    """
+    def starting(s: int) -> list[int]:
+        return [f for f, o in enumerate(offsets) if s >= o and (s - o) % H == 0]
+
+    for s in range(1, max_steps + 1):
+        for f in starting(s):
+            yield "delta", f, s
+        if pulls and tau == 0:
+            for f in starting(s):
+                yield "pull", f, s
+        if pulls and tau >= 1 and s + 1 - tau >= 1:
+            for f in starting(s + 1 - tau):
+                yield "pull", f, s
+    if pulls and tau >= 1:  # finish(): the rounds still in flight, in start order
+        for s in range(max(1, max_steps + 2 - tau), max_steps + 1):
+            for f in starting(s):
+                yield "pull", f, max_steps
+    yield "done", -1, max_steps
+
+
+@dataclass
+class Merge:
+    """One merge of a fragment, for the record (``Syncer.merges``): who counted, with what weight."""
+
+    fragment: int
+    round: int
+    time: float
+    weights: dict[int, float]  # learner -> its share of the mean (summed over its contributions)
+    stale: tuple[int, ...]  # learners whose contribution came from an earlier round
+
+
+@dataclass
+class _Owed:
+    """A reply the syncer owes a learner: the fragment, once merged (ready) and, with pulls, asked for."""
+
+    fragment: int
+    ready: bool
+    pulled: bool
+
+
+@dataclass
+class _Fragment:
+    version: int = 0  # the round the next merge closes
+    ontime: dict[int, tuple[torch.Tensor, float]] = field(default_factory=dict)  # learner -> (Δ, tokens)
+    stale: list[tuple[int, torch.Tensor, float]] = field(default_factory=list)
+    deadline: float | None = None  # the grace window's end, once the quorum is reached
+
+
+class Syncer:
+    """The syncer's decisions, apart from the network: fed arrivals in simulated time, it says what to send whom.
+
+    Args:
+        global_params: θ_global of each fragment (fp32), stepped in place.
+        outer_optim_spec: the outer optimizer (one per fragment).
+        learners: M.
+        quorum: K, contributions a round needs before it may merge.
+        grace_fraction: γ, the share of the slack (τ of the learner's steps) the syncer waits past the quorum.
+        delay_steps: τ.
+        pulls: whether learners ask for each merged fragment (with γ > 0).
+
+    Each of ``arrive``, ``pull``, ``leave`` and ``close`` returns the replies to send now, in
+    order: (learner, fragment); the reply carries θ_global of that fragment as it is then.
+    """
+
+    def __init__(self, global_params: list[torch.Tensor], outer_optim_spec: OptimSpec, learners: int, quorum: int,
+                 grace_fraction: float, delay_steps: int, pulls: bool) -> None:
+        self.global_params = global_params
+        self.outer_optimizers = [outer_optim_spec.build([g]) for g in global_params]
+        self.learners, self.quorum, self.grace = learners, quorum, grace_fraction
+        self.tau, self.pulls = delay_steps, pulls
+        self.fragments = [_Fragment() for _ in global_params]
+        self.owed: list[deque[_Owed]] = [deque() for _ in range(learners)]
+        self.left: set[int] = set()
+        self.last: dict[int, tuple[float, int]] = {}  # learner -> (time, step) of its latest Δ
+        self.step_s: dict[int, float] = {}  # learner -> its step time, from its arrivals
+        self.merges: list[Merge] = []
+
+    def arrive(self, learner: int, fragment: int, round_: int, delta: torch.Tensor, tokens: float, step: int,
+               time: float) -> list[tuple[int, int]]:
+        """``learner``'s Δ of its ``round_``-th sync of ``fragment``, trained over ``tokens``, sent after ``step``."""
+        self._expire(time)
+        if learner in self.last and step > self.last[learner][1]:
+            t0, s0 = self.last[learner]
+            self.step_s[learner] = (time - t0) / (step - s0)
+        self.last[learner] = (time, step)
+        frag = self.fragments[fragment]
+        if round_ < frag.version:  # stale: weighted into the next merge; the learner takes the latest fragment now
+            frag.stale.append((learner, delta, tokens))
+            self.owed[learner].append(_Owed(fragment, True, not self.pulls))
+        elif round_ == frag.version:
+            frag.ontime[learner] = (delta, tokens)
+            self.owed[learner].append(_Owed(fragment, False, not self.pulls))
+            self._consider(fragment, time, learner)
+        else:
+            raise RuntimeError(f"syncer: learner {learner} sent round {round_} of fragment {fragment} before round "
+                               f"{frag.version} was merged")
+        return self._flush(time)
+
+    def pull(self, learner: int, fragment: int, time: float) -> list[tuple[int, int]]:
+        """``learner`` asks for its next reply of ``fragment``: a round still in its grace window merges now."""
+        self._expire(time)
+        owed = next(o for o in self.owed[learner] if o.fragment == fragment and not o.pulled)
+        owed.pulled = True
+        return self._flush(time)
+
+    def leave(self, learner: int, time: float) -> list[tuple[int, int]]:
+        """``learner`` sends no more: rounds stop counting on it, and its owed replies need no pull."""
+        self._expire(time)
+        self.left.add(learner)
+        for owed in self.owed[learner]:
+            owed.pulled = True
+        for f in range(len(self.fragments)):
+            self._consider(f, time, None)
+        return self._flush(time)
+
+    def close(self, time: float) -> None:
+        """Every learner has finished (and had its replies): merge the contributions still held, stale ones too."""
+        for f, frag in enumerate(self.fragments):
+            if frag.ontime or frag.stale:
+                self._merge(f, time)
+
+    def _consider(self, f: int, time: float, by: int | None) -> None:
+        """Merge fragment f now, open its grace window, or keep waiting for its quorum."""
+        frag = self.fragments[f]
+        have = len(frag.ontime)
+        possible = have + sum(1 for m in range(self.learners) if m not in self.left and m not in frag.ontime)
+        if have == 0 or have < min(self.quorum, possible):
+            return
+        if have == possible or self.grace == 0:
+            self._merge(f, time)
+            return
+        if frag.deadline is None:
+            slack = self.tau * self.step_s.get(by, 0.0) if by is not None else 0.0
+            if slack <= 0:
+                self._merge(f, time)
+            else:
+                frag.deadline = time + self.grace * slack
+
+    def _expire(self, time: float) -> None:
+        """Close the grace windows that ended before ``time``."""
+        for f, frag in enumerate(self.fragments):
+            if frag.deadline is not None and frag.deadline < time:
+                self._merge(f, frag.deadline)
+
+    def _merge(self, f: int, time: float) -> None:
+        frag = self.fragments[f]
+        parts = [(m, d, n, False) for m, (d, n) in frag.ontime.items()] + [(m, d, n, True) for m, d, n in frag.stale]
+        total = sum(n for _, _, n, _ in parts)
+        mean = torch.zeros_like(self.global_params[f])
+        weights: dict[int, float] = {}
+        for m, d, n, _ in parts:
+            mean.add_(d.float(), alpha=n / total)
+            weights[m] = weights.get(m, 0.0) + n / total
+        theta = self.global_params[f]
+        theta.grad = mean
+        self.outer_optimizers[f].step()
+        theta.grad = None
+        self.merges.append(Merge(f, frag.version, time, weights, tuple(m for m, _, _, stale in parts if stale)))
+        for m in frag.ontime:
+            owed = next(o for o in self.owed[m] if o.fragment == f and not o.ready)
+            owed.ready = True
+        frag.version += 1
+        frag.ontime, frag.stale, frag.deadline = {}, [], None
+
+    def _flush(self, time: float) -> list[tuple[int, int]]:
+        """The replies now due, each learner's in the order it waits for them.
+
+        A round in its grace window whose learner already waits for it (pulled, or left) merges now.
+        """
+        for f, frag in enumerate(self.fragments):
+            if frag.deadline is not None and any(o.pulled for m in frag.ontime for o in self.owed[m]
+                                                 if o.fragment == f and not o.ready):
+                self._merge(f, time)
+        out = []
+        for m, queue in enumerate(self.owed):
+            while queue and queue[0].ready and queue[0].pulled:
+                out.append((m, queue.popleft().fragment))
+        return out
+
+
+@dataclass
+class _Round:
+    """A learner's sync of one fragment in flight."""
+
+    fragment: int
+    due: int
+    sent: "Handle | None"
+    pull: "Handle | None" = None
+    pulled: bool = False
+
+
+class DecoupledDiLoCoStrategy(Strategy):
+    """Streaming DiLoCo's fragments merged by a syncer with a quorum, a grace window and token weights.
+
+    Args:
+        optim_spec: the learners' inner optimizer. Default AdamW lr 1e-3.
+        outer_optim_spec: the syncer's outer optimizer, one per fragment. Default SGD(lr=0.7, momentum=0.9,
+            nesterov=True).
+        H: inner steps between two syncs of the same fragment, >= num_fragments.
+        num_fragments: P, at most H and at most the model's parameter tensors (checked at setup).
+        delay_steps: τ, inner steps between sending a fragment and taking its merged value, 0 <= τ <= H.
+        quorum: K, learners' contributions a merge needs (at most the number of learners M).
+        grace_fraction: γ in [0, 1): the share of the slack the syncer waits past the quorum for more learners.
+        merge_alpha: α in [0, 1]: θ_local ← (1 − α)·θ_global + α·θ_local after a merge.
+        replica_size: G, ranks per learner (data-parallel inside it; G must divide the trainers).
+        max_norm, lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: as ``Strategy``.
+    """
+
+    name = "decoupled_diloco"
+    servers = 1
+
+    def __init__(
+        self,
+        optim_spec: OptimSpec | str | type | None = None,
+        *,
+        outer_optim_spec: OptimSpec | str | type | None = None,
+        H: int = 100,
+        num_fragments: int = 24,
+        delay_steps: int = 2,
+        quorum: int = 1,
+        grace_fraction: float = 0.5,
+        merge_alpha: float = 0.5,
+        replica_size: int = 1,
+    ) -> None:
+        super().__init__(optim_spec)
+        self.outer_optim_spec = outer_spec(outer_optim_spec)
+        check_range("H", H, low=1, integer=True)
+        check_range("num_fragments", num_fragments, low=1, high=H, integer=True)
+        check_range("delay_steps", delay_steps, low=0, high=H, integer=True)
+        check_range("quorum", quorum, low=1, integer=True)
+        check_range("grace_fraction", grace_fraction, low=0, high=1)
+        if grace_fraction == 1:
+            raise ValueError("grace_fraction must be < 1 (a share of the slack before the fragment is due), got 1")
+        check_range("merge_alpha", merge_alpha, low=0, high=1)
+        self.H, self.num_fragments, self.delay_steps = H, num_fragments, delay_steps
+        self.quorum, self.grace_fraction, self.merge_alpha = quorum, grace_fraction, merge_alpha
+        self.replica_size = check_replica_size(replica_size)
+
+    def check_world(self, num_nodes: int) -> None:
+        check_replica_world(self.replica_size, num_nodes)
+        learners = num_nodes // self.replica_size
+        if self.quorum > learners:
+            raise ValueError(f"quorum={self.quorum} exceeds the {learners} learners (num_nodes={num_nodes} / "
+                             f"replica_size={self.replica_size}); a merge could never happen")
+
+    @property
+    def pulls(self) -> bool:
+        """Learners ask for each merged fragment only when the syncer may hold it in a grace window."""
+        return self.grace_fraction > 0
+
+    def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:
+        """Cut the model into fragments; a learner keeps its copy of θ_global, the syncer the outer optimizers."""
+        super().setup(model, comm, ctx)
+        self.check_world(ctx.num_nodes)
+        self.fragments = [self.params[r.start : r.stop]
+                          for r in fragment_bounds([p.numel() for p in self.params], self.num_fragments)]
+        with torch.no_grad():
+            self.global_params = [flatten(ps).float() for ps in self.fragments]
+        self.offsets = fragment_offsets(self.H, self.num_fragments)
+        self.server = ctx.num_nodes
+        self.learners = ctx.num_nodes // self.replica_size
+        self._wire_dtype = self.params[0].dtype if self.params else torch.float32
+        G = self.replica_size
+        if G > 1:  # every rank, the syncer too, creates the learners' groups alike
+            comm.declare_groups([tuple(range(w * G, (w + 1) * G)) for w in range(self.learners)])
+        if self.rank == self.server:
+            return
+        self._replicas = ReplicaGroups(self.rank, ctx.num_nodes, G) if G > 1 else None
+        self.leader = self.rank % G == 0
+        self._sends = learner_sends(self.offsets, self.H, self.delay_steps, self.pulls, ctx.max_steps)
+        self._next = next(self._sends)
+        self._in_flight: list[_Round] = []
+
+    # ---------------------------------------------------------------- learner
+    def step(self) -> None:
+        if self._replicas is not None:
+            self._replicas.average_gradients(self.comm, self.params)
+        self.optimizer_step()
+        self.local_step += 1
+        t = self.local_step
+        with torch.no_grad():
+            self._complete_due(t)
+            while self._next[0] == "delta" and self._next[2] == t:
+                self._start(self._next[1], t)
+            self._complete_due(t)
+            for r in self._in_flight:
+                if self.pulls and r.due == t + 1 and not r.pulled:
+                    self._pull(r)
+
+    def finish(self) -> None:
+        """Take every fragment still in flight; a learner stopped early first tells the syncer it leaves."""
+        with torch.no_grad():
+            if self.local_step < self.ctx.max_steps and self._next[0] != "done":
+                if self.leader:
+                    size = 1 if self._next[0] == "pull" else self.global_params[self._next[1]].numel()
+                    self.comm.send(torch.full((size,), math.nan, dtype=self._wire_dtype), self.server)
+                for r in self._in_flight:
+                    r.pulled = True
+            while self._in_flight:
+                self._complete(self._in_flight[0])
+
+    def _advance(self, kind: str, fragment: int) -> None:
+        """Walk ``learner_sends`` with each message, as the syncer does (a mismatch is a bug, said at once)."""
+        if self._next[:2] != (kind, fragment):
+            raise RuntimeError(f"decoupled_diloco: rank {self.rank} sends {kind} {fragment}, the syncer expects "
+                               f"{self._next}")
+        self._next = next(self._sends)
+
+    def _start(self, f: int, t: int) -> None:
+        self._advance("delta", f)
+        delta = self.global_params[f] - flatten(self.fragments[f]).float()
+        sent = self.comm.send(delta.to(self._wire_dtype), self.server, async_op=True) if self.leader else None
+        self._in_flight.append(_Round(f, t + self.delay_steps, sent))
+
+    def _pull(self, r: _Round) -> None:
+        self._advance("pull", r.fragment)
+        if self.leader:
+            r.pull = self.comm.send(torch.zeros(1, dtype=self._wire_dtype), self.server, async_op=True)
+        r.pulled = True
+
+    def _complete_due(self, t: int) -> None:
+        for r in [r for r in self._in_flight if r.due == t]:
+            self._complete(r)
+
+    def _complete(self, r: _Round) -> None:
+        if self.pulls and not r.pulled:
+            self._pull(r)
+        theta = self.global_params[r.fragment]
+        merged = torch.empty(theta.numel(), dtype=self._wire_dtype, device=theta.device)
+        if self.leader:
+            self.comm.recv(merged, self.server)
+            for handle in (r.sent, r.pull):
+                if handle is not None:
+                    handle.wait()
+        if self._replicas is not None:
+            self.comm.broadcast(merged, self._replicas.inner[0], group=self._replicas.inner)
+        theta.copy_(merged)
+        params = self.fragments[r.fragment]
+        unflatten_into(torch.lerp(theta, flatten(params).float(), self.merge_alpha), params)
+        self._in_flight.remove(r)
+
+    # ----------------------------------------------------------------- syncer
+    def serve(self, updated: Callable[[int, float], None]) -> None:
+        """The syncer's life: take each learner's messages in simulated arrival order until none can come."""
+        G = self.replica_size
+        syncer = Syncer(self.global_params, self.outer_optim_spec, self.learners, self.quorum, self.grace_fraction,
+                        self.delay_steps, self.pulls)
+        expected = [learner_sends(self.offsets, self.H, self.delay_steps, self.pulls, self.ctx.max_steps)
+                    for _ in range(self.learners)]
+        heads = [next(e) for e in expected]
+        rounds = [[0] * self.num_fragments for _ in range(self.learners)]
+        synced = [[0] * self.num_fragments for _ in range(self.learners)]  # the step of each learner's last sync
+        device = self.global_params[0].device
+        buffers = {"pull": torch.empty(1, dtype=self._wire_dtype, device=device)}
+        merges = 0
+
+        def buffer(sender: int) -> torch.Tensor:
+            kind, f, _ = heads[sender // G]
+            if kind == "pull":
+                return buffers["pull"]
+            buffers[f] = torch.empty(self.global_params[f].numel(), dtype=self._wire_dtype, device=device)
+            return buffers[f]
+
+        def reply(out: list[tuple[int, int]]) -> None:
+            for m, f in out:
+                self.comm.send(self.global_params[f].to(self._wire_dtype), m * G)
+
+        def served(time: float) -> None:
+            nonlocal merges
+            with torch.no_grad():
+                for f, theta in enumerate(self.global_params):
+                    unflatten_into(theta, self.fragments[f])
+            while merges < len(syncer.merges):
+                merges += 1
+                updated(merges, time)
+
+        while (arrival := self.comm.recv_any(buffer)) is not None:
+            sender, time = arrival
+            m = sender // G
+            kind, f, step = heads[m]
+            got = buffers["pull" if kind == "pull" else f]
+            with torch.no_grad():
+                if not got.is_meta and math.isnan(float(got[0])):
+                    out = syncer.leave(m, time)
+                    heads[m] = ("done", -1, step)
+                elif kind == "pull":
+                    out = syncer.pull(m, f, time)
+                else:
+                    tokens = (step - synced[m][f]) * G
+                    synced[m][f] = step
+                    out = syncer.arrive(m, f, rounds[m][f], got.float(), tokens, step, time)
+                    rounds[m][f] += 1
+                if heads[m][0] != "done":
+                    heads[m] = next(expected[m])
+                    if heads[m][0] == "done":
+                        out += syncer.leave(m, time)
+                served(time)
+            reply(out)
+        with torch.no_grad():
+            syncer.close(max((mg.time for mg in syncer.merges), default=0.0))
+            served(syncer.merges[-1].time if syncer.merges else 0.0)
+        self.syncer = syncer

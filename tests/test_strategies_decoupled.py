@@ -1,0 +1,184 @@
+"""Decoupled DiLoCo: the syncer's quorum, grace window and token weights, and its equivalence with Streaming DiLoCo."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from exonet import LocalTrainer, Scenario
+from exonet.estimate import estimate
+from exonet.strategies import STRATEGIES, DecoupledDiLoCoStrategy, OptimSpec, StreamingDiLoCoStrategy
+from exonet.strategies.base import NodeContext, flatten
+from exonet.strategies.decoupled_diloco import Syncer, learner_sends
+from exonet.toy import synthetic_classification, tiny_mlp
+
+FLAT = Scenario.from_dict({"name": "flat", "network": {"bandwidth": "10 Gbit/s", "latency": "50 us"},
+                           "compute": {"mode": "flops", "tflops": 1e-5, "mfu": 1.0}})
+
+
+# ---------------------------------------------------------------- bad input, named
+@pytest.mark.parametrize("kwargs, name", [
+    ({"quorum": 0}, "quorum"), ({"grace_fraction": 1.0}, "grace_fraction"),
+    ({"grace_fraction": -0.1}, "grace_fraction"),
+    ({"H": 10}, "num_fragments"), ({"delay_steps": 101}, "delay_steps"), ({"merge_alpha": 2}, "merge_alpha"),
+    ({"replica_size": 0}, "replica_size"),
+])
+def test_bad_arguments_fail_at_construction_naming_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        DecoupledDiLoCoStrategy(**kwargs)
+
+
+def test_a_quorum_above_the_learners_and_more_fragments_than_tensors_are_named():
+    with pytest.raises(ValueError, match=r"quorum=3 exceeds the 2 learners \(num_nodes=4 / replica_size=2\)"):
+        LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4)).fit(
+            DecoupledDiLoCoStrategy(quorum=3, replica_size=2), num_nodes=4, max_steps=2, scenario=FLAT,
+            progress=False)
+    strategy = DecoupledDiLoCoStrategy(H=8, num_fragments=3)
+    with pytest.raises(ValueError, match=r"num_fragments \(3\) exceeds the number of trainable parameter tensors"):
+        strategy.setup(torch.nn.Linear(3, 1), None, NodeContext(0, 1, 8, 0, torch.device("cpu")))
+
+
+def test_the_spec_and_the_vocabulary_are_the_others():
+    assert STRATEGIES["decoupled_diloco"] is DecoupledDiLoCoStrategy
+    s = DecoupledDiLoCoStrategy("sgd", outer_optim_spec=OptimSpec("sgd", lr=0.5), H=48, quorum=2)
+    assert (s.optim_spec.cls, s.outer_optim_spec.kwargs, s.num_fragments, s.delay_steps) == (
+        torch.optim.SGD, {"lr": 0.5}, 24, 2)
+    with pytest.raises(TypeError):
+        DecoupledDiLoCoStrategy("sgd", None, 48)  # hyperparameters are keyword-only
+
+
+# ---------------------------------------------------------------- the syncer on a scripted arrival order
+def syncer(learners: int, quorum: int, grace: float, pulls: bool, fragments: int = 2) -> Syncer:
+    """θ_global = 0 per fragment; outer SGD lr 1 without momentum, so θ after a merge is −(the weighted mean)."""
+    return Syncer([torch.zeros(2) for _ in range(fragments)], OptimSpec("sgd", lr=1.0), learners, quorum, grace,
+                  delay_steps=2, pulls=pulls)
+
+
+def delta(value: float) -> torch.Tensor:
+    return torch.full((2,), value)
+
+
+def test_a_round_merges_at_its_quorum_and_a_late_learner_gets_the_latest_fragment_at_once():
+    s = syncer(learners=3, quorum=2, grace=0.0, pulls=False)
+    assert s.arrive(0, 0, 0, delta(1.0), 4, 4, time=1.0) == []  # one of two: no merge, nobody answered
+    assert s.arrive(1, 0, 0, delta(3.0), 4, 4, time=2.0) == [(0, 0), (1, 0)]  # the quorum: merged, both answered
+    assert (s.merges[0].fragment, s.merges[0].round, s.merges[0].time, s.merges[0].weights) == (
+        0, 0, 2.0, {0: 0.5, 1: 0.5})
+    assert s.global_params[0].tolist() == [-2.0, -2.0]
+    # learner 2 arrives after the merge: answered at once with the latest fragment, its Δ kept for the next merge
+    assert s.arrive(2, 0, 0, delta(6.0), 4, 4, time=2.5) == [(2, 0)]
+    assert s.arrive(0, 0, 1, delta(0.0), 4, 8, time=3.0) == []
+    assert s.arrive(1, 0, 1, delta(0.0), 4, 8, time=3.5) == [(0, 0), (1, 0)]
+    last = s.merges[-1]
+    assert (last.round, last.stale, last.weights) == (1, (2,), pytest.approx({0: 1 / 3, 1: 1 / 3, 2: 1 / 3}))
+    assert s.global_params[0].tolist() == [-4.0, -4.0]  # the stale Δ weighted, not dropped: −2 − 6/3
+
+
+def test_the_grace_window_takes_who_arrives_within_gamma_of_the_slack_and_a_pull_ends_it():
+    s = syncer(learners=3, quorum=1, grace=0.5, pulls=True)
+    assert s.arrive(0, 0, 0, delta(1.0), 1, 1, time=1.0) == []  # no step time known yet: merged at once ...
+    assert s.merges[0].weights == {0: 1.0}
+    assert s.pull(0, 0, time=1.5) == [(0, 0)]  # ... and answered when asked
+    # learner 0's step time is now 1 s: the slack is τ = 2 steps = 2 s, the window γ·2 s = 1 s past the quorum
+    assert s.arrive(0, 1, 0, delta(2.0), 2, 2, time=2.0) == []
+    assert s.arrive(1, 1, 0, delta(4.0), 2, 2, time=2.9) == []  # inside the window: it waits with learner 0
+    assert len(s.merges) == 1
+    assert s.arrive(2, 1, 0, delta(8.0), 2, 2, time=3.5) == []  # after it: the round merged at 3.0 without it
+    merged = s.merges[1]
+    assert (merged.fragment, merged.time, merged.weights, merged.stale) == (1, 3.0, {0: 0.5, 1: 0.5}, ())
+    assert s.pull(0, 1, time=3.6) == [(0, 1)]
+    # the next round of fragment 1: learner 2's late Δ joins it; learner 0 asks before the window ends
+    assert s.arrive(0, 1, 1, delta(0.0), 4, 6, time=6.0) == []
+    assert s.pull(2, 1, time=6.1) == [(2, 1)]  # the late learner takes the latest fragment
+    assert s.pull(0, 1, time=6.2) == [(0, 1)]  # waiting for it ends the window early
+    merged = s.merges[2]
+    assert (merged.time, merged.stale, merged.weights) == (6.2, (2,), pytest.approx({0: 4 / 6, 2: 2 / 6}))
+
+
+def test_updates_are_weighted_by_the_tokens_trained_since_the_last_sync():
+    s = syncer(learners=2, quorum=2, grace=0.0, pulls=False)
+    s.arrive(0, 0, 0, delta(1.0), 30, 3, time=1.0)
+    s.arrive(1, 0, 0, delta(4.0), 10, 1, time=1.0)
+    assert s.merges[0].weights == {0: 0.75, 1: 0.25}
+    assert s.global_params[0].tolist() == [-(0.75 * 1.0 + 0.25 * 4.0)] * 2
+
+
+def test_a_learner_back_from_a_failure_takes_the_latest_fragments_and_its_stale_work_counts():
+    s = syncer(learners=2, quorum=1, grace=0.0, pulls=False)
+    for r in range(3):  # learner 1 is down: learner 0 alone merges three rounds
+        assert s.arrive(0, 0, r, delta(1.0), 4, 4 * (r + 1), time=float(r)) == [(0, 0)]
+    assert s.global_params[0].tolist() == [-3.0, -3.0]
+    assert s.arrive(1, 0, 0, delta(5.0), 4, 4, time=3.5) == [(1, 0)]  # back: answered with θ after 3 merges
+    s.arrive(0, 0, 3, delta(1.0), 4, 16, time=4.0)
+    assert (s.merges[-1].weights, s.merges[-1].stale) == ({0: 0.5, 1: 0.5}, (1,))
+    assert s.global_params[0].tolist() == [-6.0, -6.0]
+
+
+def test_a_learner_that_leaves_no_longer_holds_back_the_quorum():
+    s = syncer(learners=3, quorum=3, grace=0.0, pulls=False)
+    s.arrive(0, 0, 0, delta(1.0), 4, 4, time=1.0)
+    s.arrive(1, 0, 0, delta(1.0), 4, 4, time=1.0)
+    assert s.merges == []
+    assert s.leave(2, time=2.0) == [(0, 0), (1, 0)]
+    assert s.merges[0].weights == {0: 0.5, 1: 0.5}
+
+
+def test_learners_send_each_fragment_every_H_steps_staggered_with_a_pull_a_step_before_it_is_due():
+    sends = list(learner_sends([2, 4], H=4, tau=2, pulls=True, max_steps=8))
+    assert sends == [("delta", 0, 2), ("pull", 0, 3), ("delta", 1, 4), ("pull", 1, 5), ("delta", 0, 6),
+                     ("pull", 0, 7), ("delta", 1, 8), ("pull", 1, 8), ("done", -1, 8)]
+    assert [k for k, _, _ in learner_sends([2, 4], H=4, tau=2, pulls=False, max_steps=8)].count("pull") == 0
+
+
+# ---------------------------------------------------------------- equivalence with Streaming DiLoCo
+class KeepLocal:
+    """Saves each trainer's final parameters (the run returns only one model) to $DECOUPLED_KEEP."""
+
+    def finish(self) -> None:
+        super().finish()  # type: ignore[misc]
+        if self.rank < self.num_nodes:  # type: ignore[attr-defined]
+            torch.save(flatten(self.params).detach(),  # type: ignore[attr-defined]
+                       os.path.join(os.environ["DECOUPLED_KEEP"], f"{type(self).__name__}-{self.rank}.pt"))
+
+
+class KeptStreaming(KeepLocal, StreamingDiLoCoStrategy):
+    pass
+
+
+class KeptDecoupled(KeepLocal, DecoupledDiLoCoStrategy):
+    pass
+
+
+@pytest.mark.parametrize("num_nodes, replica_size", [(2, 1), pytest.param(4, 2, marks=pytest.mark.slow)])
+def test_all_learners_no_grace_equal_speeds_equals_streaming_diloco(tmp_path, monkeypatch, num_nodes, replica_size):
+    monkeypatch.setenv("DECOUPLED_KEEP", str(tmp_path))
+    raw = synthetic_classification(256, 8, 4)
+    data = TensorDataset(raw.tensors[0].double(), raw.tensors[1])
+    kwargs = {"outer_optim_spec": OptimSpec("sgd", lr=0.7, momentum=0.9, nesterov=True), "H": 4, "num_fragments": 2,
+              "delay_steps": 2, "merge_alpha": 0.5, "replica_size": replica_size}
+    runs = {}
+    for cls, extra in ((KeptStreaming, {}), (KeptDecoupled, {"quorum": num_nodes // replica_size,
+                                                             "grace_fraction": 0.0})):
+        runs[cls] = LocalTrainer(tiny_mlp().double(), data).fit(
+            cls(OptimSpec("sgd", lr=0.1), **kwargs, **extra), num_nodes=num_nodes, max_steps=13, batch_size=8,
+            shuffle=False, scenario=FLAT, val_size=0, progress=False)
+    for rank in range(num_nodes):
+        streaming = torch.load(tmp_path / f"KeptStreaming-{rank}.pt")
+        decoupled = torch.load(tmp_path / f"KeptDecoupled-{rank}.pt")
+        assert streaming.dtype == torch.float64
+        assert torch.allclose(decoupled, streaming, rtol=0, atol=1e-6)
+    if replica_size == 1:  # each trainer sends Δ_f once per sync, as Streaming DiLoCo's all-reduce passes it in
+        assert [runs[KeptDecoupled].trace.payload_bytes(r) for r in range(num_nodes)] == [
+            runs[KeptStreaming].trace.payload_bytes(r) for r in range(num_nodes)]
+
+
+def test_estimate_runs_the_strategy_on_meta_tensors_with_its_syncer():
+    e = estimate("decoupled_diloco:H=4,num_fragments=2", model=lambda: torch.nn.Sequential(
+        torch.nn.Linear(100, 100), torch.nn.Linear(100, 10)), num_nodes=2, max_steps=8, step_time=1.0, scenario=FLAT)
+    params = 100 * 100 + 100 + 100 * 10 + 10
+    # two whole models of Δ per learner over 8 steps (each fragment twice), and a 4-byte pull per sync
+    assert e.trace.payload_bytes(0) == e.trace.payload_bytes(1) == 2 * 4 * params + 4 * 4
+    assert e.trace.meta["servers"] == 1
