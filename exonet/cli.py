@@ -115,7 +115,8 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
 ESTIMATE_FLAGS = {"params": "--model-params", "model": "--model", "layers": "--layers", "strategy": "--strategy",
                   "num_nodes": "--nodes", "max_steps": "--steps", "step_time": "--step-time",
                   "tokens_per_step": "--tokens-per-step", "tflops": "--tflops", "mfu": "--mfu", "dtype": "--dtype",
-                  "scenario": "--scenario"}
+                  "scenario": "--scenario", "profile": "--profile", "scale_layers": "--scale-layers",
+                  "devices": "--devices"}
 
 
 def in_flags(message: str) -> str:
@@ -158,6 +159,7 @@ def _estimate(args: argparse.Namespace) -> int:
     import json
 
     from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate
+    from exonet.tokens import trained
 
     try:
         targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
@@ -176,19 +178,23 @@ def _estimate(args: argparse.Namespace) -> int:
             args.strategy, params=args.model_params, num_nodes=args.nodes, max_steps=args.steps,
             step_time=args.step_time,
             tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu, dtype=args.dtype,
-            layers=args.layers, model=args.model, scenario=name)
+            layers=args.layers, model=args.model, scenario=name, profile=args.profile, scale_layers=args.scale_layers,
+            devices=tuple(args.devices.split(":", 1)) if args.devices else None)
     est = next(iter(estimates.values()))
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
                     "solve_for": args.solve_for, "assumptions": est.assumptions,
                     "payload_bytes_per_node": est.trace.payload_per_trainer(), "scenarios": []}
     if args.hosts is not None:
         report["hosts"] = args.hosts
+    if est.profile is not None:
+        report["profile"] = est.profile
     for name, scenario in scenarios.items():
         est = estimates.get(name, est)
         sim = simulate_estimate(est, scenario)
         row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s,
                "wall_clock_range": list(sim.wall_clock_range), "utilization": sim.utilization,
-               "compute_s_per_step": compute_per_step(sim), "wire_bytes_per_node": sim.wire_per_trainer()}
+               "compute_s_per_step": compute_per_step(sim), "wire_bytes_per_node": sim.wire_per_trainer(),
+               **trained(sim, est.trace)}  # what it trained beside its time: an elastic run may drop work
         failing = "failures" in scenario.to_dict()
         if failing or sim.failures or sim.lost["down"] or sim.lost["lost_work"]:  # work lost: goodput < utilisation
             row.update(failures=sim.failures, goodput=sim.goodput, lost_s=sim.lost)
@@ -219,6 +225,8 @@ def _print_estimate(args: argparse.Namespace, report: dict) -> None:
     print("assumptions:")
     for a in report["assumptions"]:
         print(f"  - {a}")
+    if "profile" in report:
+        _print_profile(report["profile"])
     print(f"payload per node: {format_bytes(report['payload_bytes_per_node'])}")
     for row in report["scenarios"]:
         print(f"{row['scenario']}: simulated wall-clock {format_time(row['wall_clock_s'])}, "
@@ -230,6 +238,10 @@ def _print_estimate(args: argparse.Namespace, report: dict) -> None:
         for a in row.get("assumptions", ()):
             if a not in report["assumptions"]:
                 print(f"  - {a}")
+        if row["tokens"] is not None or row["steps_trained"] < args.nodes * args.steps:
+            said = f"{row['tokens']:.4g} tokens, {format_time(row['time_per_token_s'])} per token; " \
+                if row["tokens"] is not None else ""
+            print(f"  trained: {said}{row['steps_trained']} node-steps kept of {args.nodes * args.steps}")
         if "goodput" in row:
             lost = ", ".join(f"{k} {format_time(v)}" for k, v in row["lost_s"].items())
             print(f"  {row['failures']} failures, goodput {row['goodput']:.1%}; node-time lost: {lost}")
@@ -243,6 +255,32 @@ def _print_estimate(args: argparse.Namespace, report: dict) -> None:
                       f"(latency, the TCP window, set-up or uneven compute bound it)")
             else:
                 print(f"  compute utilisation {float(u):.0%} needs {format_rate(bw / 8)} {where}")
+
+
+def _print_profile(profile: dict) -> None:
+    """A profiled estimate's step beside the FLOPs-based figure a guessed MFU would give."""
+    from exonet.units import format_time
+
+    used = f"median of {profile['steps_used']} steps" + ("; the first dropped as warm-up" if profile["warmup_dropped"]
+                                                          else "")
+    print(f"profiled step: {format_time(profile['profiled_step_s'])} on {profile['device']} ({used}); optimizer "
+          f"{format_time(profile['optimizer_s'])}, device idle {format_time(profile['idle_s'])}; replayed as "
+          f"{format_time(profile['step_s'])} per step")
+    if "implied_mfu" in profile:
+        print(f"  it implies MFU {100 * profile['implied_mfu']:.3g}% at {profile['tflops']:g} TFLOP/s; the FLOPs-based "
+              f"figure at MFU {profile['mfu']:g} would be {format_time(profile['flops_step_s'])} per step")
+    else:
+        print("  give --tokens-per-step with --tflops (or a scenario with a device) for the MFU it implies")
+
+
+def _tokens(text: str) -> float | list[float]:
+    """``--tokens-per-step``: one number for every node, or one per node, comma-separated."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected tokens per step, one number or one per node comma-separated "
+                                         f"(65536,65536,32768), got {text!r}") from None
+    return values[0] if len(values) == 1 else values
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -303,8 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--scenario", action="append", required=True, help="preset name or TOML path (repeatable)")
     p.add_argument("--step-time", type=float, help="compute seconds per step per node")
-    p.add_argument("--tokens-per-step", type=float,
-                   help="tokens per node per step (with --tflops and --mfu, or the scenario's device)")
+    p.add_argument("--tokens-per-step", type=_tokens,
+                   help="tokens per node per step (with --tflops and --mfu, or the scenario's device); or one per "
+                        "node, comma-separated, node r's compute being node 0's times its share")
     p.add_argument("--tflops", type=float, help="device peak TFLOP/s (default: the scenario's device)")
     p.add_argument("--mfu", type=float,
                    help="model FLOPs utilisation (default 0.4, or the scenario's with its device)")
@@ -317,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solve-for", metavar="nic|link|link:A/B",
                    help="what --solve-utilization varies: every NIC (default), the scenario's only inter-region link, "
                         "or the link between regions A and B")
+    p.add_argument("--profile", metavar="TRACE.json",
+                   help="a torch.profiler trace (Kineto JSON) of --model's training steps: replay its measured step")
+    p.add_argument("--scale-layers", type=int, metavar="N",
+                   help="with --profile: the trace profiled N blocks of --model's stack; time the rest as those")
+    p.add_argument("--devices", metavar="FROM:TO",
+                   help="with --profile: rescale from the profiled device to another by peak FLOP/s (names such as "
+                        "A100:H100, or TFLOP/s)")
     p.add_argument("--json", action="store_true", help="print a machine-readable result")
     p.set_defaults(func=_cmd_estimate)
 

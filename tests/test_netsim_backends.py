@@ -124,6 +124,16 @@ def test_gloo_segmented_ring_with_two_segments_in_flight() -> None:
     assert gloo.segments(100, 4) == 8 and gloo.segments(9 * MIB, 4) == 12
 
 
+def test_gloo_of_two_queues_its_ready_notices_behind_its_data() -> None:
+    """At n = 2 the notice to the one peer waits behind the segment being sent: x + α per segment, no fill term."""
+    S, alpha = 16 * MIB, 25e-3
+    x = MIB / GBIT  # 16 segments of 1 MiB, 8 per rank
+    sc = scenario(latency="25 ms", backend="gloo", slow_start_after_idle=False, tcp_window="64 MiB")
+    assert simulate(one("all_reduce", S, 2), sc).wall_clock_s == pytest.approx(2 * 8 * (x + alpha), rel=1e-9)
+    s = 4 * MIB
+    assert simulate(one("all_gather", s, 2), sc).wall_clock_s == pytest.approx(2 * (s / 2 / GBIT + alpha), rel=1e-9)
+
+
 def test_gloo_all_gather_in_halves() -> None:
     s, alpha = 4 * MIB, 2e-3
     x = s / 2 / GBIT
@@ -135,7 +145,8 @@ def test_gloo_all_gather_in_halves() -> None:
 def test_a_backend_gives_linux_its_window() -> None:
     alpha = 37e-3
     sc = scenario(latency="37 ms", backend="gloo", slow_start_after_idle=False)
-    assert sc.resolve(2).tcp_window == LINUX_WINDOW == 4 * MIB
+    # a bulk sender keeps 70% of tcp_wmem max (4 MiB) in flight; the receiver advertises half of tcp_rmem max (6 MiB)
+    assert sc.resolve(2).tcp_window == LINUX_WINDOW == min(0.7 * 4 * MIB, 6 * MIB / 2)
     rate = LINUX_WINDOW / (2 * alpha)  # one stream, window-limited below the gigabit
     expected = gloo.all_reduce_time(64 * MIB, 2, rate, alpha)
     assert simulate(one("all_reduce", 64 * MIB, 2), sc).wall_clock_s == pytest.approx(expected, rel=1e-9)
@@ -171,6 +182,24 @@ def test_slow_start_after_idle_in_a_replay() -> None:
     assert ends[2] - ends[1] - 10.0 == pytest.approx(star + 2 * ramp, rel=1e-9)
     off = simulate(t, sc.replace(slow_start_after_idle=False))
     assert off.wall_clock_s == pytest.approx(3 * star + 10.0, rel=1e-9)
+
+
+def test_an_idle_connection_restarts_from_the_window_it_had() -> None:
+    """Idle 0.5 s > two RTOs (0.22 s): the window it had, twice its rate × RTT in flight, halves twice, to the
+    path's BDP / 2, so the ramp costs one round of half an RTT on each phase's message."""
+    S, alpha = 8_000_000, 10e-3
+    sc = scenario(latency="10 ms", backend="gloo", algorithms={"all_reduce": "star"})
+    rtt = 2 * alpha
+    assert tcp.halvings(0.5, tcp.rto(rtt)) == 2 and tcp.had_window(GBIT * rtt) == 2 * GBIT * rtt
+    ramp = tcp.slow_start_delay(S, GBIT, rtt, tcp.had_window(GBIT * rtt) / 4)
+    assert ramp == pytest.approx(rtt / 2, rel=1e-12)
+    t = Trace(num_nodes=2)
+    for r in range(2):
+        t.add_collective(r, "all_reduce", S)
+        t.add_compute(r, 0.5)
+        t.add_collective(r, "all_reduce", S)
+    ends = [span.end_s for span in simulate(t, sc).collectives]
+    assert ends[1] - ends[0] - 0.5 == pytest.approx(2 * alpha + 2 * S / GBIT + 2 * ramp, rel=1e-9)
 
 
 def test_the_range_is_zero_width_where_nothing_is_stochastic() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 
 from exonet.validate.delayline import DelayLine, DelayLink
 from exonet.validate.netns import leftovers, privilege, remove_leftovers
-from exonet.validate.windows import MIB, DelayCase, run_case, window
+from exonet.validate.windows import MIB, DelayCase, recorded_report, run_case, window
 
 REASON = privilege()
 needs_netns = pytest.mark.skipif(REASON is not None, reason=f"needs network namespaces: {REASON}")
@@ -29,8 +30,9 @@ SYSCTLS = {"net.core.wmem_max": "4194304", "net.core.rmem_max": "4194304", "net.
 
 
 def test_a_stream_window_is_the_smaller_of_the_send_buffer_and_half_the_receive_buffer():
-    assert window(SYSCTLS) == 4 * MIB
-    assert window({**SYSCTLS, "net.ipv4.tcp_rmem": "4096 131072 6291456"}) == 3 * MIB
+    """A bulk sender keeps 70% of its send buffer (tcp_wmem max) in flight; the receiver advertises half its own."""
+    assert window(SYSCTLS) == int(0.7 * 4 * MIB)
+    assert window({**SYSCTLS, "net.ipv4.tcp_rmem": "4096 131072 5242880"}) == int(2.5 * MIB)
 
 
 def test_the_scenario_is_the_delay_lines_configuration_with_nothing_fitted():
@@ -39,7 +41,7 @@ def test_the_scenario_is_the_delay_lines_configuration_with_nothing_fitted():
     case = DelayCase(3, 150e6 / 8, 0.05, 16 * MIB)
     net = case.scenario("gloo", SYSCTLS).resolve(3)
     assert net.uplink == (18.75e6,) * 3 and net.latency == 0.05 and (net.mss, net.header_bytes) == (1448, 52)
-    assert net.backend == "gloo" and net.tcp_window == 4 * MIB and net.slow_start
+    assert net.backend == "gloo" and net.tcp_window == int(0.7 * 4 * MIB) and net.slow_start
     assert net.queue == (int(18.75e6 * 0.2) + 32768, "bytes")
     bbr = {**SYSCTLS, "net.ipv4.tcp_congestion_control": "bbr"}
     assert not case.scenario("gloo", bbr).resolve(3).slow_start
@@ -49,7 +51,7 @@ def test_the_scenario_is_the_delay_lines_configuration_with_nothing_fitted():
     nccl = DelayCase(4, 100e6 / 8, 0.05, 12_000_000, transport="streams").scenario("nccl", SYSCTLS).resolve(4)
     assert nccl.streams == 16 and nccl.nccl.channels == 1
     steps = DelayCase(2, 400e6 / 8, 0.05, 64 * MIB, transport="streams", streams=1, slice_bytes=0)
-    assert steps.model == "window" and steps.scenario("window", SYSCTLS).resolve(2).inflight == 4 * MIB
+    assert steps.model == "window" and steps.scenario("window", SYSCTLS).resolve(2).inflight == int(0.7 * 4 * MIB)
     with pytest.raises(ValueError, match="model must be one of"):
         case.scenario("tree", SYSCTLS)
 
@@ -222,3 +224,11 @@ def test_the_delay_matrix_command_reports_the_line_and_every_table(monkeypatch, 
     assert set(runs) == {2}
     assert out.count("model: median |error| 0.0%, worst 0.0%") == 4
     assert out.count("| after idle s (p10-p90) |") == 1 and out.count(", after 1 s idle |") >= 3
+
+
+def test_the_model_meets_the_recorded_delay_line_medians():
+    """The model against the delay line's last measured medians (no root needed): on the deterministic cases
+    (repeats within 5%) median |error| <= 3% and worst <= 10%, as the issue asks; nothing fitted to them."""
+    errors = recorded_report(log=lambda line: None)
+    deterministic = errors["deterministic"]
+    assert len(deterministic) >= 12 and statistics.median(deterministic) <= 0.03 and max(deterministic) <= 0.10

@@ -15,7 +15,16 @@ the link needs x per segment:
     T = 2α + 2(n−1)·(m/n)·max(x, α + x/2)          (all-reduce)
 
 All-gather is a ring with each rank's block in two halves, two in flight, 2(n−1) halves per rank:
-T = α + 2(n−1)·max(x_h, α + x_h/2), x_h = (s/2) / R. One TCP connection joins each pair. On a
+T = α + 2(n−1)·max(x_h, α + x_h/2), x_h = (s/2) / R. One TCP connection joins each pair.
+
+At n = 2 a rank's neighbours are one peer, so its "ready" notices leave on the connection that
+carries its own data and queue behind the segment it is sending: a segment then follows the one
+before it by its own time plus the notice's crossing, and the pipeline's fill and drain hide in it:
+
+    T = 2(n−1)·(m/n)·(x + α)     (all-reduce, n = 2; all-gather likewise, 2(n−1)·(x_h + α))
+
+On the delay line (validate README, "gloo's window") that is within 1% of five of six K = 2 cases;
+in the sixth the runs split between this and the n ≥ 3 form. On a
 network whose latency is small next to a segment's time (the netns testbed), both are the phase
 model's bandwidth term, as measured there.
 
@@ -44,12 +53,16 @@ def all_reduce_time(nbytes: float, n: int, rate: float, latency: float) -> float
     """Seconds of gloo's ring all-reduce on an idle network (module docstring)."""
     m = segments(nbytes, n)
     x = nbytes / m / rate
+    if n == 2:  # the notices queue behind the rank's own data (module docstring)
+        return 2 * (n - 1) * (m // n) * (x + latency)
     return 2 * latency + 2 * (n - 1) * (m // n) * max(x, latency + x / 2)
 
 
 def all_gather_time(nbytes: float, n: int, rate: float, latency: float) -> float:
     """Seconds of gloo's ring all-gather of ``nbytes`` per rank on an idle network (module docstring)."""
     x = nbytes / 2 / rate
+    if n == 2:
+        return 2 * (n - 1) * (x + latency)
     return latency + 2 * (n - 1) * max(x, latency + x / 2)
 
 

@@ -3,14 +3,15 @@
 A scenario with ``network.backend`` describes real hosts talking TCP, so two Linux defaults
 apply unless the scenario says otherwise:
 
-* **The window.** A socket's window is bounded by its buffers: ``net.ipv4.tcp_wmem`` max 4 MiB
-  (what the sender may have in flight) and ``net.ipv4.tcp_rmem`` max 6 MiB (what the receiver
-  advertises). The smaller, 4 MiB (``exonet.scenario.resolved.LINUX_WINDOW``), is the window of
-  one stream, so one stream at 74 ms RTT carries at most 4 MiB / 74 ms ≈ 453 Mbit/s.
+* **The window.** A socket's window is bounded by its buffers: ``net.ipv4.tcp_wmem`` max 4 MiB,
+  of which a bulk sender keeps about 70% in flight, and ``net.ipv4.tcp_rmem`` max 6 MiB, half of
+  which the receiver advertises. The smaller, 2.8 MiB (``exonet.scenario.resolved.LINUX_WINDOW``),
+  is the window of one stream, so one stream at 74 ms RTT carries at most 2.8 MiB / 74 ms ≈ 317 Mbit/s.
 * **Slow start after idle** (``net.ipv4.tcp_slow_start_after_idle = 1``, the default). A
   connection that sent nothing for longer than its retransmission timeout restarts its
-  congestion window (``tcp_cwnd_restart`` in ``net/ipv4/tcp_output.c``): the window halves for
-  every RTO of idle, down to the initial window of 10 segments (RFC 6928). A new connection
+  congestion window (``tcp_cwnd_restart`` in ``net/ipv4/tcp_output.c``): the window it had
+  (``had_window``: twice what it kept in flight) halves for every RTO of idle beyond the first,
+  down to the initial window of 10 segments (RFC 6928). A new connection
   starts there too. The RTO is the smoothed RTT plus a variance term that Linux keeps at least
   ``tcp_rto_min`` = 200 ms, so RTO = RTT + 200 ms on a steady path.
 
@@ -74,6 +75,18 @@ def slow_start_delay(nbytes: float, rate: float, rtt: float, start: float) -> fl
     return delay
 
 
+def had_window(in_flight: float) -> float:
+    """The congestion window a stream that kept ``in_flight`` bytes in flight has when it goes idle.
+
+    In slow start Linux grows the window while it is below twice the packets in flight
+    (``tcp_is_cwnd_limited``), so a flow held back by something else (its fair rate, the send buffer,
+    gloo's two segments) ends with twice what it used: ``ss`` showed 2,935 segments (4.2 MB) for a
+    flow keeping 2.1 MB in flight. A flow that lost packets has less; the deep queues of the delay
+    line lost none.
+    """
+    return 2.0 * in_flight
+
+
 def halvings(idle: float, rto_s: float) -> int:
     """How often ``tcp_cwnd_restart`` halves the window after ``idle`` seconds: once per RTO beyond the first."""
     return 0 if idle <= rto_s else min(NEW, math.ceil(idle / rto_s) - 1)
@@ -88,8 +101,8 @@ def cold_phases(phases: Sequence[tuple], rates: Sequence[np.ndarray], rtts: Sequ
         rates: per phase, each message's fair rate in bytes/s when the phase runs alone.
         rtts: per phase, each message's round trip in seconds.
         streams: TCP connections a transfer is split over; each ramps on its share.
-        halved: how often the window was halved while idle (``halvings``); each stream restarts from its full
-            window (its fair rate × RTT) halved that often, and never below ``initial`` bytes.
+        halved: how often the window was halved while idle (``halvings``); each stream restarts from the
+            congestion window it had (``had_window``) halved that often, and never below ``initial`` bytes.
         initial: the initial window in bytes.
     """
     sent: dict[tuple[int, int], float] = {}
@@ -101,7 +114,7 @@ def cold_phases(phases: Sequence[tuple], rates: Sequence[np.ndarray], rtts: Sequ
             before = sent.get(pair, 0.0)
             sent[pair] = after = before + m[2]
             per = float(r) / streams
-            start = max(initial, per * R / 2.0**halved)
+            start = max(initial, had_window(per * R) / 2.0**halved)
             late = slow_start_delay(after / streams, per, R, start) - slow_start_delay(before / streams, per, R, start)
             shift = (m[3] if len(m) > 3 else 0.0) + late
             messages.append((m[0], m[1], m[2], shift) if shift else m)

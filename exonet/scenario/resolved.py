@@ -56,15 +56,29 @@ class FailureSpec:
     sigma: float = 0.0  # the lognormal's sigma
     seed: int = 0
     servers: bool = True  # whether server ranks (a parameter server) fail too; False: only trainers do
+    slice: int = 1  # devices one failure takes down (its blast radius), for the learner model (netsim.learners)
+    pause: float = 0.0  # seconds an elastic learner stalls on each failure (netsim.learners)
 
     def expected_failures(self, num_nodes: int, seconds: float) -> float:
         """Expected failures over ``seconds`` of run on ``num_nodes`` ranks: nodes × T / (mtbf + repair + restart)."""
         return num_nodes * seconds / (self.mtbf + self.repair + self.restart)
 
 
-# The bytes one TCP stream keeps in flight on a Linux host: min(net.ipv4.tcp_wmem max 4 MiB, tcp_rmem max 6 MiB).
-# A scenario with a `backend` describes real hosts, so this is its `tcp_window` unless it gives one.
-LINUX_WINDOW = 4 * 1024 * 1024
+# The share of its send buffer that a bulk sender keeps in flight: Linux wakes a blocked writer only once a third of
+# the buffer is free, and the buffer also holds bytes not yet sent. `ss -tmi` on a stream at RTT 100 ms showed 2.9 MB
+# unacknowledged of a 4 MiB buffer (the validate README, "Linux's window").
+SEND_BUFFER_IN_FLIGHT = 0.7
+
+
+def linux_window(tcp_wmem_max: float, tcp_rmem_max: float) -> float:
+    """The bytes one TCP stream keeps in flight on a Linux host with these buffer maxima and autotuning: what its
+    send buffer keeps in flight, or what the receiver advertises (half its buffer, ``tcp_adv_win_scale = 1``)."""
+    return min(SEND_BUFFER_IN_FLIGHT * tcp_wmem_max, tcp_rmem_max / 2)
+
+
+# Linux's defaults, tcp_wmem max 4 MiB and tcp_rmem max 6 MiB: 2.8 MiB. A scenario with a `backend` describes real
+# hosts, so this is its `tcp_window` unless it gives one.
+LINUX_WINDOW = linux_window(4 * 1024 * 1024, 6 * 1024 * 1024)
 
 
 @dataclass(frozen=True)

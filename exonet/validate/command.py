@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(about 20 min); delay: the user-space delay line's rate, then gloo's window, Linux's window, "
                         "slow start after idle and the NCCL-like pipelined ring at RTT 20-100 ms against the backend "
                         "models (about 25 min)")
+    p.add_argument("--recorded", action="store_true",
+                   help="with --matrix delay: judge today's model by the delay-line medians last measured "
+                        "(exonet/validate/delay_medians.json), without root or namespaces")
     p.add_argument("--measurements", help="calibrate from your own measurements (CSV: op,nodes,bytes,count,bandwidth,"
                                           "seconds) instead of running namespaces")
     p.add_argument("--run", metavar="RUN_DIR",
@@ -33,14 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exonet.files import check_output
     from exonet.validate import calibrate as cal
     from exonet.validate.cases import ci_matrix, full_matrix, run_cases
     from exonet.validate.netns import privilege
 
-    for flag, path in (("--save", args.save), ("--out", args.out if args.calibrate else None)):
-        if path:
-            check_output(path, flag)  # before the measurements, which take minutes
+    _check_outputs(args)
+    if args.recorded:
+        return _recorded(args.matrix)
     source = args.measurements or args.run
     if args.run and args.measurements:
         print("exonet validate: give --run or --measurements, not both", file=sys.stderr)
@@ -121,6 +123,26 @@ def _slow_links() -> int:
     print(f"\n{len(ddp)} cases (DDP: concurrent bucket all-reduces and a per-step broadcast over gloo), "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     buckets.report([buckets.run_case(case) for case in ddp])
+    return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The files --save and --out will write, checked before the measurements, which take minutes."""
+    from exonet.files import check_output
+
+    for flag, path in (("--save", args.save), ("--out", args.out if args.calibrate else None)):
+        if path:
+            check_output(path, flag)
+
+
+def _recorded(matrix: str) -> int:
+    """Today's model against the delay-line medians last measured (no root, no namespaces)."""
+    if matrix != "delay":
+        print("exonet validate: --recorded judges the delay-line medians: give --matrix delay", file=sys.stderr)
+        return 2
+    from exonet.validate.windows import recorded_report
+
+    recorded_report()
     return 0
 
 

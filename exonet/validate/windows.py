@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
+from exonet.scenario.resolved import linux_window
 from exonet.trace import Trace
 from exonet.validate.cases import launch_nodes
 from exonet.validate.delayline import DelayLine, DelayLink
@@ -56,11 +57,12 @@ def window(sysctls: dict[str, str]) -> int:
     Neither transport sets a socket buffer: gloo's ``Pair::send(Op&)`` sets ``SO_SNDBUF`` (which would turn
     autotuning off, capped by ``net.core.wmem_max``), but only on the bound-buffer path; torch's collectives
     send unbound buffers (``Pair::sendUnboundBuffer`` calls ``sendAsyncMode`` directly), and ``ss -tmi`` shows
-    their send buffer autotuning from 46 kB to ``tcp_wmem`` max during a run. So the send side allows
-    ``tcp_wmem`` max, the receive side half of ``tcp_rmem`` max (``tcp_adv_win_scale = 1``); the window is the
-    smaller.
+    their send buffer autotuning from 46 kB to ``tcp_wmem`` max during a run. So the window is Linux's for these
+    maxima (``exonet.scenario.resolved.linux_window``): what a send buffer of ``tcp_wmem`` max keeps in flight, or
+    half of ``tcp_rmem`` max (``tcp_adv_win_scale = 1``), whichever is smaller.
     """
-    return min(int(sysctls["net.ipv4.tcp_wmem"].split()[2]), int(sysctls["net.ipv4.tcp_rmem"].split()[2]) // 2)
+    wmem, rmem = (int(sysctls[f"net.ipv4.tcp_{side}"].split()[2]) for side in ("wmem", "rmem"))
+    return int(linux_window(wmem, rmem))
 
 
 def restarts(sysctls: dict[str, str]) -> bool:
@@ -251,6 +253,55 @@ def idle_report(ms: Sequence[DelayMeasurement], log: Callable[[str], None] = pri
         (wl, wh), (il, ih) = w.spread, m.spread
         log(f"| {m.case.name} | {w.real:.3f} ({wl:.3f}-{wh:.3f}) | {m.real:.3f} ({il:.3f}-{ih:.3f}) | "
             f"{m.real - w.real:+.3f} | {on:+.3f} | {off:+.3f} |")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A case measured earlier: its median and p10-p90 (``delay_medians.json``), to judge a revised model by."""
+
+    case: DelayCase
+    median: float
+    spread: tuple[float, float]
+    sysctls: dict[str, str]
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether its repetitions agreed within 5% (p90 − p10 over the median): judged on the median alone."""
+        return self.spread[1] - self.spread[0] <= DETERMINISTIC * self.median
+
+
+DETERMINISTIC = 0.05  # the issue's bound on a deterministic case's spread of repeats
+
+
+def recorded(path: Path = Path(__file__).with_name("delay_medians.json")) -> list[Recorded]:
+    """The delay-line cases as last measured (no root, no network: the medians the validate README shows)."""
+    import json
+
+    data = json.loads(path.read_text())
+    out = []
+    for row in data["cases"]:
+        row = dict(row)
+        median, lo, hi = row.pop("median"), row.pop("p10"), row.pop("p90")
+        rate = row.pop("mbit") * 1e6 / 8
+        case = DelayCase(rate=rate, **row)
+        sysctls = {**data["sysctls"], "net.ipv4.tcp_congestion_control": case.congestion}
+        out.append(Recorded(case, median, (lo, hi), sysctls))
+    return out
+
+
+def recorded_report(log: Callable[[str], None] = print) -> dict[str, list[float]]:
+    """Today's model against the recorded medians: a table, then the |errors| of deterministic and noisy cases."""
+    log("| case | measured median s (p10-p90) | model s (err) | phase model s (err) |")
+    log("|---|---|---|---|")
+    errors: dict[str, list[float]] = {"deterministic": [], "noisy": []}
+    for r in recorded():
+        model, phase = r.case.predict(r.case.model, r.sysctls), r.case.predict("phase", r.sysctls)
+        errors["deterministic" if r.deterministic else "noisy"].append(abs(model - r.median) / r.median)
+        log(f"| {r.case.name} | {r.median:.3f} ({r.spread[0]:.3f}-{r.spread[1]:.3f}) | {r.case.model} {model:.3f} "
+            f"({(model - r.median) / r.median:+.1%}) | {phase:.3f} ({(phase - r.median) / r.median:+.1%}) |")
+    for which, errs in errors.items():
+        log(f"{which} ({len(errs)}): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}")
+    return errors
 
 
 # ---------------------------------------------------------------- the node side

@@ -1,0 +1,234 @@
+"""Read a torch.profiler trace (Kineto's Chrome-trace JSON) into one training step's measured compute.
+
+The file is what ``prof.export_chrome_trace(path)`` or ``tensorboard_trace_handler`` writes (``.json``
+or ``.json.gz``): ``{"traceEvents": [{"ph": "X", "name": ..., "ts": µs, "dur": µs, "args": {...}}, ...]}``.
+What a step is made of comes from names the profiler itself writes:
+
+* ``ProfilerStep#N``: one step (written when the profiler has a ``schedule``, as ``prof.step()`` advances it);
+* ``autograd::engine::evaluate_function: ...``: backward; the first one in a step ends the forward pass;
+* ``autograd::engine::evaluate_function: torch::autograd::AccumulateGrad``: a parameter's gradient is ready
+  (one per trainable tensor per step; with ``record_shapes=True`` its inner ``torch::autograd::AccumulateGrad``
+  op carries the tensor's shape);
+* ``Optimizer.step#...``: the optimizer step;
+* ``nn.Module: Name_i`` (``with_stack=True, with_modules=True``) and ``record_function`` annotations:
+  forward time per module;
+* GPU kernels (``cat`` ``kernel``/``gpu_memcpy``/``gpu_memset``) and their launches (``cuda_runtime``) share a
+  ``correlation`` id: on a GPU trace a gradient is ready when the last kernel launched before its
+  AccumulateGrad ends, and the device is idle where no kernel runs.
+
+The file is parsed with an ``object_hook`` that keeps only these few fields of each event, so a trace of
+hundreds of MB costs a fraction of what its whole event dicts would (``python -m exonet.bench profile``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exonet.errors import TraceError
+
+STEP = "ProfilerStep#"
+BACKWARD = "autograd::engine::evaluate_function: "
+GRAD_READY = BACKWARD + "torch::autograd::AccumulateGrad"
+GRAD_OP = "torch::autograd::AccumulateGrad"
+OPTIMIZER = "Optimizer.step#"
+MODULE = "nn.Module: "
+KERNELS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCHES = ("cuda_runtime", "cuda_driver")
+NOT_MODULES = (STEP, "Optimizer.", "PyTorch Profiler")  # annotations the profiler writes itself
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """One training step as a profiler measured it (medians over the steps used), in seconds.
+
+    ``forward_s`` runs from the step's start to its first backward op (data, forward, loss);
+    ``backward_s[i]`` is the backward compute before the i-th gradient to become ready (so the
+    i-th gradient is ready ``forward_s + sum(backward_s[:i+1])`` into the step); ``tail_s`` runs from
+    the last gradient to the step's end (the optimizer step, ``zero_grad``, logging). The three add up
+    to ``step_s``, the median ``ProfilerStep`` (each median part is scaled by the same factor so they do).
+    """
+
+    path: str
+    step_s: float
+    forward_s: float
+    backward_s: tuple[float, ...]
+    grad_shapes: tuple[tuple[int, ...] | None, ...]
+    tail_s: float
+    optimizer_s: float
+    idle_s: float
+    modules: dict[str, float]
+    steps_used: int
+    warmup_dropped: bool
+    device: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _slim(d: dict) -> Any:
+    """``json.loads``'s object_hook: each event becomes a small tuple (or None), its args the two fields used."""
+    ph = d.get("ph")
+    if ph is None:
+        if "traceEvents" in d:
+            return d
+        if "External id" in d or "correlation" in d or "Input Dims" in d:
+            dims = d.get("Input Dims")
+            return (d.get("correlation"), tuple(dims[0]) if dims and isinstance(dims[0], list) else None)
+        return d
+    if ph != "X":
+        return None
+    name, cat, args = d.get("name", ""), d.get("cat", ""), d.get("args")
+    try:
+        ts, end = float(d["ts"]), float(d["ts"]) + float(d.get("dur", 0.0))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if cat in KERNELS:
+        return ("kernel", ts, end, args[0] if isinstance(args, tuple) else None)
+    if cat in LAUNCHES:
+        return ("launch", ts, end, args[0] if isinstance(args, tuple) else None)
+    if name.startswith(BACKWARD):
+        return ("grad" if name == GRAD_READY else "backward", ts, end, None)
+    if name == GRAD_OP:
+        return ("shape", ts, end, args[1] if isinstance(args, tuple) else None)
+    if name.startswith(STEP):
+        return ("step", ts, end, name)
+    if name.startswith(OPTIMIZER):
+        return ("optimizer", ts, end, None)
+    if name.startswith(MODULE):
+        return ("module", ts, end, name.removeprefix(MODULE))
+    if cat == "user_annotation" and not name.startswith(NOT_MODULES):
+        return ("module", ts, end, name)
+    if cat == "cpu_op":
+        return ("cpu", ts, end, None)
+    return None
+
+
+def _load(path: Path) -> dict:
+    """The trace's JSON with slimmed events (gzip when the name ends in .gz)."""
+    try:
+        raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the profiler trace: {exc}") from None
+    try:
+        data = json.loads(raw, object_hook=_slim)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: not Kineto's Chrome-trace JSON (torch.profiler's export_chrome_trace): "
+                         f"{exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise TraceError(f"{path}: not Kineto's Chrome-trace JSON: expected an object with a 'traceEvents' list "
+                         "(as torch.profiler's export_chrome_trace writes)")
+    return data
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+class _DeviceClock:
+    """When work the CPU launched by time t is done on the GPU: the end of the last kernel launched by then.
+
+    A CPU trace has no kernels: its times are the device's own.
+    """
+
+    def __init__(self, events: list[tuple]) -> None:
+        kernels = {e[3]: e[2] for e in events if e[0] == "kernel" and e[3] is not None}
+        launches = sorted((e[1], kernels[e[3]]) for e in events if e[0] == "launch" and e[3] in kernels)
+        self.launch_ts = [t for t, _ in launches]
+        self.done, reach = [], float("-inf")
+        for _, end in launches:
+            reach = max(reach, end)
+            self.done.append(reach)
+        self.gpu = bool(kernels)
+
+    def __call__(self, t: float) -> float:
+        i = bisect.bisect_right(self.launch_ts, t)
+        return self.done[i - 1] if self.gpu and i else t
+
+
+def read_profile(path: str | Path) -> StepProfile:
+    """A profiler trace's training step: medians over its ``ProfilerStep`` spans, the first dropped as warm-up.
+
+    Raises:
+        TraceError: the file is not Kineto JSON, has no ``ProfilerStep`` span, or a step has no backward
+            (naming the file and what is missing).
+    """
+    path = Path(path)
+    data = _load(path)
+    events = [e for e in data["traceEvents"] if isinstance(e, tuple)]
+    steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[1])
+    if not steps:
+        raise TraceError(f"{path}: no ProfilerStep span: profile with a schedule (torch.profiler.profile("
+                         "schedule=torch.profiler.schedule(wait=0, warmup=1, active=5)) and call prof.step() "
+                         "after every training step")
+    notes, dropped = [], len(steps) > 1
+    if dropped:
+        notes.append(f"{len(steps) - 1} profiled steps (the first of {len(steps)}, {steps[0][3]}, dropped as "
+                     "warm-up), medians")
+        steps = steps[1:]
+    else:
+        notes.append(f"one profiled step ({steps[0][3]}): nothing to drop as warm-up; profile 2 or more")
+    clock = _DeviceClock(events)
+    starts = [s[1] for s in steps]
+    per_step: list[list[tuple]] = [[] for _ in steps]
+    for e in events:
+        i = bisect.bisect_right(starts, e[1]) - 1
+        if i >= 0 and e[1] < steps[i][2] and e[0] != "step":
+            per_step[i].append(e)
+    parts = [_split(path, step, inside, clock) for step, inside in zip(steps, per_step)]
+    counts = {len(p["backward"]) for p in parts}
+    if len(counts) > 1:
+        raise TraceError(f"{path}: the profiled steps differ in their gradients (AccumulateGrad ops: "
+                         f"{sorted(counts)}): profile steps of one model, all training")
+    med = statistics.median
+    step_s = med(s[2] - s[1] for s in steps) * 1e-6
+    forward, tail = med(p["forward"] for p in parts), med(p["tail"] for p in parts)
+    backward = [med(p["backward"][i] for p in parts) for i in range(counts.pop())]
+    scale = step_s / max(forward + sum(backward) + tail, 1e-300)
+    names = {n for p in parts for n in p["modules"]}
+    device = next((d.get("name", "GPU") for d in data.get("deviceProperties") or [] if isinstance(d, dict)),
+                  "GPU") if clock.gpu else "CPU"
+    return StepProfile(
+        path=str(path), step_s=step_s, forward_s=forward * scale, backward_s=tuple(b * scale for b in backward),
+        grad_shapes=parts[0]["shapes"], tail_s=tail * scale, optimizer_s=med(p["optimizer"] for p in parts),
+        idle_s=med(p["idle"] for p in parts), modules={n: med(p["modules"].get(n, 0.0) for p in parts) for n in names},
+        steps_used=len(steps), warmup_dropped=dropped, device=device,
+        notes=notes)
+
+
+def _split(path: Path, step: tuple, inside: list[tuple], clock: _DeviceClock) -> dict:
+    """One step's parts in seconds: forward, backward before each gradient, tail, optimizer, idle, modules."""
+    start, end = step[1], step[2]
+    grads = sorted(e[2] for e in inside if e[0] == "grad")
+    first_backward = min((e[1] for e in inside if e[0] in ("backward", "grad")), default=None)
+    if not grads or first_backward is None:
+        raise TraceError(f"{path}: {step[3]} has no backward (no AccumulateGrad op): profile training steps "
+                         "(loss.backward() inside the step)")
+    marks, last = [], start
+    for t in [first_backward, *grads]:
+        last = min(max(last, clock(t)), end)
+        marks.append(last)
+    busy = [(max(e[1], start), min(e[2], end)) for e in inside if e[0] == ("kernel" if clock.gpu else "cpu")]
+    modules: dict[str, float] = {}
+    for e in inside:
+        if e[0] == "module":
+            modules[e[3]] = modules.get(e[3], 0.0) + (e[2] - e[1]) * 1e-6
+    return {
+        "forward": (marks[0] - start) * 1e-6,
+        "backward": [(b - a) * 1e-6 for a, b in zip(marks, marks[1:])],
+        "tail": (end - marks[-1]) * 1e-6,
+        "optimizer": sum(e[2] - e[1] for e in inside if e[0] == "optimizer") * 1e-6,
+        "idle": (end - start - _union(busy)) * 1e-6,
+        "modules": modules,
+        "shapes": tuple(e[3] for e in sorted((e for e in inside if e[0] == "shape"), key=lambda e: e[2]))
+        if sum(e[0] == "shape" for e in inside) == len(grads) else (None,) * len(grads),
+    }

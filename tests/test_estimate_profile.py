@@ -1,0 +1,229 @@
+"""estimate --profile: a torch.profiler trace of a real model replayed as measured, layer by layer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+
+import pytest
+import torch
+
+from exonet import TraceError
+from exonet.bench.profile import write_trace
+from exonet.cli import compute_per_step, main
+from exonet.estimate import estimate, simulate_estimate
+from exonet.profile import measure, read_profile
+
+GPT = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, -1)
+        x = x + self.proj(nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return x + self.out(nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """nanoGPT's shape, small: token and position embeddings, blocks, a final norm, a tied head."""
+
+    def __init__(self, vocab=128, d=64, layers=4, block=32):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.h = nn.ModuleList(Block(d) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def gpt():
+    return GPT()
+
+
+def deep():
+    return GPT(layers=16)
+'''
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """The small GPT trained for 6 steps under torch.profiler (the first a warm-up), its trace's path."""
+    folder = tmp_path_factory.mktemp("gpt")
+    (folder / "tinygpt.py").write_text(GPT)
+    sys.path.insert(0, str(folder))
+    import tinygpt
+
+    torch.manual_seed(0)
+    model = tinygpt.gpt()
+    opt = torch.optim.AdamW(model.parameters())
+    data = torch.randint(0, 128, (8, 32))
+    path = folder / "trace.json"
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=5, repeat=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule,
+                                record_shapes=True, on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(6):
+            loss = torch.nn.functional.cross_entropy(model(data).flatten(0, 1), data.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    yield path
+    sys.path.remove(str(folder))
+
+
+def median_step(path) -> float:
+    """The profiled steps' median, read here on its own: ProfilerStep spans, the first dropped."""
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = sorted((e["ts"], e["dur"]) for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    return statistics.median(d for _, d in spans[1:]) * 1e-6
+
+
+def test_a_profiled_gpt_is_replayed_at_its_own_step_time_by_ddp_and_diloco(profiled, capsys):
+    """Compute per step was 6·P·tokens at a guessed MFU: here it is the profiled step's median, within 5%."""
+    want = median_step(profiled)
+    profile = read_profile(profiled)
+    assert profile.steps_used == 4 and profile.warmup_dropped and "dropped as warm-up" in profile.notes[0]
+    assert profile.step_s == pytest.approx(want)
+    assert len(profile.backward_s) == 52  # the tied head is one tensor: one AccumulateGrad
+    assert main(["estimate", "--model", "tinygpt:gpt", "--profile", str(profiled), "--strategy", "ddp", "--nodes", "8",
+                 "--steps", "3", "--scenario", "datacenter", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["compute_s_per_step"] == pytest.approx(want, rel=0.05)
+    est = estimate("diloco:H=8", model="tinygpt:gpt", profile=profiled, num_nodes=8, max_steps=8)
+    assert compute_per_step(simulate_estimate(est, "cross-region")) == pytest.approx(want, rel=0.05)
+    assert any("measured by torch.profiler" in a for a in est.assumptions)
+
+
+def test_the_text_prints_the_profiled_step_and_the_mfu_it_implies(profiled, capsys):
+    assert main(["estimate", "--model", "tinygpt:gpt", "--profile", str(profiled), "--strategy", "ddp", "--nodes", "2",
+                 "--steps", "2", "--scenario", "datacenter", "--tokens-per-step", "256", "--tflops", "1"]) == 0
+    out = capsys.readouterr().out
+    step = read_profile(profiled).step_s
+    flops = 6 * sum(p.numel() for p in _model("gpt").parameters()) * 256
+    assert "profiled step:" in out and "the first dropped as warm-up" in out
+    assert f"implies MFU {100 * flops / (step * 1e12):.3g}%" in out
+    assert "at MFU 0.4 would be" in out
+
+
+def _model(name: str) -> torch.nn.Module:
+    import tinygpt
+
+    with torch.device("meta"):
+        return getattr(tinygpt, name)()
+
+
+def test_scale_layers_times_the_unprofiled_blocks_as_the_profiled_ones(profiled):
+    """4 profiled blocks of 16: each block's backward and forward counted 4 times, the ends once."""
+    profile = read_profile(profiled)
+    small, big = measure(profile, _model("gpt")), measure(profile, _model("deep"), scale_layers=4)
+    assert len(big.order) == 2 + 16 * 12 + 2 and sorted(big.order) == list(range(len(big.order)))
+    block_backward = sum(profile.backward_s[2:-2])  # head/ln_f first, the embeddings last
+    assert sum(big.backward_s) == pytest.approx(sum(small.backward_s) + 3 * block_backward)
+    share = block_backward / sum(profile.backward_s)  # no module annotations: forward shared as backward is
+    assert big.forward_s == pytest.approx(profile.forward_s * (1 + 3 * share))
+    assert any("from 4 to 16 blocks" in n for n in big.notes)
+    faster = measure(profile, _model("gpt"), devices=("A100", "H100"))
+    assert faster.step_s == pytest.approx(small.step_s * 312 / 989)
+    assert any(n.startswith("caution: compute scaled from A100") for n in faster.notes)
+
+
+LAYERS, WIDTH = 4, 512  # four 1 MiB weights: with bucket_cap_mb=1 every one is a bucket of its own
+
+
+def stack() -> torch.nn.Module:
+    return torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(LAYERS)))
+
+
+def test_a_slow_last_layer_delays_ddp_buckets_as_measured(tmp_path):
+    """The last layer's backward takes 10 b, the others b: its gradient, and so every bucket, is ready late.
+
+    K=2, ring, no latency: a 1 MiB all-reduce takes S/B = 2 b. Buckets are ready at 10, 11, 12, 13 b into
+    backward and run one after another: they end at 12, 14, 16, 18 b, so 5 b of communication is exposed
+    after backward (even spacing, ready at 3.25, 6.5, 9.75, 13 b, would expose 2 b).
+    """
+    b, forward, tail = 1e-3, 4e-3, 1e-3
+    shape = [WIDTH, WIDTH]
+    path = write_trace(tmp_path / "slow.json", steps=3, forward_us=forward * 1e6,
+                       grads=[(10 * b * 1e6, shape)] + [(b * 1e6, shape)] * 3, tail_us=tail * 1e6)
+    scenario = {"name": "lan", "network": {"bandwidth": f"{8 * WIDTH * WIDTH * 4 / (2 * b)!r} bit/s"}}
+    est = estimate("ddp:bucket_cap_mb=1", model=stack, profile=path, num_nodes=2, max_steps=1)
+    sim = simulate_estimate(est, scenario)
+    assert sim.wall_clock_s == pytest.approx(forward + 13 * b + 5 * b + tail, rel=1e-9)
+    even = estimate("ddp:bucket_cap_mb=1", model=stack, step_time=forward + 13 * b + tail, num_nodes=2, max_steps=1)
+    assert simulate_estimate(even, scenario).wall_clock_s < sim.wall_clock_s - 2 * b
+
+
+def test_per_node_tokens_give_a_smaller_batch_a_shorter_step(profiled):
+    est = estimate("ddp", model="tinygpt:gpt", profile=profiled, num_nodes=3, max_steps=2,
+                   tokens_per_step=[256, 256, 128])
+    per_node = [p.compute_s for p in simulate_estimate(est, "datacenter").per_node]
+    assert per_node[2] == pytest.approx(per_node[0] / 2) and per_node[1] == pytest.approx(per_node[0])
+    flops = estimate("ddp", params=1e6, layers=2, num_nodes=2, max_steps=1, tokens_per_step=[1000, 500], tflops=1)
+    assert [p.compute_s for p in simulate_estimate(flops, "datacenter").per_node] == pytest.approx(
+        [6e6 * 1000 / 0.4e12, 6e6 * 500 / 0.4e12])
+    with pytest.raises(ValueError, match="2 per-node values for 3 nodes"):
+        estimate("ddp", params=1e6, layers=2, num_nodes=3, max_steps=1, tokens_per_step=[1, 2], tflops=1)
+
+
+def test_a_gpu_trace_is_read_on_a_cpu_machine_by_its_kernels(tmp_path):
+    """Gradients are ready when the kernels launched before them end, and the idle device is measured."""
+    path = write_trace(tmp_path / "gpu.json.gz.tmp", steps=2, forward_us=1000.0, grads=[(100.0, [4])],
+                       tail_us=100.0, filler=10, gpu=True)
+    zipped = tmp_path / "gpu.json.gz"
+    zipped.write_bytes(gzip.compress(path.read_bytes()))
+    profile = read_profile(zipped)
+    assert profile.device == "NVIDIA H100 80GB HBM3"
+    assert profile.idle_s == pytest.approx((1200 - 10 * 50) * 1e-6)  # kernels of half of each filler's 100 µs
+
+
+@pytest.mark.parametrize(("text", "missing"), [
+    ("not json at all", "not Kineto's Chrome-trace JSON"),
+    ('{"traces": []}', "'traceEvents' list"),
+    ('{"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 1}]}', "no ProfilerStep span"),
+    ('{"traceEvents": [{"ph": "X", "name": "ProfilerStep#1", "ts": 0, "dur": 9}]}', "has no backward"),
+])
+def test_a_trace_that_is_not_a_profiled_training_step_is_named_with_what_it_lacks(tmp_path, text, missing):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=missing) as caught:
+        read_profile(path)
+    assert str(path) in str(caught.value)
+
+
+def test_a_model_that_does_not_match_the_trace_is_an_error_naming_the_file(tmp_path, capsys):
+    path = write_trace(tmp_path / "t.json", steps=2, forward_us=10.0, grads=[(1.0, [WIDTH, WIDTH])] * LAYERS,
+                       tail_us=1.0)
+    with pytest.raises(TraceError, match=f"{path}: the profiled step has 4 gradients .* but the model has 2"):
+        estimate("ddp", model=lambda: torch.nn.Sequential(*stack()[:2]), profile=path, num_nodes=2, max_steps=1)
+    with pytest.raises(TraceError, match=r"gradient 0 of the profiled step has shape \[512, 512\]"):
+        measure(read_profile(path), torch.nn.Sequential(*(torch.nn.Linear(8, 8, bias=False) for _ in range(4))))
+    assert main(["estimate", "--model", "exonet.toy:bench_mlp", "--profile", str(path), "--strategy", "ddp",
+                 "--nodes", "2", "--steps", "1", "--scenario", "datacenter"]) == 2
+    assert str(path) in capsys.readouterr().err
+    with pytest.raises(ValueError, match="give profile= too"):
+        estimate("ddp", model=stack, step_time=1.0, num_nodes=2, max_steps=1, scale_layers=2)
+
+
+def test_the_profile_bench_reads_a_generated_trace_and_reports_its_figures(capsys):
+    from exonet.bench.profile import main as bench
+
+    figures = bench(["--mb", "1"])
+    assert figures["ok"] and figures["gradients"] == 200 and figures["device"].startswith("NVIDIA")
+    assert 0.5e6 < figures["trace_bytes"] < 2e6 and figures["read_s"] > 0 and figures["peak_bytes"] >= 0
+    assert "MB trace in" in capsys.readouterr().out
