@@ -43,11 +43,12 @@ import torch
 
 from exonet.arguments import renamed
 from exonet.communicator import Communicator, any_source_question
+from exonet.estimate_compute import StepCompute, node_tokens, step_compute
 from exonet.estimate_hub import OnlineHub, RankLink
 from exonet.netsim.agenda import SCALE
 from exonet.scenario.schema import did_you_mean
 from exonet.strategies.base import NodeContext, Strategy
-from exonet.trace import Collective, Compute, Step, Trace
+from exonet.trace import Collective, Step, Trace
 from exonet.units import plural
 
 DEFAULT_LAYERS = 24
@@ -58,7 +59,6 @@ DEFAULT_MFU = 0.4  # model FLOPs utilisation when neither --mfu nor a scenario's
 # leaving the rest to communication.
 MAX_PARAMS = 1e18
 MAX_COMPUTE_S = sys.float_info.max / SCALE / 2
-FORWARD_SHARE = 1 / 3  # forward 2·P FLOPs per token, backward 4·P (Kaplan et al. 2020)
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 
@@ -165,6 +165,7 @@ class Estimate:
     step_time_s: float
     assumptions: list[str]
     rerun: Callable[[Any], Trace] | None = field(default=None, repr=False)
+    profile: dict | None = None  # a profiled estimate's step, the MFU it implies and the FLOPs-based figure
 
     def trace_in(self, scenario: Any) -> Trace:
         """The trace to replay in ``scenario`` (re-run on the online clock when the strategy needs it)."""
@@ -217,7 +218,7 @@ def _fire_grad_hooks(p: torch.nn.Parameter) -> None:
 
 
 def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], rank: int, nodes: int, steps: int,
-              step_time: float, flops: float, hub: OnlineHub | None = None) -> tuple[list, bool]:
+              compute: StepCompute, hub: OnlineHub | None = None) -> tuple[list, bool]:
     """One rank's events, and whether its strategy declared subgroups (then ranks differ).
 
     With ``hub`` (an asynchronous strategy) each step's events are reported to the online clock
@@ -236,25 +237,22 @@ def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], ran
         return [], True
     strat.optimizer.step = lambda *a, **k: None  # local numerics never change what goes on the wire
     params = [p for p in model.parameters() if p.requires_grad]
-    total = sum(p.numel() for p in params) or 1
     grads = [torch.empty_like(p) for p in params]
-    forward = Compute(step_time * FORWARD_SHARE, step_time * FORWARD_SHARE, flops * FORWARD_SHARE)
-    backward = [Compute(step_time * (1 - FORWARD_SHARE) * p.numel() / total,
-                        step_time * (1 - FORWARD_SHARE) * p.numel() / total,
-                        flops * (1 - FORWARD_SHARE) * p.numel() / total) for p in params]
     events: list = []
     for _ in range(steps):
         strat.zero_grad()
         strat.prepare_backward(True)
         traced = not comm.sitting_out  # an elastic node that is down: its work is not the run's (as in fit)
         if traced:
-            comm.events.append(forward)
-        for i in reversed(range(len(params))):
+            comm.events.append(compute.forward)
+        for i, span in compute.backward:
             if traced:
-                comm.events.append(backward[i])
+                comm.events.append(span)
             params[i].grad = grads[i]
             _fire_grad_hooks(params[i])
         strat.step()
+        if traced and compute.tail is not None:  # a measured step's optimizer and the rest, after the strategy's
+            comm.events.append(compute.tail)
         comm.events.append(Step())
         if hub is not None:
             hub.report(rank, comm.events)
@@ -269,8 +267,8 @@ def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], ran
     return events, getattr(comm, "uses_groups", False)
 
 
-def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], nodes: int, steps: int, step_time: float,
-                flops: float, scenario: Any) -> Trace:
+def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], nodes: int, steps: int,
+                computes: list[StepCompute], scenario: Any) -> Trace:
     """Every rank (trainers, then servers) in a thread against the online clock in ``scenario``; their trace."""
     from exonet.runtime.clock import SimClock
 
@@ -283,7 +281,7 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
     def run(rank: int) -> None:
         hub.enter()
         try:
-            _run_rank(strategy, make_model, rank, nodes, steps, step_time, flops, hub)
+            _run_rank(strategy, make_model, rank, nodes, steps, computes[min(rank, nodes - 1)], hub)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             hub.fail(exc)
         finally:
@@ -307,7 +305,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
              max_steps: int | None = None, step_time: float | None = None, tokens_per_step: float | None = None,
              tflops: float | None = None, mfu: float | None = None, dtype: str = "fp32", layers: int | None = None,
              model: str | Callable[[], torch.nn.Module] | None = None, scenario: Any = None,
-             nodes: int | None = None, steps: int | None = None) -> Estimate:
+             nodes: int | None = None, steps: int | None = None, profile: Any = None,
+             scale_layers: int | None = None, devices: tuple[Any, Any] | None = None) -> Estimate:
     """Build the trace a run would produce, from the strategy's own logic on meta tensors.
 
     Args:
@@ -316,7 +315,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         num_nodes: K (``fit``'s name; the CLI's ``--nodes``).
         max_steps: optimizer steps per node (``fit``'s name; the CLI's ``--steps``).
         step_time: compute seconds per step per node; or give tokens_per_step, tflops and mfu.
-        tokens_per_step: tokens per node per step (compute = 6 · params · tokens FLOPs).
+        tokens_per_step: tokens per node per step (compute = 6 · params · tokens FLOPs), or one per node: node
+            r's compute is node 0's times its tokens over node 0's (a slower site can take a smaller batch).
         tflops: device peak TFLOP/s; without it, the scenario's device (``[compute]`` tflops and mfu).
         mfu: model FLOPs utilisation (default 0.4, or the scenario's with its device).
         dtype: parameter/transfer dtype: fp32, bf16 or fp16.
@@ -325,6 +325,11 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         scenario: where a strategy that reacts to simulated time (``Strategy.asynchronous``) is run on the
             online clock; required for those, unused by the others.
         nodes, steps: the old spellings of ``num_nodes`` and ``max_steps``, deprecated (one release).
+        profile: a torch.profiler trace of ``model`` (path or ``exonet.profile.StepProfile``): node 0's
+            step is replayed as measured, each gradient ready when it was (exonet.profile); tflops= and mfu=
+            (or the scenario's device) then only give the FLOPs-based figure printed beside it.
+        scale_layers: with ``profile``, the blocks of the model's stack the trace profiled (4 of 32).
+        devices: with ``profile``, (profiled device, target device): names or peak TFLOP/s.
     """
     nodes = renamed("estimate", "num_nodes", num_nodes, "nodes", nodes)
     steps = renamed("estimate", "max_steps", max_steps, "steps", steps)
@@ -360,8 +365,13 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         from exonet.scenario import Scenario
 
         Scenario.coerce(scenario).resolve(nodes, servers=strategy.servers)
+    tokens_per_step, ratios = node_tokens(tokens_per_step, nodes)
     flops = 6.0 * params * (tokens_per_step or 0.0)
-    step_time, tflops, mfu, device = _compute(flops, steps, step_time, tokens_per_step, tflops, mfu, scenario, nodes)
+    if profile is None:
+        step_time, tflops, mfu, device = _compute(flops, steps, step_time, tokens_per_step, tflops, mfu, scenario,
+                                                  nodes)
+    else:
+        tflops, mfu, device = _profile_device(step_time, model, tflops, mfu, scenario, nodes)
     if model is None:
         count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
@@ -373,38 +383,69 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         raise ValueError(f"params={params:g}: {blocks} cannot hold about that many parameters (the nearest "
                          f"stack has {real_params:,}); give a count such as 1.5e9, or other layers=")
     strategy.check_world(nodes)
+    compute, profiled = step_compute(net, step_time, flops, profile, scale_layers, devices, tflops, mfu)
+    step_time = profiled["step_s"] if profiled else step_time
+    computes = [compute if ratio == 1 else compute.scaled(ratio) for ratio in ratios]
     rerun = None
     if strategy.asynchronous:
         if scenario is None:
             raise ValueError(f"estimate: {type(strategy).__name__} decides who syncs when by simulated time; give "
                              f"the scenario to run it in (scenario=)")
-        rerun = lambda s: _run_online(strategy, make_model, nodes, steps, step_time, flops, s)  # noqa: E731
+        rerun = lambda s: _run_online(strategy, make_model, nodes, steps, computes, s)  # noqa: E731
         trace = rerun(scenario)
         trace.meta.update(params=real_params, steps=steps)
         uses_groups = True
     else:
-        first, uses_groups = _run_rank(strategy, make_model, 0, nodes, steps, step_time, flops)
+        first, uses_groups = _run_rank(strategy, make_model, 0, nodes, steps, compute)
         per_rank = [first] + [
-            _run_rank(strategy, make_model, r, nodes, steps, step_time, flops)[0] if uses_groups else list(first)
+            _run_rank(strategy, make_model, r, nodes, steps, computes[r])[0] if uses_groups
+            else list(first) if computes[r] is compute else [compute.swap_for(computes[r]).get(id(e), e) for e in first]
             for r in range(1, nodes)
         ]
         trace = Trace(nodes, meta={"estimate": True, "strategy": type(strategy).__name__, "params": real_params,
                                    "steps": steps}, events=per_rank)
     # the compute it was given travels with the trace: simulate times it so on any scenario (exonet.netsim.replay)
-    trace.meta["compute"] = {"step_time_s": step_time, "tflops": tflops, "mfu": mfu if tflops is not None else None}
+    timed = tflops is not None and profile is None
+    trace.meta["compute"] = {"step_time_s": step_time, "tflops": tflops if timed else None,
+                             "mfu": mfu if timed else None}
+    if tokens_per_step is not None:  # what each node-step trains (exonet.tokens)
+        trace.meta["tokens_per_step"] = [tokens_per_step * q for q in ratios]
+    every = "on every node" if set(ratios) == {1.0} else f"on node 0, node r's times its tokens ({ratios[-1]:.3g} last)"
     assumptions = [
         f"model: {real_params:,} parameters ({dtype}): {described}",
-        f"compute: {step_time:.4g} s per step on every node"
-        + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g}{device})"
-           if tflops is not None else "")
-        + "; forward a third, backward two thirds, in reverse parameter order, each tensor's share by its size",
+        (f"compute: {step_time:.4g} s per step {every}"
+         + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g}{device})" if timed else "")
+         + "; forward a third, backward two thirds, in reverse parameter order, each tensor's share by its size")
+        if profile is None else
+        (f"compute: {step_time:.4g} s per step {every}, measured by torch.profiler ({profiled['path']}): the "
+         "forward pass, then backward with each gradient ready when it was measured, then the optimizer and the "
+         f"rest of the step; {'; '.join(profiled['notes'])}"),
         "compute inside strategy.step() (e.g. transforms, quantisation) is not counted; a scenario's [compute] "
         "device is replaced by this compute (its per-node speeds and jitter still apply)",
         ("every rank (and server) is run on the online clock in the scenario (the strategy reacts to simulated time)"
          if rerun is not None else "every rank is run separately (the strategy uses subgroups)" if uses_groups
          else "every node behaves like rank 0"),
     ]
-    return Estimate(trace, real_params, step_time, assumptions, rerun)
+    return Estimate(trace, real_params, step_time, assumptions, rerun, profiled)
+
+
+def _profile_device(step_time: float | None, model: Any, tflops: float | None, mfu: float | None, scenario: Any,
+                    nodes: int) -> tuple[float | None, float, str]:
+    """A profiled estimate's device for the FLOPs-based figure beside it: tflops=, else the scenario's if it
+    names one (else none); mfu= or the default."""
+    if step_time is not None:
+        raise ValueError("estimate: give profile= or step_time=, not both (the profile measures the step)")
+    if model is None:
+        raise ValueError("estimate: profile= needs model= (the profiled model: its parameters say which gradient "
+                         "in the trace is which)")
+    device = ""
+    if tflops is None and scenario is not None:
+        from exonet.scenario import Scenario
+
+        if Scenario.coerce(scenario).resolve(nodes).compute_mode == "flops":
+            tflops, own_mfu, device = _scenario_device(scenario, nodes)
+            mfu = own_mfu if mfu is None else mfu
+    return tflops, DEFAULT_MFU if mfu is None else mfu, device
 
 
 def _check_stack(params: float | None, layers: int | None, dtype: str) -> None:
