@@ -70,20 +70,20 @@ def initial_val_loss(val: TensorDataset) -> float:
 
 
 def table(results: dict[str, FitResult], comparison: Comparison, scenarios: list[str], steps: int) -> str:
-    """One markdown row per strategy: losses, divergence, payload per node, simulated time per scenario.
+    """One markdown row per strategy: losses, drift, payload per node, simulated time per scenario.
 
     A scenario's cell reads "total / to target": the whole run's simulated wall-clock, then
     when the averaged model first reached the target loss.
     """
     rows = {(row["run"], row["scenario"]): row for row in comparison.rows}
-    header = ["strategy", "val loss", "rank-0 local loss", "divergence", "payload/node", "payload/node/step",
+    header = ["strategy", "val loss", "rank-0 local loss", "drift", "payload/node", "payload/node/step",
               *(f"{s}: total / to {comparison.target_loss}" for s in scenarios)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, run in results.items():
         first = rows[(name, scenarios[0])]
         payload = first["payload_bytes_per_node"]
         cells = [name, f"{first['final_loss']:.4f}", f"{run.history['eval'][-1]['local_loss']:.4f}",
-                 f"{first['divergence']:.3g}", format_bytes(payload), format_bytes(payload / steps)]
+                 f"{first['drift']:.3g}", format_bytes(payload), format_bytes(payload / steps)]
         for scen in scenarios:
             row = rows[(name, scen)]
             reached = row["time_to_target_s"]

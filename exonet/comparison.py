@@ -135,7 +135,7 @@ class Comparison:
         ("wire_bytes_per_node", "wire/node", "{}"),
         ("utilization", "compute util", "{:.1%}"),
         ("goodput", "goodput", "{:.1%}"),
-        ("divergence", "divergence", "{:.3g}"),
+        ("drift", "drift", "{:.3g}"),
     )
 
     def to_markdown(self) -> str:
@@ -326,7 +326,7 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "payload_bytes_per_server": run.trace.payload_per_server(),
                 "wire_bytes_per_node": sim.wire_per_trainer(),
                 "utilization": sim.utilization,
-                "divergence": evals[-1].get("divergence") if evals else None,
+                "drift": evals[-1].get("drift", evals[-1].get("divergence")) if evals else None,  # older runs
                 "correlation": evals[-1].get("correlation") if evals else None,
                 **({"goodput": sim.goodput} if scen.resolve(k).failures is not None else {}),
             })

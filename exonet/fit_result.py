@@ -26,7 +26,7 @@ class FitResult:
     Attributes:
         model: the node-averaged model (floating parameters and buffers averaged; integer buffers from rank 0).
         history: ``train_loss`` (mean over nodes, one per step) and ``eval`` (dicts with step, loss,
-            local_loss, divergence, correlation).
+            local_loss, drift, correlation).
         trace: every node's compute spans and collectives, for simulation.
         config: the resolved configuration of the run (also in the run directory's config.json).
         run_dir: where the run's artifacts were written, or None.

@@ -105,7 +105,7 @@ def test_dataset_factory_builds_one_shard_per_node():
         AllReduceStrategy(OptimSpec("adam", lr=0.01)), num_nodes=2, max_steps=4, batch_size=8, val_interval=2,
         val_size=32, progress=False)
     assert [e["step"] for e in result.history["eval"]] == [0, 2, 4]
-    assert all(e["divergence"] < 1e-6 and abs(e["correlation"] - 1) < 1e-4 for e in result.history["eval"])
+    assert all(e["drift"] < 1e-6 and abs(e["correlation"] - 1) < 1e-4 for e in result.history["eval"])
 
 
 def test_node_raising_fails_fast_with_rank_and_traceback_and_leaves_nothing(node_pids):

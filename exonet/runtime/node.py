@@ -434,7 +434,7 @@ class TrainNode:
                 self.comm.untraced_all_reduce(stats)
             if self.rank != 0:
                 return
-            divergence = float(stats[0]) / k
+            drift = float(stats[0]) / k
             zsum = stats[1:]
             correlation = 1.0 if k == 1 else float((zsum.dot(zsum) - k) / (k * (k - 1)))
             local_loss = self._eval_loss(val_loader)
@@ -443,7 +443,7 @@ class TrainNode:
             loss = self._eval_loss(val_loader)
             self._load_flat(saved)
             self.send(Evaluated(0, step, {"step": step, "loss": loss, "local_loss": local_loss,
-                                        "divergence": divergence, "correlation": correlation}))
+                                        "drift": drift, "correlation": correlation}))
 
     def _load_flat(self, flat: torch.Tensor) -> None:
         offset = 0
