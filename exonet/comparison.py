@@ -2,7 +2,9 @@
 
 Each run (a FitResult, a Trace, or a run directory) is replayed in each scenario;
 one row per (run, scenario) holds the simulated wall-clock, the time to a target
-loss, bytes per node, utilisation and how far nodes drifted apart. A folder given to
+loss, bytes per node, utilisation, how far nodes drifted apart, and what the run trained
+(node-steps kept, tokens, time per token: exonet.tokens), since a run that discards work
+can end sooner by training less. A folder given to
 ``fit(run_dir=...)`` stands for every complete run inside it (exonet.rundir.find_runs).
 """
 
@@ -18,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from exonet.files import check_output, output_path
 from exonet.fit_result import FitResult
+from exonet.tokens import trained
 from exonet.trace import Trace
 
 
@@ -128,6 +131,10 @@ class Comparison:
         ("scenario", "scenario", "{}"),
         ("wall_clock_s", "sim time", "{}"),
         ("wall_clock_range", "p10-p90", "{}"),
+        ("tokens", "tokens", "{:.4g}"),
+        ("time_per_token_s", "time/token", "{:.4g} s"),
+        ("steps_trained", "steps kept", "{}"),
+        ("time_per_step_s", "time/step", "{}"),
         ("time_to_target_s", "to target", "{}"),
         ("final_loss", "final loss", "{:.4f}"),
         ("payload_bytes_per_node", "payload/node", "{}"),
@@ -144,7 +151,7 @@ class Comparison:
         def cell(key: str, fmt: str, value: Any) -> str:
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 return "not reached" if key == "time_to_target_s" and value is None else "—"
-            if key in ("wall_clock_s", "time_to_target_s"):
+            if key in ("wall_clock_s", "time_to_target_s", "time_per_step_s"):
                 return format_time(value)
             if key == "wall_clock_range":
                 return f"{format_time(value[0])} – {format_time(value[1])}"
@@ -153,9 +160,14 @@ class Comparison:
             return fmt.format(value)
 
         served = any(row.get("servers") for row in self.rows)
+        # tokens where the traces state them; node-steps kept where a run kept fewer than it took
+        tokens = any(row.get("tokens") is not None for row in self.rows)
+        dropped = any(row["steps_trained"] < row["trainers"] * row["steps"] for row in self.rows)
         cols = [c for c in self.COLUMNS if (c[0] != "time_to_target_s" or self.target_loss is not None)
                 and (c[0] != "payload_bytes_per_server" or served)
                 and (c[0] != "goodput" or any("goodput" in row for row in self.rows))
+                and (c[0] not in ("tokens", "time_per_token_s") or tokens)
+                and (c[0] not in ("steps_trained", "time_per_step_s") or dropped)
                 and (c[0] != "wall_clock_range" or any(row["wall_clock_range"][1] > row["wall_clock_range"][0]
                                                        for row in self.rows))]
         header = "| " + " | ".join(title for _, title, _ in cols) + " |"
@@ -329,6 +341,7 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "drift": evals[-1].get("drift", evals[-1].get("divergence")) if evals else None,  # older runs
                 "correlation": evals[-1].get("correlation") if evals else None,
                 **({"goodput": sim.goodput} if scen.resolve(k).failures is not None else {}),
+                **trained(sim, run.trace),
             })
     table = Comparison(rows, results, loaded, target_loss, loss)
     if plot is not None:

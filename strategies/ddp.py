@@ -16,12 +16,17 @@ trace shows each bucket's launch inside backward, so a replay knows how much com
 was left to hide it behind. ``overlap=False`` is one flattened all-reduce after backward.
 
 ``elastic=True`` (on the online clock: fit with a scenario) goes on without the nodes that
-failed: after backward each node asks the clock who stayed up since its last sync; those
-average their gradients (one flat all-reduce on that subgroup) and step; a node that failed
+failed: each step, before its first bucket's all-reduce (at ``step()`` if none launched in
+backward), each node asks the clock who stayed up since its last sync; those average their
+gradients (the same buckets as without ``elastic``, on that subgroup) and step; a node that failed
 loses its step's work, sits out (recording no work) while it is still down at a step's end,
 and at the first step end that finds it up receives the parameters and optimizer state from the
 lowest-ranked node that stayed up (a message on the wire, simulated like any other), so every
 node taking part holds the same state after every step. If every node failed, nobody steps.
+With no failure the trace is the blocking strategy's, event for event. A member that fails inside
+an all-reduce is left out of it by the replay, which starts it again on the others
+(exonet.netsim.outages); its real gradient was averaged, but it is found failed at the next step
+and adopts the state like any failed node.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ class DDPStrategy(Strategy):
         overlap: all-reduce buckets from backward hooks as they fill (True), or one flat
             all-reduce after backward (False).
         elastic: each step, only the nodes that stayed up average; failed nodes receive the state
-            (needs a scenario; the all-reduce is one flat buffer after backward, whatever ``overlap`` says).
+            (needs a scenario; the buckets and their overlap are as without it).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the learning-rate schedule,
             as in ``Strategy``.
     """
@@ -86,7 +91,7 @@ class DDPStrategy(Strategy):
         if not isinstance(elastic, bool):
             raise TypeError(f"elastic must be True or False, got {elastic!r}")
         self.bucket_cap_mb = bucket_cap_mb
-        self.overlap = overlap and not elastic
+        self.overlap = overlap
         self.elastic = elastic
 
     @property
@@ -99,6 +104,7 @@ class DDPStrategy(Strategy):
         self._bucket_of = {i: b for b, members in enumerate(self._buckets) for i in members}
         self._armed = False
         self._hand_offs: list[Handle] = []  # elastic: the state in flight to nodes that failed
+        self._round: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None  # elastic: this step's
         self._reset()
         if self.overlap:
             for i, p in enumerate(self.params):
@@ -122,50 +128,66 @@ class DDPStrategy(Strategy):
     def _launch(self, b: int) -> None:
         members = [self.params[i] for i in self._buckets[b]]
         flat = flatten(p.grad if p.grad is not None else p.detach().new_zeros(p.shape) for p in members)
-        self._launched.append((flat, self.comm.all_reduce(flat, op="avg", async_op=True)))
+        group = None
+        if self.elastic:
+            up = self._elastic_round()[0]
+            if self.rank not in up or len(up) < 2:
+                self._launched.append((flat, None))  # it does not average this step (or has nobody to average with)
+                return
+            group = up
+        self._launched.append((flat, self.comm.all_reduce(flat, op="avg", group=group, async_op=True)))
+
+    def _elastic_round(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """This step's (up, out, rejoin), asked once, before its first all-reduce."""
+        if self._round is None:
+            self._round = self.comm.elastic_round(self.local_step)
+            self.comm.declare_groups([self._round[0]])
+            self.finish()  # the previous step's hand-offs, after the question (the clock reads this step's first)
+        return self._round
 
     def step(self) -> None:
-        if self.elastic:
-            self._elastic_step()
-        elif self.overlap:
+        if self.elastic and self.rank not in self._elastic_round()[0]:
+            self._sit_out()
+        else:
+            self._average()
+            self.optimizer_step()
+            up, _, rejoin = self._round or ((), (), ())
+            if rejoin and self.rank == up[0]:  # the state after this step, to the nodes coming back
+                self._hand_offs = [self.comm.send(self._state(), q, async_op=True) for q in rejoin]
+        self._round = None
+        self.local_step += 1
+
+    def _average(self) -> None:
+        """Average the gradients: every bucket (launched in backward, or now), or one flat buffer."""
+        if self.overlap:
             self._armed = False
             while len(self._launched) < len(self._buckets):
                 self._launch(len(self._launched))
             for b, (flat, handle) in enumerate(self._launched):
-                handle.wait()
+                if handle is not None:
+                    handle.wait()
                 self._write_grads([self.params[i] for i in self._buckets[b]], flat)
             self._reset()
         else:
             flat = flatten(p.grad if p.grad is not None else p.detach().new_zeros(p.shape) for p in self.params)
-            self.comm.all_reduce(flat, op="avg")
-            self._write_grads(self.params, flat)
-        if not self.elastic:
-            self.optimizer_step()
-        self.local_step += 1
-
-    def _elastic_step(self) -> None:
-        """The nodes that stayed up average gradients and step; the lowest of them sends the state to the failed."""
-        up, out, rejoin = self.comm.elastic_round(self.local_step)
-        self.comm.declare_groups([up])
-        self.finish()  # the previous step's hand-offs, after the question (the clock reads this step's arrivals first)
-        if self.rank in up:
-            flat = flatten(p.grad if p.grad is not None else p.detach().new_zeros(p.shape) for p in self.params)
-            if len(up) > 1:
+            up = self._elastic_round()[0] if self.elastic else None
+            if up is None or len(up) > 1:
                 self.comm.all_reduce(flat, op="avg", group=up)
             self._write_grads(self.params, flat)
-            self.optimizer_step()
-            if self.rank == up[0] and rejoin:
-                state = self._state()
-                self._hand_offs = [self.comm.send(state, q, async_op=True) for q in rejoin]
-        else:
-            self.comm.discard()
-            self.comm.sitting_out = self.rank in out
-            if up and not self.comm.sitting_out:
-                state = self._state()
-                self.comm.recv(state, up[0], async_op=True).wait(traced=False)  # see FedAvgStrategy.deadline_round
-                self._load_state(state)
-            if self.scheduler is not None:  # the schedule goes on alike everywhere
-                self.scheduler.step()
+
+    def _sit_out(self) -> None:
+        """A node that failed this step discards its work; once up, it receives the state from the lowest up node."""
+        up, out, _ = self._round
+        self._armed = False
+        self._reset()
+        self.comm.discard()
+        self.comm.sitting_out = self.rank in out
+        if up and not self.comm.sitting_out:
+            state = self._state()
+            self.comm.recv(state, up[0], async_op=True).wait(traced=False)  # see FedAvgStrategy.deadline_round
+            self._load_state(state)
+        if self.scheduler is not None:  # the schedule goes on alike everywhere
+            self.scheduler.step()
 
     def _optimizer_values(self) -> list[torch.Tensor]:
         """Every tensor of the optimizer's state, per parameter in key order (created by a zero step if none yet)."""

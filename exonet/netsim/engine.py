@@ -43,6 +43,8 @@ wrapper for a whole trace. How time passes:
   two worker threads). Collectives on different groups run at once and share links.
 
 * Failures (``[failures]``) are outages drawn per rank as the replay goes (exonet.netsim.outages).
+  In an elastic run (``rewind=False``) a collective goes on without a member that is down when
+  it starts or fails while it runs: it aborts and starts again on the others (exonet.netsim.outages).
 
 Incremental feeding is safe because a rank that is waiting for input (open, not
 blocked, nothing queued) holds the clock back: no event at or after its cursor is
@@ -106,7 +108,8 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         fast_path: time lone collectives analytically (exact; off only to cross-check).
         name: the scenario's name, for the result.
         rewind: a failure during compute throws the work since the last sync away, to be redone
-            (False for an elastic run: the failed node pauses, and its strategy discards the work).
+            (False for an elastic run: the failed node pauses, its strategy discards the work, and a
+            collective goes on without a member that is down).
 
     Feed events with ``feed``/``feed_trace``, advance with ``run_until_blocked``, and
     collect the outcome with ``result`` (which closes the input and runs to the end).
@@ -136,6 +139,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         self._everyone = tuple(range(n))
         self._members: dict[tuple[int, ...] | None, tuple[int, ...]] = {None: self._everyone}
         self._open: dict[tuple, Instance] = {}  # issued by some members, not yet by all
+        self._late: dict[tuple, tuple[Instance, set[int]]] = {}  # elastic: started without members yet to issue it
         self._concurrency = concurrency
         self._running: dict[tuple[int, ...], int] = {}  # group -> collectives started or due to start
         self._queued: dict[tuple[int, ...], deque[Instance]] = {}  # group -> issued by all, waiting their turn
@@ -279,6 +283,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
             elif kind is Discard:  # it adopts others' state: a sync point whose work since the last is lost
                 rk.lost += rk.compute - rk.mark
                 rk.mark, rk.since_work = rk.compute, 0.0
+                rk.unsynced, rk.trained[1] = False, 0
                 if rk.kept is None and self.was_down(r, seconds(rk.synced), seconds(rk.t)):
                     rk.kept = rk.synced  # a node that failed sits out: the run need not wait for it
             elif kind is AnyRecv:
@@ -317,21 +322,12 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
             ends.append(t)
         rk.step = i + 1
         rk.step_ends.append(rk.t)
+        trained = rk.trained
+        if rk.compute > trained[2]:  # a step that computed (one sat out records none); kept once it syncs
+            trained[1] += 1
+            trained[2] = rk.compute
         if self._gates and rk.step in self._cm.gated_steps[rk.rank]:
             rk.gate = True
-
-    def _open_gate(self, rk: RankState) -> bool:
-        """Start the outages by step that begin at ``rk``'s current step, once their length is known."""
-        lengths = self._cm.outages_at(rk.rank, rk.step, rk.queue, complete=not rk.open)
-        if lengths is None:
-            return False
-        rk.gate = False
-        t0 = seconds(rk.t)
-        for length in lengths:
-            if length > 0:
-                self._cm.add_down(rk.rank, t0, t0 + length)
-                self._schedule_outage(rk.rank, rk.t, rk.t + ticks(length))
-        return True
 
     def _group(self, rank: int, group: tuple[int, ...] | None) -> tuple[int, ...]:
         """The sorted members of ``group`` (None = every rank); the same tuple for every spelling of a group."""
@@ -377,6 +373,8 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         key = (queue, k)
         c = self._open.get(key)
         if c is None:
+            if key in self._late:  # an elastic collective went on without it
+                return self._issue_late(rk, e, key)
             c = self._open[key] = Instance(key, op, members)
         elif c.op != op:
             raise TraceError(
@@ -387,6 +385,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
             c.ranks = list(members)
         else:
             c.ranks.append(rk.rank)
+            c.arrivals.append(rk.t)
         c.nbytes = max(c.nbytes, e.nbytes)
         if e.op != "recv":  # a message starts with its sender alone
             c.last = max(c.last, rk.t)
@@ -404,7 +403,11 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
                 self._queue_start(c)
         elif len(c.ranks) == len(members):
             del self._open[key]
+            if not self._rewind:
+                self._went_on(c)
             self._queue_start(c)
+        elif not self._rewind:
+            self._go_on(c, c.last)
 
     def _queue_start(self, c: Instance) -> None:
         """Start ``c`` at its last arrival, or queue it behind the collectives running on its group."""
@@ -435,7 +438,9 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
     def _block(self, rk: RankState, c: Instance) -> None:
         rk.blocked = c
         rk.block_t = rk.t
-        if c.done:
+        if rk.rank in c.dropped:  # an elastic collective went on without it
+            self._leave(rk, c, rk.t)
+        elif c.done:
             self._release(rk, c)
         else:
             c.waiters.append(rk)
@@ -445,26 +450,21 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         tb = rk.block_t
         end = max(c.end, tb)
         start = min(max(c.start - c.setup, tb), end)
-        self._spend(rk, tb, start, IDLE)
-        down = self._members_down(c, end)
-        if down:
-            cursor = start
-            for t0, t1 in down:
-                lo, hi = max(ticks(t0), cursor), min(ticks(t1), end)
-                if hi > lo:
-                    self._spend(rk, cursor, lo, COMM)
-                    self._spend(rk, lo, hi, IDLE)
-                    cursor = hi
-            self._spend(rk, cursor, end, COMM)
-        else:
-            self._spend(rk, start, end, COMM)
-        rk.t = rk.synced = end
+        self._spend_waiting(rk, c, tb, start)
+        self._spend_comm(rk, c, start, end)
+        rk.t = end
         rk.kept = None
         rk.blocked = None
-        rk.since_work, rk.mark = 0.0, rk.compute
+        if not rk.unsynced:  # (elastic: when the data came, which a wait after a failure must not move past it)
+            rk.synced = end if self._rewind else c.end
+            rk.since_work, rk.mark = 0.0, rk.compute
+            rk.trained[0] += rk.trained[1]
+            rk.trained[1] = 0
 
     # ------------------------------------------------------------ collectives
     def _start(self, t: int, c: Instance) -> None:
+        if not self._rewind and c.op != "p2p":
+            self._go_without(t, c, self._down_now(t, c))
         up = self._cm.up_time(c.members, seconds(t))
         if up > seconds(t):
             self._agenda.at(max(t + 1, ticks(up)), self._start, c, order=(START, *c.key))
@@ -494,17 +494,6 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
                     self._take_over(t, self._lone)
             self._active[c] = None
             self._begin_phase(t, c, 0)
-
-    def _members_down(self, c: Instance, end: int) -> list[tuple[float, float]]:
-        """The outages of ``c``'s members up to tick ``end``, sorted: while one is down, the others wait for it
-        (idle), whether the outage began before the collective or inside it."""
-        if c.down is None:
-            windows: list[tuple[float, float]] = []
-            for r in c.members:
-                self._cm.failures_through(r, seconds(end))
-                windows += self._cm.down[r]
-            c.down = sorted(windows)
-        return c.down
 
     @property
     def lossy(self) -> bool:
@@ -581,9 +570,9 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
 
     def _deliver_later(self, timed: Iterable[tuple[int, Instance, int]]) -> None:
         """Deliver (tick, collective, how many messages) at each tick, one event per distinct tick."""
-        by_time: dict[int, list[tuple[Instance, int]]] = {}
+        by_time: dict[int, list[tuple[Instance, int, int]]] = {}
         for at, c, k in timed:
-            by_time.setdefault(at, []).append((c, k))
+            by_time.setdefault(at, []).append((c, k, c.token))  # an abort changes the token: its deliveries lapse
         for at, batch in by_time.items():
             self._agenda.at(at, self._deliver, batch)
 
@@ -592,8 +581,10 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
             self._drain(t)
             self._net_changed(t)
 
-    def _deliver(self, t: int, arrivals: list[tuple[Instance, int]]) -> None:
-        for c, k in arrivals:
+    def _deliver(self, t: int, arrivals: list[tuple[Instance, int, int]]) -> None:
+        for c, k, token in arrivals:
+            if c.token != token:
+                continue
             c.pending -= k
             if c.pending == 0:
                 self._phase_done(t, c)

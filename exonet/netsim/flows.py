@@ -247,6 +247,13 @@ class FluidNetwork:
             self._changed = True
             self._moving = self._key = None
 
+    def remove(self, tag: object) -> None:
+        """Take the flows of ``tag`` (a collective that was aborted) out of transit."""
+        for b in [b for b in self.batches if b.tag is tag]:
+            del self.batches[b]
+            self._changed = True
+            self._moving = self._key = None
+
     def pause(self, rank: int, down: bool) -> None:
         """Mark ``rank`` down (its flows stop) or up again; outages may overlap."""
         held = self._paused.get(rank, 0) + (1 if down else -1)

@@ -90,7 +90,8 @@ class Outcomes:
             timeline = Timeline(rk.times, bytes(rk.kinds), seconds(rk.t))
             if rk.t <= wall:
                 times = NodeTimes(r, seconds(rk.compute), seconds(rk.comm), seconds(rk.idle + (wall - rk.t)), rk.step,
-                                  seconds(rk.lost), _down(self._cm.down[rk.rank], seconds(rk.t)))
+                                  seconds(rk.lost), _down(self._cm.down[rk.rank], seconds(rk.t)),
+                                  seconds(rk.aborted), sum(rk.trained[:2]))
                 if trains:
                     total, lost = total + rk.compute, lost + rk.lost
             else:  # an elastic node whose thrown-away time runs past the run's end: the run's part of it
@@ -98,7 +99,8 @@ class Outcomes:
                 compute, comm = timeline.seconds(COMPUTE), timeline.seconds(COMM)
                 dropped = seconds(rk.compute) - compute  # all of it thrown away (see RankState.kept)
                 times = NodeTimes(r, compute, comm, seconds(wall) - compute - comm, rk.step,
-                                  max(0.0, seconds(rk.lost) - dropped), _down(self._cm.down[rk.rank], seconds(wall)))
+                                  max(0.0, seconds(rk.lost) - dropped), _down(self._cm.down[rk.rank], seconds(wall)),
+                                  min(comm, seconds(rk.aborted)), sum(rk.trained[:2]))
                 if trains:
                     total, lost = total + ticks(compute), lost + ticks(times.lost_s)
             nodes.append(times)

@@ -24,11 +24,15 @@ before its last event. Goodput is the useful compute over the machine time:
     goodput = Σ (compute_s − lost_s) / (nodes × wall_clock_s)
 
 and the rest of the machine time, node-seconds summed over nodes, is ``SimResult.lost``:
-``lost_work`` (Σ lost_s), ``down`` (Σ down_s), ``waiting`` (Σ idle_s − down_s: for others,
-for a member to come back, for the run to end) and ``comm`` (Σ comm_s, exposed
+``lost_work`` (Σ lost_s + aborted_s), ``down`` (Σ down_s), ``waiting`` (Σ idle_s − down_s: for
+others, for a member to come back, for the run to end) and ``comm`` (Σ comm_s − aborted_s, exposed
 communication, recovery transfers included), so that
 goodput · nodes · wall_clock_s + Σ lost == nodes · wall_clock_s. Without failures, outages or
 thrown-away work (a deadline round's late nodes discard theirs) goodput equals utilization.
+``aborted_s`` (part of ``comm_s``) is an elastic node's time in collectives that a member's
+failure aborted (exonet.netsim.outages): the collective started again without that member.
+``trained_steps`` counts the steps whose work the run kept (``SimResult.steps_trained`` over the
+trainers): an elastic run's failed nodes discard theirs, so it may train fewer than a blocking run.
 Here, and in ``utilization``, nodes are the trainers: the ``servers`` last ranks of a
 parameter-server run wait for updates by design and are left out.
 """
@@ -57,6 +61,8 @@ class NodeTimes:
     steps: int
     lost_s: float = 0.0  # compute thrown away by failures (included in compute_s)
     down_s: float = 0.0  # time down (included in idle_s)
+    aborted_s: float = 0.0  # time in collectives a member's failure aborted, elastic runs (included in comm_s)
+    trained_steps: int = 0  # steps whose work the run kept (not discarded, not sat out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +162,17 @@ class SimResult:
         """Trainer-seconds not spent on useful compute, by cause: lost_work, down, waiting, comm."""
         nodes = self.per_node[:self.trainers]
         return {
-            "lost_work": sum(p.lost_s for p in nodes),
+            "lost_work": sum(p.lost_s + p.aborted_s for p in nodes),
             "down": sum(p.down_s for p in nodes),
             "waiting": sum(p.idle_s - p.down_s for p in nodes),
-            "comm": sum(p.comm_s for p in nodes),
+            "comm": sum(p.comm_s - p.aborted_s for p in nodes),
         }
+
+    @property
+    def steps_trained(self) -> int:
+        """Node-steps whose work the run kept, over the trainers: ``nodes × steps`` unless work was discarded
+        (an elastic or deadline run's failed or late nodes) or a node sat steps out."""
+        return sum(p.trained_steps for p in self.per_node[:self.trainers])
 
     def busiest_links(self, k: int | None = None) -> list[LinkLoad]:
         """The links by utilisation, most loaded first (ties: by busy time); the first ``k`` of them."""

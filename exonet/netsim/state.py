@@ -17,6 +17,7 @@ class RankState:
     """One rank's replay state: its queue of events, cursor (ticks), accounting (ticks) and timeline."""
 
     __slots__ = (
+        "aborted",
         "async_ops",
         "block_t",
         "blocked",
@@ -39,6 +40,8 @@ class RankState:
         "synced",
         "t",
         "times",
+        "trained",
+        "unsynced",
     )
 
     def __init__(self, rank: int) -> None:
@@ -60,6 +63,11 @@ class RankState:
         self.since_work = 0.0  # seconds of work since its last sync, which a failure throws away
         self.mark = 0  # its compute (ticks) when it last synced or failed
         self.lost = 0  # compute (ticks) thrown away by failures
+        self.aborted = 0  # exposed comm (ticks) in collectives a member's failure aborted (elastic runs)
+        # an elastic collective went on without it: it stays unsynced (the clock sees it failed) until it discards
+        self.unsynced = False
+        # steps whose work it kept, steps computed since its last sync, its compute (ticks) at its last step
+        self.trained = [0, 0, 0]
         self.times = array("d")  # span (start, end) pairs in seconds
         self.kinds = bytearray()
         self.span_end = -1  # the last span's end tick
@@ -71,9 +79,12 @@ class Instance:
     """One collective instance: its members' arrivals, then its progress on the network."""
 
     __slots__ = (
+        "arrivals",
         "async_op",
+        "began",
         "done",
         "down",
+        "dropped",
         "end",
         "key",
         "last",
@@ -97,6 +108,7 @@ class Instance:
         self.members = members
         self.nbytes = 0
         self.ranks: list[int] = []  # who has issued it, in order
+        self.arrivals: list[int] = []  # the tick each of them issued it (elastic runs)
         self.down: list[tuple[float, float]] | None = None  # its members' outages, once it has ended
         self.last = 0  # the latest arrival
         self.waiters: list[RankState] = []
@@ -109,3 +121,6 @@ class Instance:
         self.token = 0  # invalidates a fast-path end event when the engine takes over
         self.taken = -1  # the phase it was in when last taken over from the fast path
         self.async_op = False  # some member issued it asynchronously
+        # elastic runs: the tick its first attempt began (-1: never aborted), and the members it went on without
+        self.began = -1
+        self.dropped: frozenset[int] = frozenset()
