@@ -127,7 +127,7 @@ class Outages:
         del self._open[c.key]
         self._late[c.key] = (c, missing)
         c.members = tuple(sorted(c.ranks))
-        c.dropped = c.dropped | missing
+        self._drop(c, missing)
         c.last = t
         self._queue_start(c)
 
@@ -200,13 +200,19 @@ class Outages:
         c.members = tuple(r for r in c.members if r not in down)
         kept = [(r, a) for r, a in zip(c.ranks, c.arrivals) if r not in down]
         c.ranks, c.arrivals = [r for r, _ in kept], [a for _, a in kept]
-        c.dropped = c.dropped | down
+        self._drop(c, down)
         left = [rk for rk in c.waiters if rk.rank in down]
         c.waiters = [rk for rk in c.waiters if rk.rank not in down]
         for rk in left:
             self._leave(rk, c, t)
         for rk in left:
             self._advance(rk)
+
+    def _drop(self, c: Instance, ranks: set[int]) -> None:
+        """``c`` goes on without ``ranks``: none of them syncs again until it discards its work."""
+        c.dropped = c.dropped | ranks
+        for r in ranks:
+            self._ranks[r].unsynced = True
 
     def _leave(self, rk: RankState, c: Instance, t: int) -> None:
         """``rk``, blocked in ``c`` since ``rk.block_t``, goes on without it at tick ``t`` (>= its cursor)."""
