@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -86,3 +87,17 @@ def test_time_aware_study_places_the_server_and_tables_validation_loss(tmp_path)
     out = run_example("time_aware_study.py", "--budget", "0.4", "--H", "5", "--out", str(tmp_path / "ta.png"))
     assert "ranks 0-1      us" in out and "ranks 2-3      eu" in out and "ranks 4        us" in out
     assert "(loss: validation)" in out and "payload/server" in out and (tmp_path / "ta.png").exists()
+
+
+def test_decoupled_goodput_example_prints_the_grid_and_lands_on_the_published_cells(tmp_path):
+    out = run_example("decoupled_goodput.py", "--json", "--plot", str(tmp_path / "g.png"), timeout=300)
+    rows = json.loads(out)["rows"]
+    assert {r["method"] for r in rows} == {"dp", "elastic", "M=2", "M=4", "M=8", "M=16"}
+    assert {r["chips"] for r in rows} == {150_000, 300_000, 600_000, 1_200_000, 2_400_000} and len(rows) == 30
+    assert all(set(r) == {"method", "chips", "goodput"} and 0 < r["goodput"] < 1 for r in rows)
+    cell = {(r["method"], r["chips"]): r["goodput"] for r in rows}
+    for method, published in (("dp", 0.27), ("elastic", 0.58), ("M=8", 0.88), ("M=16", 0.93)):
+        assert cell[method, 1_200_000] == pytest.approx(published, abs=0.03), method
+    assert (tmp_path / "g.png").stat().st_size > 0
+    table = run_example("decoupled_goodput.py").split("\n\n", 1)[1].strip()
+    assert table in (ROOT / "strategies" / "README.md").read_text(encoding="utf-8")  # the README's table is this run's

@@ -16,6 +16,10 @@ take e^(W/mtbf) − 1 failures on average to get through: an mtbf far below a ra
 between syncs ("1 ms" for steps of a second) is work without bound. ``FailureBudget`` adds that
 expectation up span by span, and the failures drawn, and refuses the replay, naming
 ``failures.mtbf``, once either passes ``MAX_FAILURES`` over the run.
+
+``UnitFailures`` is the same process for a unit of many devices that is one thing to the model (a
+learner of N/M chips, exonet.netsim.learners): its devices fail independently with mean ``mtbf`` each,
+so the unit's failures arrive at the summed rate, live devices / ``mtbf``, with no object per device.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from exonet.scenario import FailureSpec
 from exonet.units import format_time
 
 _STREAM = 0xFA11  # keeps failure draws apart from the jitter drawn from (seed, rank)
+_UNIT_STREAM = 0xC41F  # a unit's failures: apart from a rank's, so that unit 0 and rank 0 draw differently
 MAX_FAILURES = 10**6  # expected (or drawn) failures over one replay past which it is refused
 
 
@@ -100,13 +105,39 @@ class FailureProcess:
         return self.outages
 
     def _draw(self) -> None:
-        spec, rng = self.spec, self._rng
-        start = self._t + rng.exponential(spec.mtbf)
-        if spec.distribution == "exponential":
-            repair = rng.exponential(spec.repair)
-        elif spec.distribution == "lognormal":
-            repair = spec.repair * math.exp(spec.sigma * rng.standard_normal() - spec.sigma**2 / 2)
-        else:
-            repair = spec.repair
-        self._t = start + repair + spec.restart
+        start = self._t + self._rng.exponential(self.spec.mtbf)
+        self._t = start + draw_repair(self.spec, self._rng) + self.spec.restart
         self.outages.append((start, self._t))
+
+
+def draw_repair(spec: FailureSpec, rng: np.random.Generator) -> float:
+    """One repair time under ``spec.distribution``: ``repair`` itself, Exp(mean repair), or lognormal (mean repair)."""
+    if spec.distribution == "exponential":
+        return float(rng.exponential(spec.repair))
+    if spec.distribution == "lognormal":
+        return spec.repair * math.exp(spec.sigma * rng.standard_normal() - spec.sigma**2 / 2)
+    return spec.repair
+
+
+class UnitFailures:
+    """The failures of a unit of devices that fail independently, each up for Exp(mean ``mtbf``).
+
+    The next failure comes after Exp(mean mtbf / live) for ``live`` devices up (the minimum of their
+    exponential up-times); draws are seeded with (seed, unit) on a stream of their own.
+
+    Args:
+        spec: the scenario's failure process (``mtbf`` per device).
+        unit: the unit's index, for its seed.
+    """
+
+    def __init__(self, spec: FailureSpec, unit: int) -> None:
+        self.spec = spec
+        self.rng = np.random.default_rng([spec.seed, unit, _UNIT_STREAM])
+
+    def gap(self, live: int) -> float:
+        """Seconds to the next failure among ``live`` devices (inf when none is up)."""
+        return float(self.rng.exponential(self.spec.mtbf / live)) if live > 0 else math.inf
+
+    def repair(self) -> float:
+        """How long the devices a failure took down stay out."""
+        return draw_repair(self.spec, self.rng)

@@ -103,6 +103,7 @@ class Scenario:
         self._parsed = validate(data, source)
         self._data: dict[str, Any] = copy.deepcopy(dict(data))
         self._source = source
+        self._text: str | None = None  # the TOML it was read from, so that a later error can name the line
 
     @classmethod
     def load(cls, path_or_name: str | os.PathLike[str]) -> Scenario:
@@ -134,9 +135,11 @@ class Scenario:
         """A scenario from TOML text (what ``load`` reads from a file); an error names the key's line too."""
         raw = parse_toml(text, source)
         try:
-            return cls(raw, source)
+            scenario = cls(raw, source)
         except ScenarioError as err:
             raise ScenarioError(with_line(str(err), text, source)) from None
+        scenario._text = text
+        return scenario
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>") -> Scenario:
@@ -165,6 +168,17 @@ class Scenario:
     @property
     def source(self) -> str:
         return self._source
+
+    @property
+    def failures(self) -> FailureSpec | None:
+        """The failure process (``[failures]``, SI units), or None; no node count is needed to read it."""
+        return FailureSpec(**self._parsed["failures"]) if "failures" in self._parsed else None
+
+    def key_error(self, key: str, message: str) -> ScenarioError:
+        """An error about ``key`` (a dotted path, "failures.slice") found after loading, naming the file and,
+        when the scenario was read from TOML, the key's line, as the schema's own errors do."""
+        text = f"{self._source}: {key}: {message}"
+        return ScenarioError(text if self._text is None else with_line(text, self._text, self._source))
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as a plain dict (strings with units, as written); ``from_dict`` reads it back."""
@@ -488,7 +502,9 @@ def _failures(f: FailureSpec, num_nodes: int | None) -> list[str]:
     return [f"  failures    per node: up Exp(mtbf {secs(f.mtbf)}), then down {repair} + restart {secs(f.restart)}, "
             f"seed {f.seed}{'' if f.servers else '; server ranks do not fail'}",
             f"              expected failures: {nodes} x T / {cycle} = {per_hour:.4g} per hour of run"
-            + ("" if num_nodes is not None else " per node")]
+            + ("" if num_nodes is not None else " per node"),
+            *([f"              learner model: a failure takes down {units.plural(f.slice, 'device')}; an elastic "
+               f"learner pauses {secs(f.pause)} per failure"] if f.slice > 1 or f.pause > 0 else [])]
 
 
 def _round_half_up(x: Fraction) -> int:

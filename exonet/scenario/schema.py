@@ -230,6 +230,7 @@ _SERVER = {"region": _string}  # where a strategy's server ranks live (they neve
 _FAILURES = {
     "mtbf": partial(units.parse_time, allow_zero=False), "repair": _time, "restart": _time,
     "distribution": _enum(REPAIRS), "sigma": _number(0, closed=True), "seed": _count, "servers": _flag,
+    "slice": _positive_count, "pause": _time,
 }
 TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS, "server": _SERVER,
           "failures": _FAILURES}

@@ -1,0 +1,144 @@
+"""Learner-level goodput: a machine of N chips split into M learners, at any chip count.
+
+The replay (exonet.netsim.engine) gives every rank a node, and a million chips would be a million
+nodes. This model works a level up, as Decoupled DiLoCo (arXiv 2604.21428) reasons: a learner of
+N/M chips is one unit whose chips fail independently, each with mean ``[failures] mtbf`` (the
+paper's MTBI per chip), so its failures arrive at the summed rate, live chips / mtbf, exponential
+and seeded per learner (``UnitFailures``). The cost is one event per failure, whatever the chip count.
+
+What a failure costs its learner (``learner_goodput``):
+
+* not elastic: the learner stalls ``restart`` (a synchronous job re-forms on spare chips and
+  reloads its state), then goes on whole;
+* elastic: the learner stalls ``pause`` (its quorum re-forms without the failed chips), then trains
+  without the ``slice`` chips the failure took down until ``repair`` after the failure.
+
+No failure arrives during a stall (the alternating renewal of exonet.netsim.failures), so one
+learner of n chips that stalls d per failure and never misses a slice keeps g = 1 / (1 + d·n/mtbf).
+Learners are independent: Decoupled DiLoCo with a quorum of 1, where a failure stalls only its
+learner. One learner of all the chips is data-parallel training (elastic or not). Goodput is the
+share of the machine's chip-time that trains the model.
+
+``quorum_goodput`` is the other half of the paper's argument: learners at uneven speeds, whose
+every sync waits for a quorum of them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from exonet.netsim.failures import UnitFailures
+from exonet.scenario import FailureSpec, Scenario
+
+_QUORUM_STREAM = 0x0A0F  # the speed noise of quorum_goodput, apart from every failure stream
+
+
+@dataclass(frozen=True)
+class LearnerGoodput:
+    """What ``learner_goodput`` found, in chip-seconds over ``chips`` × ``horizon_s``.
+
+    ``goodput + stalled + missing == 1``: trained, stalled (a whole learner waiting out a pause or
+    restart) and missing (a slice out for repair while its learner trains on).
+    """
+
+    chips: int
+    learners: int
+    elastic: bool
+    horizon_s: float
+    failures: int
+    goodput: float
+    stalled: float
+    missing: float
+
+
+def learner_goodput(scenario: Scenario, chips: int, learners: int = 1, *, elastic: bool = True,
+                    horizon_s: float = 86400.0) -> LearnerGoodput:
+    """Goodput of ``chips`` chips in ``learners`` independent learners under ``scenario``'s ``[failures]``.
+
+    Args:
+        scenario: its ``[failures]`` gives the per-chip ``mtbf``, ``restart`` (not elastic), ``pause``,
+            ``slice`` and ``repair`` (elastic), and the ``seed``.
+        chips: the machine's chips, split as evenly as can be.
+        learners: M; 1 is data-parallel training.
+        elastic: whether a failure costs ``pause`` and a missing slice (True) or a ``restart``.
+        horizon_s: simulated seconds of training.
+    """
+    spec = scenario.failures
+    if spec is None:
+        raise scenario.key_error("failures", "learner_goodput needs a [failures] table (e.g. mtbf = \"8766 h\")")
+    if not 1 <= learners <= chips:
+        raise ValueError(f"learner_goodput: learners must be in [1, chips = {chips:,}], got {learners}")
+    if not horizon_s > 0:
+        raise ValueError(f"learner_goodput: horizon_s must be > 0, got {horizon_s!r}")
+    smallest = chips // learners
+    if spec.slice > smallest:
+        raise scenario.key_error("failures.slice", f"{spec.slice:,} devices is larger than a learner "
+                                 f"({chips:,} chips / {learners} learners = {smallest:,} devices); a failure takes "
+                                 f"down at most its learner")
+    sizes = [smallest + (i < chips % learners) for i in range(learners)]
+    runs = [_learner(spec, UnitFailures(spec, i), n, elastic, horizon_s) for i, n in enumerate(sizes)]
+    total = chips * horizon_s
+    return LearnerGoodput(chips=chips, learners=learners, elastic=elastic, horizon_s=horizon_s,
+                          failures=sum(r[0] for r in runs), goodput=sum(r[1] for r in runs) / total,
+                          stalled=sum(r[2] for r in runs) / total, missing=sum(r[3] for r in runs) / total)
+
+
+def _learner(spec: FailureSpec, failures: UnitFailures, n: int, elastic: bool,
+             horizon: float) -> tuple[int, float, float, float]:
+    """One learner of ``n`` chips over ``horizon`` seconds: (failures, trained, stalled, missing chip-seconds), which
+    add up to n · horizon."""
+    stall = spec.pause if elastic else spec.restart
+    out: list[tuple[float, int]] = []  # (back at, chips) of the slices out for repair
+    t, live, count, trained, stalled, missing = 0.0, n, 0, 0.0, 0.0, 0.0
+    while t < horizon:
+        back = out[0][0] if out else math.inf
+        strike = t + failures.gap(live)
+        end = min(strike, back, horizon)
+        trained += live * (end - t)
+        missing += (n - live) * (end - t)
+        t = end
+        if end == back:  # a slice is repaired (the exponential is memoryless: the next gap is drawn afresh)
+            live += heapq.heappop(out)[1]
+        elif end == strike:
+            count += 1
+            if elastic:
+                down = min(spec.slice, live)
+                live -= down
+                heapq.heappush(out, (t + failures.repair(), down))
+            until = min(t + stall, horizon)
+            while t < until:  # the whole learner waits; slices may come back meanwhile
+                step = min(until, out[0][0]) if out else until
+                stalled += live * (step - t)
+                missing += (n - live) * (step - t)
+                t = step
+                while out and out[0][0] <= t:
+                    live += heapq.heappop(out)[1]
+    return count, trained, stalled, missing
+
+def quorum_goodput(speeds: Sequence[float], quorum: int, *, sigma: float = 0.0, rounds: int = 2000,
+                   seed: int = 0) -> float:
+    """Goodput of learners at ``speeds`` whose every sync waits for ``quorum`` of them.
+
+    Learner i computes a round in (1 / speeds[i]) · exp(σz − σ²/2), z ~ N(0, 1) drawn per learner and
+    round (the stragglers' lognormal jitter, mean 1). Round r closes when ``quorum`` learners have
+    delivered it; a learner that delivered before the close waits for it, one that delivers after
+    starts its next round at once (its late update is merged, stale). Goodput: compute over the
+    learners' time. A quorum of 1 never waits; a quorum of all of them waits for the slowest.
+    """
+    if not speeds or not all(s > 0 for s in speeds):
+        raise ValueError(f"quorum_goodput: speeds must be positive numbers, one per learner, got {list(speeds)}")
+    m = len(speeds)
+    if not 1 <= quorum <= m:
+        raise ValueError(f"quorum_goodput: quorum must be in [1, learners = {m}], got {quorum}")
+    rng = np.random.default_rng([seed, _QUORUM_STREAM])
+    work = np.exp(sigma * rng.standard_normal((rounds, m)) - sigma**2 / 2) / np.asarray(speeds, dtype=float)
+    start = np.zeros(m)
+    for r in range(rounds):
+        arrive = start + work[r]
+        start = np.maximum(arrive, np.partition(arrive, quorum - 1)[quorum - 1])
+    return float(work.sum() / start.sum())
