@@ -9,7 +9,7 @@ import pytest
 from exonet import Scenario
 from exonet.bench import scale
 from exonet.errors import ScenarioError
-from exonet.netsim.learners import learner_goodput, quorum_goodput
+from exonet.netsim.learners import learner_goodput, quorum_goodput, scenario_quorum_goodput
 
 HOUR = 3600.0
 
@@ -92,3 +92,15 @@ def test_uneven_hardware_keeps_goodput_with_a_quorum_of_one_and_loses_it_waiting
     with pytest.raises(ValueError, match="quorum must be in"):
         quorum_goodput(speeds, 9)
 
+
+
+def test_uneven_hardware_reads_from_the_scenario_a_real_run_would_use():
+    uneven = Scenario.from_toml('name = "uneven"\n[network]\nbandwidth = "1 Gbit/s"\n\n[[nodes]]\n'
+                                'ranks = [4, 5, 6, 7]\nspeed = 0.82\n\n[stragglers]\njitter = "lognormal"\n'
+                                'sigma = 0.1\n', "uneven.toml")
+    speeds = [1.0] * 4 + [0.82] * 4
+    assert scenario_quorum_goodput(uneven, 8, 8) == quorum_goodput(speeds, 8, sigma=0.1)
+    assert scenario_quorum_goodput(uneven, 8, 1) >= 0.97
+    normal = uneven.replace(stragglers={"jitter": "normal"})
+    with pytest.raises(ScenarioError, match="stragglers.jitter: the learner model draws lognormal"):
+        scenario_quorum_goodput(normal, 8, 8)

@@ -20,7 +20,7 @@ learner. One learner of all the chips is data-parallel training (elastic or not)
 share of the machine's chip-time that trains the model.
 
 ``quorum_goodput`` is the other half of the paper's argument: learners at uneven speeds, whose
-every sync waits for a quorum of them.
+every sync waits for a quorum of them; ``scenario_quorum_goodput`` reads those speeds from a scenario.
 """
 
 from __future__ import annotations
@@ -142,3 +142,13 @@ def quorum_goodput(speeds: Sequence[float], quorum: int, *, sigma: float = 0.0, 
         arrive = start + work[r]
         start = np.maximum(arrive, np.partition(arrive, quorum - 1)[quorum - 1])
     return float(work.sum() / start.sum())
+
+
+def scenario_quorum_goodput(scenario: Scenario, learners: int, quorum: int, *, rounds: int = 2000) -> float:
+    """``quorum_goodput`` of ``learners`` learners, one rank each, at the speeds of ``scenario``'s ``[[nodes]]`` and
+    the lognormal jitter (sigma, seed) of its ``[stragglers]``: the scenario a real run of them would use."""
+    r = scenario.resolve(learners)
+    if r.jitter not in ("none", "lognormal"):
+        raise scenario.key_error("stragglers.jitter", f"the learner model draws lognormal speed noise; got "
+                                 f"{r.jitter!r} (use \"lognormal\" or \"none\")")
+    return quorum_goodput(r.speed, quorum, sigma=r.sigma, rounds=rounds, seed=r.seed)
