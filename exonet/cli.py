@@ -158,7 +158,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 def _estimate(args: argparse.Namespace) -> int:
     import json
 
-    from exonet.estimate import bandwidth_for_utilization, estimate, simulate_estimate
+    from exonet.estimate import estimate, simulate_estimate
+    from exonet.solver import bandwidth_for_utilization, what_bounds
     from exonet.tokens import trained
 
     try:
@@ -205,6 +206,8 @@ def _estimate(args: argparse.Namespace) -> int:
         if targets:
             row["bandwidth_for_utilization"] = {
                 f"{u:g}": bandwidth_for_utilization(est, scenario, u, solve_for=args.solve_for) for u in targets}
+            row["bound_by"] = {u: what_bounds(est, scenario, float(u), args.solve_for)
+                               for u, bw in row["bandwidth_for_utilization"].items() if bw is None}
         report["scenarios"].append(row)
     first = report["scenarios"][0]
     report.update({k: first[k] for k in ("wall_clock_s", "utilization", "compute_s_per_step",
@@ -248,11 +251,11 @@ def _print_estimate(args: argparse.Namespace, report: dict) -> None:
         for text in row.get("cautions", ()):
             print(f"  caution: {text}")
         for u, bw in row.get("bandwidth_for_utilization", {}).items():
-            where = {"nic": "per NIC", "link": "on the inter-region link"}.get(
+            where = {"nic": "per NIC", "link": "on the inter-region link", "links": "on every inter-region link"}.get(
                 args.solve_for, f"on the {args.solve_for.removeprefix('link:')} link")
             if bw is None:
                 print(f"  compute utilisation {float(u):.0%} is out of reach: no bandwidth {where} gets there "
-                      f"(latency, the TCP window, set-up or uneven compute bound it)")
+                      f"({row['bound_by'][u]})")
             else:
                 print(f"  compute utilisation {float(u):.0%} needs {format_rate(bw / 8)} {where}")
 
@@ -353,9 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "collectives), unless the scenario has [hosts]")
     p.add_argument("--solve-utilization", metavar="U,U,...",
                    help="find the NIC bandwidth (within 1%%) at which compute utilisation reaches each U, e.g. 0.5,0.9")
-    p.add_argument("--solve-for", metavar="nic|link|link:A/B",
+    p.add_argument("--solve-for", metavar="nic|link|link:A/B[,C/D]|links",
                    help="what --solve-utilization varies: every NIC (default), the scenario's only inter-region link, "
-                        "or the link between regions A and B")
+                        "the link between regions A and B (a comma-separated set: set alike), or every inter-region "
+                        "link alike")
     p.add_argument("--profile", metavar="TRACE.json",
                    help="a torch.profiler trace (Kineto JSON) of --model's training steps: replay its measured step")
     p.add_argument("--scale-layers", type=int, metavar="N",

@@ -528,68 +528,15 @@ def scenario_for_estimate(scenario: Any) -> Any:
     return with_given_compute(Scenario.coerce(scenario))
 
 
-def link_between(scenario: Any, solve_for: str) -> tuple[str, str]:
-    """The region pair ``solve_for`` names: ``"link:A/B"``, or ``"link"`` for a scenario's only link.
-
-    Raises:
-        ScenarioError: the scenario has no such link (naming its links).
-    """
-    from exonet.errors import ScenarioError
-    from exonet.scenario import Scenario
-    from exonet.scenario.schema import did_you_mean
-
-    chosen = Scenario.coerce(scenario)
-    links = [tuple(sorted(link["between"])) for link in chosen.to_dict().get("links", [])]
-    names = ["/".join(pair) for pair in links]
-    _, _, wanted = solve_for.partition(":")
-    if not wanted:
-        if len(links) != 1:
-            raise ScenarioError(f"--solve-for link: scenario {chosen.name!r} has {len(links)} inter-region links, "
-                                f"name one as link:A/B ({', '.join(names) or 'it has none'})")
-        return links[0]
-    pair = tuple(sorted(part.strip() for part in wanted.split("/")))
-    if len(pair) != 2 or pair not in links:
-        raise ScenarioError(f"--solve-for {solve_for}: scenario {chosen.name!r} has no link between "
-                            f"{' and '.join(pair)}{did_you_mean('/'.join(pair), names)}; "
-                            f"its links: {', '.join(names) or 'none'}")
-    return pair  # type: ignore[return-value]
-
-
-def with_bandwidth(scenario: Any, bandwidth: float, solve_for: str = "nic") -> Any:
-    """``scenario`` with every NIC (``solve_for="nic"``) or one inter-region link (``"link:A/B"``)
-    at ``bandwidth`` bit/s."""
-    from exonet.scenario import Scenario
-
-    chosen = Scenario.coerce(scenario)
-    rate = f"{bandwidth!r} bit/s"
-    if solve_for == "nic":
-        return chosen.replace(bandwidth=rate)
-    if solve_for != "link" and not solve_for.startswith("link:"):
-        raise ValueError(f"--solve-for: expected nic, link or link:A/B (two region names), got {solve_for!r}")
-    pair = link_between(chosen, solve_for)
-    links = [dict(link, bandwidth=rate) if tuple(sorted(link["between"])) == pair else link
-             for link in chosen.to_dict()["links"]]
-    return chosen.replace(links=links)
-
-
-def simulate_estimate(trace: Trace | Estimate, scenario: Any, bandwidth: float | None = None,
-                      solve_for: str = "nic") -> Any:
-    """Replay an estimate's trace in ``scenario`` (optionally with every NIC, or the link ``solve_for``
-    names, at ``bandwidth`` bit/s); an asynchronous Estimate is re-run there first."""
+def simulate_estimate(trace: Trace | Estimate, scenario: Any) -> Any:
+    """Replay an estimate's trace in ``scenario`` (with the compute the estimate was given); an asynchronous
+    Estimate is re-run there first."""
     from exonet.netsim import simulate
 
     chosen = scenario_for_estimate(scenario)
-    if bandwidth is not None:
-        chosen = with_bandwidth(chosen, bandwidth, solve_for)
     if isinstance(trace, Estimate):
         trace = trace.trace_in(chosen)
     return simulate(trace, chosen)
-
-
-def utilization_at(trace: Trace | Estimate, scenario: Any, bandwidth: float, solve_for: str = "nic") -> float:
-    """Compute utilisation of an estimate in ``scenario`` with every NIC (or the link ``solve_for``)
-    at ``bandwidth`` bit/s."""
-    return simulate_estimate(trace, scenario, bandwidth, solve_for).utilization
 
 
 HOST_FABRIC = {"bandwidth": "450 GB/s", "latency": "1 us"}  # --hosts: NVLink-class, per device, each direction
@@ -618,32 +565,3 @@ def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
         raise ValueError(f"--hosts {devices}: scenario {chosen.name!r} already has [hosts] "
                          f"devices = {own.get('devices')}")
     return chosen
-
-
-def lowest_bandwidth(utilization: Callable[[float], float], target: float, *, low: float, high: float,
-                     rtol: float = 0.01) -> float | None:
-    """The lowest bandwidth in [low, high] (within ``rtol``) at which ``utilization(bandwidth)`` reaches ``target``.
-
-    Utilisation never falls as bandwidth grows, so a bisection in log-bandwidth finds it.
-    Returns None when even ``high`` does not reach it (latency or compute imbalance bound).
-    """
-    if utilization(high) < target:
-        return None
-    if utilization(low) >= target:
-        return low
-    while high / low > 1 + rtol:
-        mid = math.sqrt(low * high)
-        low, high = (low, mid) if utilization(mid) >= target else (mid, high)
-    return high
-
-
-def bandwidth_for_utilization(trace: Trace | Estimate, scenario: Any, target: float, *, solve_for: str = "nic",
-                              low: float = 1e3, high: float = 1e15, rtol: float = 0.01) -> float | None:
-    """The lowest bandwidth (bit/s, within ``rtol``) of every NIC, or of the inter-region link ``solve_for``
-    names (``"link:A/B"``), at which an estimate reaches ``target`` compute utilisation."""
-    if not 0 < target < 1:
-        raise ValueError(f"--solve-utilization: each target must be in (0, 1), got {target}")
-    if solve_for != "nic":
-        with_bandwidth(scenario, high, solve_for)  # a link the scenario lacks is an error before any replay
-    return lowest_bandwidth(lambda bw: utilization_at(trace, scenario, bw, solve_for), target, low=low, high=high,
-                            rtol=rtol)

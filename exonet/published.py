@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exonet.estimate import lowest_bandwidth
+from exonet.solver import lowest_bandwidth
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
 from exonet.trace import Collective, Compute, Step, Trace, Wait

@@ -13,7 +13,8 @@ import pytest
 
 from exonet.cli import main
 from exonet.errors import ScenarioError
-from exonet.estimate import LayerStack, bandwidth_for_utilization, estimate, simulate_estimate, utilization_at
+from exonet.estimate import LayerStack, estimate, simulate_estimate
+from exonet.solver import bandwidth_for_utilization, utilization_at
 from exonet.strategies.sparta import SparseAverager
 from exonet.trace import Trace
 
@@ -131,9 +132,41 @@ def test_cli_solves_for_the_link_in_words(tmp_path, capsys):
                     '[[links]]\nbetween = ["us", "eu"]\nbandwidth = "1 Gbit/s"\nlatency = "40 ms"\n')
     args = ["estimate", "--model-params", "1e8", "--layers", "4", "--strategy", "diloco:H=10", "--nodes", "4",
             "--steps", "30", "--step-time", "0.1", "--scenario", str(path), "--solve-utilization", "0.5"]
-    assert main(args) == 0 and "is out of reach: no bandwidth per NIC gets there" in capsys.readouterr().out
+    out = capsys.readouterr().out if main(args) == 0 else ""
+    assert "is out of reach: no bandwidth per NIC gets there (the eu/us link at 1 Gbit/s bound it" in out
     assert main([*args, "--solve-for", "link"]) == 0
     assert "compute utilisation 50% needs" in (out := capsys.readouterr().out) and "on the inter-region link" in out
+
+
+THREE_SITES = {"name": "three-sites", "network": {"bandwidth": "100 Gbit/s", "latency": "1 ms"},
+               "regions": [{"name": n, "ranks": [i, i + 3]} for i, n in enumerate(("us", "eu", "asia"))],
+               "links": [{"between": pair, "bandwidth": "1 Gbit/s", "latency": "40 ms"}
+                         for pair in (["us", "eu"], ["eu", "asia"], ["us", "asia"])]}
+
+
+def test_a_mesh_of_three_sites_is_solved_for_all_its_links_together():
+    """One link alone cannot lift a three-site mesh: the message names the two left fixed; all three alike can."""
+    from exonet.solver import links_named, what_bounds
+
+    e = estimate("diloco:H=10", params=1e8, num_nodes=6, max_steps=30, step_time=0.1, layers=4)
+    assert links_named(THREE_SITES, "links") == [("eu", "us"), ("asia", "eu"), ("asia", "us")]
+    assert links_named(THREE_SITES, "link:us/eu,asia/eu") == [("eu", "us"), ("asia", "eu")]
+    assert bandwidth_for_utilization(e, THREE_SITES, 0.5, solve_for="link:eu/us") is None
+    assert what_bounds(e, THREE_SITES, 0.5, "link:eu/us") == (
+        "the asia/eu link at 1 Gbit/s and the asia/us link at 1 Gbit/s bound it (vary them too: --solve-for links, "
+        "or nic)")
+    need = bandwidth_for_utilization(e, THREE_SITES, 0.5, solve_for="links")
+    assert need is not None
+    assert utilization_at(e, THREE_SITES, need, "links") >= 0.5 > utilization_at(e, THREE_SITES, need / 1.02, "links")
+    assert "latency, the TCP window, set-up or uneven compute bound it" in what_bounds(e, THREE_SITES, 0.99999, "links")
+
+
+def test_solving_for_nics_under_a_slow_link_names_the_link():
+    from exonet.solver import what_bounds
+
+    e = estimate("diloco:H=10", params=1e8, num_nodes=4, max_steps=30, step_time=0.1, layers=4)
+    assert what_bounds(e, TWO_REGIONS, 0.5) == "the eu/us link at 1 Gbit/s bound it (vary them too: --solve-for " \
+        "links, or nic)"
 
 
 def test_scaled_warns_that_it_keeps_ddp_buckets_and_not_for_one_collective_a_step():
