@@ -367,11 +367,9 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         Scenario.coerce(scenario).resolve(nodes, servers=strategy.servers)
     tokens_per_step, ratios = node_tokens(tokens_per_step, nodes)
     flops = 6.0 * params * (tokens_per_step or 0.0)
-    if profile is None:
-        step_time, tflops, mfu, device = _compute(flops, steps, step_time, tokens_per_step, tflops, mfu, scenario,
-                                                  nodes)
-    else:
-        tflops, mfu, device = _profile_device(step_time, model, tflops, mfu, scenario, nodes)
+    step_time, tflops, mfu, device = (
+        _compute(flops, steps, step_time, tokens_per_step, tflops, mfu, scenario, nodes) if profile is None
+        else _profile_device(step_time, model, tflops, mfu, scenario, nodes))
     if model is None:
         count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
@@ -430,9 +428,9 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
 
 
 def _profile_device(step_time: float | None, model: Any, tflops: float | None, mfu: float | None, scenario: Any,
-                    nodes: int) -> tuple[float | None, float, str]:
+                    nodes: int) -> tuple[None, float | None, float, str]:
     """A profiled estimate's device for the FLOPs-based figure beside it: tflops=, else the scenario's if it
-    names one (else none); mfu= or the default."""
+    names one (else none); mfu= or the default. Its step time is None: the profile measures it."""
     if step_time is not None:
         raise ValueError("estimate: give profile= or step_time=, not both (the profile measures the step)")
     if model is None:
@@ -445,7 +443,7 @@ def _profile_device(step_time: float | None, model: Any, tflops: float | None, m
         if Scenario.coerce(scenario).resolve(nodes).compute_mode == "flops":
             tflops, own_mfu, device = _scenario_device(scenario, nodes)
             mfu = own_mfu if mfu is None else mfu
-    return tflops, DEFAULT_MFU if mfu is None else mfu, device
+    return None, tflops, DEFAULT_MFU if mfu is None else mfu, device
 
 
 def _check_stack(params: float | None, layers: int | None, dtype: str) -> None:

@@ -35,6 +35,8 @@ class FitResult:
         sim_wall_clock_s: that simulation's wall-clock (with ``max_sim_time_s``, the online clock at the end).
         save_error: the OSError that stopped the run directory's final write (a full disk), naming the file,
             else None; the model, history and trace here are whole either way.
+        profile: with ``fit(profile=True)``, rank 0's torch.profiler trace (Kineto JSON), which
+            ``estimate(profile=...)`` replays with its measured per-layer times; else None.
 
     The older gym's fit returned the model itself, so a FitResult stands in for it: ``result(batch)``,
     ``result.state_dict()``, ``result.parameters()``, ``result.eval()``, ``result.to(...)`` and the other
@@ -50,6 +52,7 @@ class FitResult:
     sim: "SimResult | None" = None
     sim_wall_clock_s: float | None = None
     save_error: OSError | None = None
+    profile: Path | None = None
 
     def __getattr__(self, name: str) -> Any:
         if name in MODEL_METHODS:

@@ -14,7 +14,11 @@ What a step is made of comes from names the profiler itself writes:
   forward time per module;
 * GPU kernels (``cat`` ``kernel``/``gpu_memcpy``/``gpu_memset``) and their launches (``cuda_runtime``) share a
   ``correlation`` id: on a GPU trace a gradient is ready when the last kernel launched before its
-  AccumulateGrad ends, and the device is idle where no kernel runs.
+  AccumulateGrad ends, and the device is idle where no kernel runs;
+* collectives (``c10d::allreduce_`` where the node issues or waits on one, the backend's ``gloo:all_reduce``,
+  ``nccl:...``, NCCL kernels): a step profiled inside a distributed run (``fit(profile=True)``) waits on
+  them; time when one runs and no op outside a collective does is exposed communication, left out of the
+  step (``comm_s``), since the simulator times its own.
 
 The file is parsed with an ``object_hook`` that keeps only these few fields of each event, so a trace of
 hundreds of MB costs a fraction of what its whole event dicts would (``python -m exonet.bench profile``).
@@ -39,6 +43,7 @@ GRAD_OP = "torch::autograd::AccumulateGrad"
 OPTIMIZER = "Optimizer.step#"
 MODULE = "nn.Module: "
 KERNELS = ("kernel", "gpu_memcpy", "gpu_memset")
+COLLECTIVES = ("c10d::", "gloo:", "nccl:", "ncclDevKernel", "ncclKernel")  # a collective's issue, wait and run
 LAUNCHES = ("cuda_runtime", "cuda_driver")
 NOT_MODULES = (STEP, "Optimizer.", "PyTorch Profiler")  # annotations the profiler writes itself
 
@@ -51,7 +56,8 @@ class StepProfile:
     ``backward_s[i]`` is the backward compute before the i-th gradient to become ready (so the
     i-th gradient is ready ``forward_s + sum(backward_s[:i+1])`` into the step); ``tail_s`` runs from
     the last gradient to the step's end (the optimizer step, ``zero_grad``, logging). The three add up
-    to ``step_s``, the median ``ProfilerStep`` (each median part is scaled by the same factor so they do).
+    to ``step_s``, the median ``ProfilerStep`` less its exposed communication ``comm_s`` (each median part
+    is scaled by the same factor so they add up).
     """
 
     path: str
@@ -62,6 +68,7 @@ class StepProfile:
     tail_s: float
     optimizer_s: float
     idle_s: float
+    comm_s: float
     modules: dict[str, float]
     steps_used: int
     warmup_dropped: bool
@@ -86,25 +93,32 @@ def _slim(d: dict) -> Any:
         ts, end = float(d["ts"]), float(d["ts"]) + float(d.get("dur", 0.0))
     except (KeyError, TypeError, ValueError):
         return None
-    if cat in KERNELS:
-        return ("kernel", ts, end, args[0] if isinstance(args, tuple) else None)
-    if cat in LAUNCHES:
-        return ("launch", ts, end, args[0] if isinstance(args, tuple) else None)
+    kind = _kind(name, cat)
+    if kind is None:
+        return None
+    if kind in ("comm", "cpu"):
+        extra = d.get("tid")
+    elif kind in ("kernel", "launch", "shape"):
+        extra = (args[0] if kind != "shape" else args[1]) if isinstance(args, tuple) else None
+    else:
+        extra = name.removeprefix(MODULE) if kind in ("module", "step") else None
+    return (kind, ts, end, extra)
+
+
+def _kind(name: str, cat: str) -> str | None:
+    """What an event of this name and category is to a step (None: nothing)."""
+    if name.startswith(COLLECTIVES):
+        return "comm"
+    if cat in KERNELS or cat in LAUNCHES:
+        return "kernel" if cat in KERNELS else "launch"
     if name.startswith(BACKWARD):
-        return ("grad" if name == GRAD_READY else "backward", ts, end, None)
-    if name == GRAD_OP:
-        return ("shape", ts, end, args[1] if isinstance(args, tuple) else None)
-    if name.startswith(STEP):
-        return ("step", ts, end, name)
-    if name.startswith(OPTIMIZER):
-        return ("optimizer", ts, end, None)
-    if name.startswith(MODULE):
-        return ("module", ts, end, name.removeprefix(MODULE))
+        return "grad" if name == GRAD_READY else "backward"
+    for prefix, kind in ((GRAD_OP, "shape"), (STEP, "step"), (OPTIMIZER, "optimizer"), (MODULE, "module")):
+        if name.startswith(prefix):
+            return kind
     if cat == "user_annotation" and not name.startswith(NOT_MODULES):
-        return ("module", ts, end, name)
-    if cat == "cpu_op":
-        return ("cpu", ts, end, None)
-    return None
+        return "module"
+    return "cpu" if cat == "cpu_op" else None
 
 
 def _load(path: Path) -> dict:
@@ -190,17 +204,22 @@ def read_profile(path: str | Path) -> StepProfile:
         raise TraceError(f"{path}: the profiled steps differ in their gradients (AccumulateGrad ops: "
                          f"{sorted(counts)}): profile steps of one model, all training")
     med = statistics.median
-    step_s = med(s[2] - s[1] for s in steps) * 1e-6
+    step_s = med(p["span"] for p in parts)
     forward, tail = med(p["forward"] for p in parts), med(p["tail"] for p in parts)
     backward = [med(p["backward"][i] for p in parts) for i in range(counts.pop())]
     scale = step_s / max(forward + sum(backward) + tail, 1e-300)
+    comm = med(p["comm"] for p in parts)
+    if comm > 0:
+        notes.append(f"{comm * 1e3:.3g} ms per step of exposed communication (gloo/NCCL) left out: the simulator "
+                     "times its own")
     names = {n for p in parts for n in p["modules"]}
     device = next((d.get("name", "GPU") for d in data.get("deviceProperties") or [] if isinstance(d, dict)),
                   "GPU") if clock.gpu else "CPU"
     return StepProfile(
         path=str(path), step_s=step_s, forward_s=forward * scale, backward_s=tuple(b * scale for b in backward),
         grad_shapes=parts[0]["shapes"], tail_s=tail * scale, optimizer_s=med(p["optimizer"] for p in parts),
-        idle_s=med(p["idle"] for p in parts), modules={n: med(p["modules"].get(n, 0.0) for p in parts) for n in names},
+        idle_s=med(p["idle"] for p in parts), comm_s=comm,
+        modules={n: med(p["modules"].get(n, 0.0) for p in parts) for n in names},
         steps_used=len(steps), warmup_dropped=dropped, device=device,
         notes=notes)
 
@@ -217,18 +236,62 @@ def _split(path: Path, step: tuple, inside: list[tuple], clock: _DeviceClock) ->
     for t in [first_backward, *grads]:
         last = min(max(last, clock(t)), end)
         marks.append(last)
+    compute = _compute_clock(inside, start, end)
+    marks, span = [compute(m) for m in marks], compute(end) - compute(start)
     busy = [(max(e[1], start), min(e[2], end)) for e in inside if e[0] == ("kernel" if clock.gpu else "cpu")]
     modules: dict[str, float] = {}
     for e in inside:
         if e[0] == "module":
             modules[e[3]] = modules.get(e[3], 0.0) + (e[2] - e[1]) * 1e-6
     return {
-        "forward": (marks[0] - start) * 1e-6,
+        "span": span * 1e-6,
+        "comm": (end - start - span) * 1e-6,
+        "forward": (marks[0] - compute(start)) * 1e-6,
         "backward": [(b - a) * 1e-6 for a, b in zip(marks, marks[1:])],
-        "tail": (end - marks[-1]) * 1e-6,
+        "tail": (compute(end) - marks[-1]) * 1e-6,
         "optimizer": sum(e[2] - e[1] for e in inside if e[0] == "optimizer") * 1e-6,
         "idle": (end - start - _union(busy)) * 1e-6,
         "modules": modules,
         "shapes": tuple(e[3] for e in sorted((e for e in inside if e[0] == "shape"), key=lambda e: e[2]))
         if sum(e[0] == "shape" for e in inside) == len(grads) else (None,) * len(grads),
     }
+
+
+def _compute_clock(inside: list[tuple], start: float, end: float) -> Any:
+    """Time with exposed communication taken out: t → t less the blocked time before it.
+
+    Blocked: a collective runs (issued or waited on, on the backend's threads, as NCCL kernels) and no op
+    outside a collective does.
+    """
+    comm = _merged([(max(e[1], start), min(e[2], end)) for e in inside if e[0] == "comm"])
+    if not comm:
+        return lambda t: t
+    starts = [a for a, _ in comm]
+
+    def within(e: tuple) -> bool:
+        i = bisect.bisect_right(starts, e[1]) - 1
+        return i >= 0 and e[2] <= comm[i][1]
+
+    busy = _merged([(e[1], e[2]) for e in inside if e[0] in ("kernel", "cpu") and not within(e)])
+    blocked = []
+    for a, b in comm:
+        for x, y in busy:
+            if y <= a or x >= b:
+                continue
+            if x > a:
+                blocked.append((a, x))
+            a = max(a, y)
+        if a < b:
+            blocked.append((a, b))
+    return lambda t: t - sum(min(b, t) - a for a, b in blocked if a < t)
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint, sorted intervals covering the same time."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out

@@ -63,6 +63,7 @@ class NodeConfig:
     start_step: int = 0
     max_sim_time_s: float | None = None  # the online clock decides whether each step runs (exonet.runtime.clock)
     servers: int = 0  # ranks after the num_nodes trainers that serve (Strategy.servers): the clock always runs
+    profile_dir: str | None = None  # fit(profile=True): each trainer's torch.profiler trace, rank{r}.json, here
 
     @property
     def world(self) -> int:
@@ -265,6 +266,12 @@ class TrainNode:
         # Asynchronous trainers stop at different steps: rank 0 evaluates its own model, without a collective.
         alone = self.strategy.asynchronous
         done = cfg.start_step
+        prof = None
+        if cfg.profile_dir is not None:
+            from exonet.profile.record import step_profiler
+
+            prof = step_profiler(Path(cfg.profile_dir) / f"rank{self.rank}.json", cfg.max_steps - cfg.start_step,
+                                 cfg.device_type)
         if evaluates and done == 0:  # the seed gym evaluates the initial model too, and its plots start there
             self._evaluate_own(0, val_loader) if alone else self._evaluate(0, val_loader)
         for step in range(cfg.start_step, cfg.max_steps):
@@ -277,6 +284,8 @@ class TrainNode:
             self.comm.flops_done(flops)
             self.strategy.step()
             self.send(StepDone(self.rank, step, loss, self.comm.mark_step()))
+            if prof is not None:
+                prof.step()
             self.heartbeat.beat()
             done = step + 1
             if evaluates and done % cfg.val_interval == 0 and done < cfg.max_steps:
@@ -284,6 +293,8 @@ class TrainNode:
             if cfg.checkpoint_dir is not None and done % cfg.checkpoint_interval == 0 and done < cfg.max_steps:
                 self._checkpoint(done)
 
+        if prof is not None:
+            prof.stop()
         self.strategy.finish()
         # The last evaluation is of the model fit returns: after the exchanges still in flight have landed
         # (Streaming DiLoCo's overlapped outer step), at the last step or where the clock ended the run.

@@ -14,7 +14,9 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import tempfile
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -149,6 +151,7 @@ class LocalTrainer:
         seed: int = 0,
         dataloader_kwargs: dict[str, Any] | None = None,
         count_flops: bool = True,
+        profile: bool = False,
         progress: bool = True,
         run_dir: str | os.PathLike | None = None,
         scenario: Any = None,
@@ -184,6 +187,8 @@ class LocalTrainer:
                 evaluation; 0 disables evaluation (the seed gym's meaning).
             seed: seeds model-side randomness and data order; same seed, same curves.
             count_flops: count forward+backward FLOPs once, for FLOPs-based simulation.
+            profile: run torch.profiler over every trainer's steps, on its own device; ``FitResult.profile``
+                is rank 0's trace, for ``estimate(profile=...)`` (each gradient ready when it was measured).
             progress: draw a progress bar (in this process only).
             run_dir: create a run directory in this folder at the start of the run (config, metrics, trace,
                 status, checkpoints; see exonet.rundir). ``save_dir`` is its seed-compatible alias.
@@ -266,7 +271,8 @@ class LocalTrainer:
         if progress_timeout_s is not None:
             check_range("fit: progress_timeout_s", progress_timeout_s, low=0, low_open=True)
         check_range("fit: timeout_s", timeout_s, low=0, low_open=True, high=MAX_TIMEOUT_S)
-        for name, flag in (("shuffle", shuffle), ("count_flops", count_flops), ("progress", progress)):
+        for name, flag in (("shuffle", shuffle), ("count_flops", count_flops), ("profile", profile),
+                           ("progress", progress)):
             if not isinstance(flag, bool):  # "no" is truthy: a string would silently mean True
                 raise TypeError(f"fit: {name} must be True or False, got {flag!r}")
         run_dir = one_of(run_dir=run_dir, save_dir=legacy.get("save_dir"))
@@ -311,14 +317,18 @@ class LocalTrainer:
             count_flops=count_flops, dataloader_kwargs=dataloader_kwargs, parent_pid=os.getpid(),
             timeout_s=timeout_s, checkpoint_interval=checkpoint_interval or 0,
             max_sim_time_s=None if max_sim_time_s is None else float(max_sim_time_s), servers=servers,
+            profile_dir=tempfile.mkdtemp(prefix="exonet-profile-") if profile else None,
         )
         from exonet.runtime.run import launch
 
         job = Job(self.model, self.train_dataset, self.val_dataset, strategy, cfg)
-        return launch(job, progress=progress, scenario=scenario, run_dir=run_dir,
-                      progress_timeout_s=progress_timeout_s, resume_from=resume_from,
-                      wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
-                      upload_to=upload_to, watch=watch, extra_config=extra_config, x_axis=x_axis)
+        result = launch(job, progress=progress, scenario=scenario, run_dir=run_dir,
+                        progress_timeout_s=progress_timeout_s, resume_from=resume_from,
+                        wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
+                        upload_to=upload_to, watch=watch, extra_config=extra_config, x_axis=x_axis)
+        if cfg.profile_dir is not None:
+            result.profile = Path(cfg.profile_dir) / "rank0.json"
+        return result
 
     # ------------------------------------------------------------ resolution
     @staticmethod
