@@ -8,7 +8,8 @@ slowdowns, outages), ``failures`` (failures drawn as a process), ``fastpath`` (l
 timed without events), ``agenda`` (integer ticks, same-instant order, on a SimPy event clock),
 ``state`` (the replay's records), ``engine`` (the replay), ``replay`` (``simulate``, a whole trace
 or several jobs), ``diagnose`` (why a replay cannot finish), ``result``, ``spans`` (the kinds of a
-node's time), ``chrome`` (the Chrome/Perfetto trace).
+node's time), ``chrome`` (the Chrome/Perfetto trace); ``learners`` works a level above the replay
+(goodput of N chips in M learners under failures, at any chip count).
 """
 
 from exonet.netsim.engine import Simulation
