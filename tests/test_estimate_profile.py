@@ -273,3 +273,16 @@ def test_a_profiled_ddp_fit_is_estimated_from_its_own_profile(tmp_path):
     for name, within in (("datacenter", 0.3), ("cross-region", 0.05)):
         real = simulate(fit.trace, Scenario.load(name).replace(compute={"mode": "wall"}))
         assert median_sim_step(simulate_estimate(est, name)) == pytest.approx(median_sim_step(real), rel=within), name
+
+
+def test_the_cli_takes_per_node_tokens_a_deeper_stack_and_another_device(profiled, capsys):
+    assert main(["estimate", "--model", "tinygpt:deep", "--profile", str(profiled), "--scale-layers", "4",
+                 "--devices", "A100:H100", "--strategy", "ddp", "--nodes", "3", "--steps", "2", "--scenario",
+                 "datacenter", "--tokens-per-step", "256,256,128", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    deep = measure(read_profile(profiled), _model("deep"), scale_layers=4, devices=("A100", "H100"))
+    assert report["compute_s_per_step"] == pytest.approx(deep.step_s * (1 + 1 + 0.5) / 3)
+    assert any("caution: compute scaled from A100" in n for n in report["profile"]["notes"])
+    assert main(["estimate", "--model", "tinygpt:gpt", "--profile", str(profiled), "--strategy", "ddp", "--nodes",
+                 "2", "--steps", "1", "--scenario", "datacenter", "--devices", "Z80:H100"]) == 2
+    assert "unknown device 'Z80'" in capsys.readouterr().err
