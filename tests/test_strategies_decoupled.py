@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -51,37 +52,55 @@ def test_the_spec_and_the_vocabulary_are_the_others():
 
 
 # ---------------------------------------------------------------- the syncer on a scripted arrival order
-def syncer(learners: int, quorum: int, grace: float, pulls: bool, fragments: int = 2) -> Syncer:
+def syncer(learners: int, quorum: int, grace: float, fragments: int = 2) -> Syncer:
     """θ_global = 0 per fragment; outer SGD lr 1 without momentum, so θ after a merge is −(the weighted mean)."""
     return Syncer([torch.zeros(2) for _ in range(fragments)], OptimSpec("sgd", lr=1.0), learners, quorum, grace,
-                  delay_steps=2, pulls=pulls)
+                  delay_steps=2)
 
 
 def delta(value: float) -> torch.Tensor:
     return torch.full((2,), value)
 
 
-def test_a_round_merges_at_its_quorum_and_a_late_learner_gets_the_latest_fragment_at_once():
-    s = syncer(learners=3, quorum=2, grace=0.0, pulls=False)
-    assert s.arrive(0, 0, 0, delta(1.0), 4, 4, time=1.0) == []  # one of two: no merge, nobody answered
-    assert s.arrive(1, 0, 0, delta(3.0), 4, 4, time=2.0) == [(0, 0), (1, 0)]  # the quorum: merged, both answered
+def test_a_round_merges_at_its_quorum_with_the_same_instants_arrivals_and_answers_a_late_learner_at_once():
+    s = syncer(learners=3, quorum=2, grace=0.0)
+    assert s.pulls  # the quorum is below the learners: replies wait for each learner's pull
+    assert s.arrive(0, 0, 0, delta(1.0), 4, 4, time=1.0) == []  # one of two: no merge
+    assert s.arrive(1, 0, 0, delta(3.0), 4, 4, time=2.0) == []  # the quorum, at 2.0: the instant may bring more
+    assert s.merges == []
+    # learner 2 arrives later: the round merged at 2.0 without it; its Δ is kept for the next merge, and it is
+    # answered with the latest fragment as soon as it asks
+    assert s.arrive(2, 0, 0, delta(6.0), 4, 4, time=2.5) == []
     assert (s.merges[0].fragment, s.merges[0].round, s.merges[0].time, s.merges[0].weights) == (
         0, 0, 2.0, {0: 0.5, 1: 0.5})
     assert s.global_params[0].tolist() == [-2.0, -2.0]
-    # learner 2 arrives after the merge: answered at once with the latest fragment, its Δ kept for the next merge
-    assert s.arrive(2, 0, 0, delta(6.0), 4, 4, time=2.5) == [(2, 0)]
+    assert s.pull(2, 0, time=2.6) == [(2, 0)]
+    assert s.pull(0, 0, time=2.7) == [(0, 0)]
+    assert s.pull(1, 0, time=2.7) == [(1, 0)]
     assert s.arrive(0, 0, 1, delta(0.0), 4, 8, time=3.0) == []
-    assert s.arrive(1, 0, 1, delta(0.0), 4, 8, time=3.5) == [(0, 0), (1, 0)]
+    assert s.arrive(1, 0, 1, delta(0.0), 4, 8, time=3.5) == []
+    assert s.pull(0, 0, time=3.6) == [(0, 0)]  # learner 0 needs it: the round merges now
+    # learner 2's Δ trained from θ before one merge: weighted 4/√2, not dropped
+    stale = 4 / math.sqrt(2)
     last = s.merges[-1]
-    assert (last.round, last.stale, last.weights) == (1, (2,), pytest.approx({0: 1 / 3, 1: 1 / 3, 2: 1 / 3}))
-    assert s.global_params[0].tolist() == [-4.0, -4.0]  # the stale Δ weighted, not dropped: −2 − 6/3
+    assert (last.round, last.time, last.stale, last.weights) == (
+        1, 3.5, (2,), pytest.approx({0: 4 / (8 + stale), 1: 4 / (8 + stale), 2: stale / (8 + stale)}))
+    assert s.global_params[0].tolist() == pytest.approx([-2.0 - 6 * stale / (8 + stale)] * 2)
+
+
+def test_all_learners_in_merge_at_once_and_are_answered_without_a_pull():
+    s = syncer(learners=2, quorum=2, grace=0.5)
+    assert not s.pulls
+    assert s.arrive(0, 1, 0, delta(1.0), 4, 4, time=1.0) == []
+    assert s.arrive(1, 1, 0, delta(3.0), 4, 4, time=1.0) == [(0, 1), (1, 1)]
+    assert s.global_params[1].tolist() == [-2.0, -2.0]
 
 
 def test_the_grace_window_takes_who_arrives_within_gamma_of_the_slack_and_a_pull_ends_it():
-    s = syncer(learners=3, quorum=1, grace=0.5, pulls=True)
-    assert s.arrive(0, 0, 0, delta(1.0), 1, 1, time=1.0) == []  # no step time known yet: merged at once ...
-    assert s.merges[0].weights == {0: 1.0}
-    assert s.pull(0, 0, time=1.5) == [(0, 0)]  # ... and answered when asked
+    s = syncer(learners=3, quorum=1, grace=0.5)
+    assert s.arrive(0, 0, 0, delta(1.0), 1, 1, time=1.0) == []  # no step time known yet: a window of one instant
+    assert s.pull(0, 0, time=1.5) == [(0, 0)]
+    assert (s.merges[0].time, s.merges[0].weights) == (1.0, {0: 1.0})
     # learner 0's step time is now 1 s: the slack is τ = 2 steps = 2 s, the window γ·2 s = 1 s past the quorum
     assert s.arrive(0, 1, 0, delta(2.0), 2, 2, time=2.0) == []
     assert s.arrive(1, 1, 0, delta(4.0), 2, 2, time=2.9) == []  # inside the window: it waits with learner 0
@@ -94,12 +113,14 @@ def test_the_grace_window_takes_who_arrives_within_gamma_of_the_slack_and_a_pull
     assert s.arrive(0, 1, 1, delta(0.0), 4, 6, time=6.0) == []
     assert s.pull(2, 1, time=6.1) == [(2, 1)]  # the late learner takes the latest fragment
     assert s.pull(0, 1, time=6.2) == [(0, 1)]  # waiting for it ends the window early
-    merged = s.merges[2]
-    assert (merged.time, merged.stale, merged.weights) == (6.2, (2,), pytest.approx({0: 4 / 6, 2: 2 / 6}))
+    merged = s.merges[2]  # learner 2's 2 tokens, one merge stale: 2/√2
+    stale = 2 / math.sqrt(2)
+    assert (merged.time, merged.stale, merged.weights) == (
+        6.2, (2,), pytest.approx({0: 4 / (4 + stale), 2: stale / (4 + stale)}))
 
 
 def test_updates_are_weighted_by_the_tokens_trained_since_the_last_sync():
-    s = syncer(learners=2, quorum=2, grace=0.0, pulls=False)
+    s = syncer(learners=2, quorum=2, grace=0.0)
     s.arrive(0, 0, 0, delta(1.0), 30, 3, time=1.0)
     s.arrive(1, 0, 0, delta(4.0), 10, 1, time=1.0)
     assert s.merges[0].weights == {0: 0.75, 1: 0.25}
@@ -107,18 +128,22 @@ def test_updates_are_weighted_by_the_tokens_trained_since_the_last_sync():
 
 
 def test_a_learner_back_from_a_failure_takes_the_latest_fragments_and_its_stale_work_counts():
-    s = syncer(learners=2, quorum=1, grace=0.0, pulls=False)
+    s = syncer(learners=2, quorum=1, grace=0.0)
     for r in range(3):  # learner 1 is down: learner 0 alone merges three rounds
-        assert s.arrive(0, 0, r, delta(1.0), 4, 4 * (r + 1), time=float(r)) == [(0, 0)]
+        assert s.arrive(0, 0, r, delta(1.0), 4, 4 * (r + 1), time=float(r)) == []
+        assert s.pull(0, 0, time=r + 0.5) == [(0, 0)]
     assert s.global_params[0].tolist() == [-3.0, -3.0]
-    assert s.arrive(1, 0, 0, delta(5.0), 4, 4, time=3.5) == [(1, 0)]  # back: answered with θ after 3 merges
+    assert s.arrive(1, 0, 0, delta(5.0), 4, 4, time=3.5) == []  # back, with its work from before the outage
+    assert s.pull(1, 0, time=3.6) == [(1, 0)]  # answered with θ after the 3 merges it missed
     s.arrive(0, 0, 3, delta(1.0), 4, 16, time=4.0)
-    assert (s.merges[-1].weights, s.merges[-1].stale) == ({0: 0.5, 1: 0.5}, (1,))
-    assert s.global_params[0].tolist() == [-6.0, -6.0]
+    s.pull(0, 0, time=4.5)
+    # weighted, not dropped: its 4 tokens, trained from θ three merges old, count 4/√(1 + 3) = 2 against 4
+    assert (s.merges[-1].weights, s.merges[-1].stale) == (pytest.approx({0: 2 / 3, 1: 1 / 3}), (1,))
+    assert s.global_params[0].tolist() == pytest.approx([-3.0 - (2 / 3 * 1.0 + 1 / 3 * 5.0)] * 2)
 
 
 def test_a_learner_that_leaves_no_longer_holds_back_the_quorum():
-    s = syncer(learners=3, quorum=3, grace=0.0, pulls=False)
+    s = syncer(learners=3, quorum=3, grace=0.0)
     s.arrive(0, 0, 0, delta(1.0), 4, 4, time=1.0)
     s.arrive(1, 0, 0, delta(1.0), 4, 4, time=1.0)
     assert s.merges == []
@@ -127,7 +152,7 @@ def test_a_learner_that_leaves_no_longer_holds_back_the_quorum():
 
 
 def test_learners_send_each_fragment_every_H_steps_staggered_with_a_pull_a_step_before_it_is_due():
-    sends = list(learner_sends([2, 4], H=4, tau=2, pulls=True, max_steps=8))
+    sends = list(learner_sends([2, 4], H=4, tau=2, pulls=True, max_steps=8))  # learner_sends(offsets, ...)
     assert sends == [("delta", 0, 2), ("pull", 0, 3), ("delta", 1, 4), ("pull", 1, 5), ("delta", 0, 6),
                      ("pull", 0, 7), ("delta", 1, 8), ("pull", 1, 8), ("done", -1, 8)]
     assert [k for k, _, _ in learner_sends([2, 4], H=4, tau=2, pulls=False, max_steps=8)].count("pull") == 0
@@ -179,6 +204,6 @@ def test_estimate_runs_the_strategy_on_meta_tensors_with_its_syncer():
     e = estimate("decoupled_diloco:H=4,num_fragments=2", model=lambda: torch.nn.Sequential(
         torch.nn.Linear(100, 100), torch.nn.Linear(100, 10)), num_nodes=2, max_steps=8, step_time=1.0, scenario=FLAT)
     params = 100 * 100 + 100 + 100 * 10 + 10
-    # two whole models of Δ per learner over 8 steps (each fragment twice), and a 4-byte pull per sync
+    # two whole models of Δ per learner over 8 steps (each fragment twice), and a 4-byte pull per sync (quorum 1 < 2)
     assert e.trace.payload_bytes(0) == e.trace.payload_bytes(1) == 2 * 4 * params + 4 * 4
     assert e.trace.meta["servers"] == 1
