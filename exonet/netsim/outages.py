@@ -137,6 +137,8 @@ class Outages:
         if c.op == "p2p":
             return
         order = sorted(zip(c.arrivals, c.ranks))
+        if not self.was_down(order[-1][1], seconds(order[0][0]), seconds(order[-1][0])):
+            return  # the last to arrive, missing from every prefix, was up all along: nobody is left out
         for i in range(1, len(order)):
             lo, hi = order[i - 1][0], order[i][0]
             missing = {r for _, r in order[i:]}
