@@ -286,3 +286,18 @@ def test_the_cli_takes_per_node_tokens_a_deeper_stack_and_another_device(profile
     assert main(["estimate", "--model", "tinygpt:gpt", "--profile", str(profiled), "--strategy", "ddp", "--nodes",
                  "2", "--steps", "1", "--scenario", "datacenter", "--devices", "Z80:H100"]) == 2
     assert "unknown device 'Z80'" in capsys.readouterr().err
+
+
+def test_a_top_level_stack_deepens_with_its_blocks_forward_from_module_annotations(tmp_path):
+    """Blocks of an nn.Sequential (``0.weight``) deepen too; each block's forward is its ``nn.Module`` span."""
+    path = write_trace(tmp_path / "t.json", steps=2, forward_us=1000.0, tail_us=10.0,
+                       grads=[(300.0, [WIDTH, WIDTH]), (100.0, [WIDTH, WIDTH])],
+                       modules=[("nn.Module: Linear_0", 200.0), ("nn.Module: Linear_1", 600.0)])
+    profile = read_profile(path)
+    assert profile.modules == pytest.approx({"Linear_0": 200e-6, "Linear_1": 600e-6})
+    with torch.device("meta"):
+        deep = torch.nn.Sequential(*(torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(8)))
+    step = measure(profile, deep, scale_layers=2)
+    assert step.order == (7, 6, 5, 4, 3, 2, 1, 0)  # blocks 4-7 timed as profiled block 1, 0-3 as block 0
+    assert step.backward_s == pytest.approx([300e-6] * 4 + [100e-6] * 4)
+    assert step.forward_s == pytest.approx(1000e-6 + 3 * (200e-6 + 600e-6))

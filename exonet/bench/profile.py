@@ -36,13 +36,15 @@ print(json.dumps({"read_s": seconds, "peak_bytes": (peak - before) * 1024, "step
 
 
 def write_trace(path: str | Path, *, steps: int, forward_us: float, grads: Sequence[tuple[float, Sequence[int]]],
-                tail_us: float, optimizer_us: float = 0.0, filler: int = 0, gpu: bool = False) -> Path:
+                tail_us: float, optimizer_us: float = 0.0, filler: int = 0, gpu: bool = False,
+                modules: Sequence[tuple[str, float]] = ()) -> Path:
     """A Kineto Chrome-trace JSON of ``steps`` identical training steps, as ``export_chrome_trace`` writes.
 
     Each step: ``forward_us`` of forward, then for each ``(gap_us, shape)`` of ``grads`` a backward op of
     ``gap_us`` ending in an AccumulateGrad of a tensor of ``shape``, then ``tail_us`` (of which the first
     ``optimizer_us`` are ``Optimizer.step#SGD.step``). ``filler`` CPU ops per step are spread over the
-    forward (with ``gpu``, each launches a kernel that runs for half its span).
+    forward (with ``gpu``, each launches a kernel that runs for half its span); ``modules`` are ``(name, µs)``
+    annotations laid one after another from the forward's start (``nn.Module: Linear_0``, ...).
     """
     path = Path(path)
     step_us = forward_us + sum(g for g, _ in grads) + tail_us
@@ -63,6 +65,11 @@ def write_trace(path: str | Path, *, steps: int, forward_us: float, grads: Seque
                  "dur": step_us, "args": {"External id": 1}})
             put({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": t0, "dur": forward_us,
                  "args": {"External id": 2, "Input Dims": [[8, 8], [8, 8]]}})
+            at = t0
+            for name, dur in modules:
+                put({"ph": "X", "cat": "python_function", "name": name, "pid": 1, "tid": 1, "ts": at, "dur": dur,
+                     "args": {"Python id": 1}})
+                at += dur
             width = forward_us / max(filler, 1)
             for k in range(filler):
                 corr += 1

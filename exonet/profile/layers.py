@@ -66,6 +66,11 @@ def layer_of(name: str) -> tuple[str, str | None, int | None]:
     return parts[0], None, None
 
 
+def _block(stack: str, index: int) -> str:
+    """The module path of block ``index`` of ``stack`` (``h.3``; ``3`` in a top-level Sequential)."""
+    return f"{stack}.{index}" if stack else str(index)
+
+
 def measure(profile: StepProfile, model: torch.nn.Module, *, scale_layers: int | None = None,
             devices: tuple[Any, Any] | None = None) -> MeasuredStep:
     """``profile``'s step on ``model``: per-parameter gradient-ready times, deepened and re-timed as asked.
@@ -155,7 +160,7 @@ def _deepen(profile: StepProfile, model: torch.nn.Module, named: list, index: di
     for block, run in runs:
         for j in (sorted((j for j in depth if source[j] == block), reverse=True) if block is not None else [None]):
             for i, gap in run:
-                name = named[i][0] if j is None else named[i][0].replace(f"{stack}.{block}.", f"{stack}.{j}.", 1)
+                name = named[i][0] if j is None else _block(stack, j) + named[i][0][len(_block(stack, block)):]
                 new_order.append(index[name])
                 new_gaps.append(gap)
     backward = {b: sum(g for i, g in zip(order, gaps) if layer_of(named[i][0])[1:] == (stack, b)) for b in kept}
@@ -179,7 +184,7 @@ def _block_forward(profile: StepProfile, model: torch.nn.Module, stack: str, kep
         counts[cls] = counts.get(cls, 0) + 1
     found = {}
     for b in kept:
-        path = f"{stack}.{b}"
+        path = _block(stack, b)
         found[b] = profile.modules.get(path, profile.modules.get(labels.get(path, "")))
     if all(v is not None for v in found.values()):
         return found  # type: ignore[return-value]
