@@ -24,9 +24,10 @@ class AsyncDiLoCoStrategy(ServerStrategy):
     """DiLoCo without rounds: the outer optimizer steps on each trainer's Δ as it arrives.
 
     Naive (``delayed_nesterov=None``, opt-in): every arrival is one step of the outer optimizer
-    (``outer_optim_spec``, by default the DiLoCo paper's SGD lr 0.7, momentum 0.9, Nesterov). Momentum then acts on stale
-    pseudo-gradients, which the paper finds worse per update than synchronous DiLoCo; with
-    momentum 0.9 a fast trainer's repeated arrivals compound it, and a small GPT diverged so.
+    (``outer_optim_spec``, by default the DiLoCo paper's SGD lr 0.7, momentum 0.9, Nesterov).
+    Momentum then acts on stale pseudo-gradients, which the paper finds worse per update than
+    synchronous DiLoCo; with momentum 0.9 a fast trainer's repeated arrivals compound it, and a
+    small GPT diverged so.
 
     The default is therefore Delayed Nesterov with N = the number of trainers (``"trainers"``):
     momentum moves once per K arrivals, about once per round of every trainer, which is the
