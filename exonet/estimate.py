@@ -3,7 +3,9 @@
 A strategy's real step logic runs on meta-device tensors (shapes, no memory) with a
 recording communicator that performs no communication but records every
 collective it is asked for. Compute per step is given (seconds, or tokens with
-device TFLOP/s and MFU). The resulting trace is simulated like a recorded one.
+device TFLOP/s and MFU), or measured: a torch.profiler trace of the model (``profile=``,
+exonet.profile) is replayed with each gradient ready when it was (exonet.estimate_compute).
+The resulting trace is simulated like a recorded one.
 
 The model is a stack of layers: by default an embedding and a transformer-like stack of
 ``layers`` blocks of 12·d² parameters each (attention 4·d², MLP 8·d²; d a multiple of 128), or any ``nn.Module`` built
@@ -15,7 +17,8 @@ run at that moment. So DDP's buckets and Streaming DiLoCo's fragments overlap th
 remaining backward exactly as they do in a recorded run.
 
 Assumptions (printed with every estimate):
-* each step's compute is the same on every node (scenario speeds and jitter still apply);
+* each step's compute is the same on every node (scenario speeds and jitter still apply), or node 0's
+  times each node's share of ``tokens_per_step`` when it is given per node;
 * compute inside ``strategy.step()`` (e.g. DeMo's transforms) is not counted, and the inner
   optimizer is not run (its numerics never change what goes on the wire);
 * every node behaves like rank 0 unless the strategy uses subgroups, in which case every rank is run.
