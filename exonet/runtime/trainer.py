@@ -178,6 +178,7 @@ class LocalTrainer:
                 ``max_sim_time_s``, as many as the budget holds).
             batch_size: per node, per step.
             minibatch_size: split each batch into micro-batches of this size (gradient accumulation).
+            shuffle: deal each epoch's samples in a seeded random order (False: in order).
             device: "cpu", "cuda" or "mps"; auto-detected when None (or "", the older gym's default).
             devices: CUDA device indices to spread nodes over (default: all visible).
             autocast: False, True (bf16), "bf16" or "fp16".
@@ -186,6 +187,8 @@ class LocalTrainer:
             val_size: validation samples per evaluation, a seeded random sample that is the same at every
                 evaluation; 0 disables evaluation (the seed gym's meaning).
             seed: seeds model-side randomness and data order; same seed, same curves.
+            dataloader_kwargs: further DataLoader arguments (``num_workers``, ``pin_memory``, ...); exonet sets
+                the batch size, order and sampler itself.
             count_flops: count forward+backward FLOPs once, for FLOPs-based simulation.
             profile: run torch.profiler over every trainer's steps, on its own device; ``FitResult.profile``
                 is rank 0's trace, for ``estimate(profile=...)`` (each gradient ready when it was measured).
