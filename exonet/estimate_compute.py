@@ -103,7 +103,7 @@ def step_compute(net: Any, step_time: float | None, flops: float, profile: Any, 
                               "steps_used": given.steps_used, "warmup_dropped": given.warmup_dropped,
                               "optimizer_s": given.optimizer_s, "idle_s": given.idle_s, "device": given.device,
                               "notes": list(step.notes)}
-    if flops and tflops:
+    if flops and tflops and mfu:
         report.update(tflops=tflops, implied_mfu=flops / (step.step_s * tflops * 1e12), mfu=mfu,
                       flops_step_s=flops / (tflops * 1e12 * mfu))
     return measured(step, flops), report

@@ -90,10 +90,10 @@ def measure(profile: StepProfile, model: torch.nn.Module, *, scale_layers: int |
     stacks: dict[str, list[int]] = {}
     for n, _ in named:
         _, container, k = layer_of(n)
-        if container is not None and k not in stacks.setdefault(container, []):
+        if container is not None and k is not None and k not in stacks.setdefault(container, []):
             stacks[container].append(k)
     stack = max(stacks, key=lambda c: len(stacks[c]), default=None)
-    depth = sorted(stacks.get(stack, []))
+    depth = sorted(stacks[stack]) if stack is not None else []
     notes = list(profile.notes)
     kept = depth
     if scale_layers is not None:
@@ -105,7 +105,7 @@ def measure(profile: StepProfile, model: torch.nn.Module, *, scale_layers: int |
     profiled = [i for i, (n, _) in enumerate(named) if layer_of(n)[1] != stack or layer_of(n)[2] in kept]
     order = _match(profile, named, profiled, scale_layers)
     forward, gaps, tail = profile.forward_s, list(profile.backward_s), profile.tail_s
-    if scale_layers is not None and len(kept) < len(depth):
+    if scale_layers is not None and len(kept) < len(depth) and stack is not None:
         order, gaps, forward, tail = _deepen(profile, model, named, index, order, gaps, stack, kept, depth)
         notes.append(f"scaled from {len(kept)} to {len(depth)} blocks of {stack!r}, layer by layer (block j timed "
                      f"as profiled block ⌊j·{len(kept)}/{len(depth)}⌋; the optimizer by parameter count)")
@@ -128,13 +128,14 @@ def _match(profile: StepProfile, named: list, profiled: list[int], scale_layers:
                          f"the model has {len(profiled)} trainable parameter tensors"
                          f"{' in the blocks profiled' if scale_layers is not None else ''}: profile the model "
                          f"given{hint}")
-    if any(s is None for s in shapes):
+    known = [s for s in shapes if s is not None]
+    if len(known) < len(shapes):
         return profiled[::-1]
     pool: dict[tuple[int, ...], list[int]] = {}
     for i in profiled:
         pool.setdefault(tuple(named[i][1].shape), []).append(i)
     order = []
-    for k, shape in enumerate(shapes):
+    for k, shape in enumerate(known):
         free = pool.get(tuple(shape))
         if not free:
             left = sorted({named[i][0] + str(list(s)) for s, rest in pool.items() for i in rest})[:4]
@@ -160,7 +161,8 @@ def _deepen(profile: StepProfile, model: torch.nn.Module, named: list, index: di
     for block, run in runs:
         for j in (sorted((j for j in depth if source[j] == block), reverse=True) if block is not None else [None]):
             for i, gap in run:
-                name = named[i][0] if j is None else _block(stack, j) + named[i][0][len(_block(stack, block)):]
+                name = (named[i][0] if j is None or block is None
+                        else _block(stack, j) + named[i][0][len(_block(stack, block)):])
                 new_order.append(index[name])
                 new_gaps.append(gap)
     backward = {b: sum(g for i, g in zip(order, gaps) if layer_of(named[i][0])[1:] == (stack, b)) for b in kept}
