@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Top-level folders and the package each is installed as (pyproject's package-dir mapping).
-FOLDERS = {"exonet": "exonet", "strategies": "exonet.strategies", "scenarios": "exonet.scenarios"}
+FOLDERS = {"exonet": "exonet", "strategies": "exonet.strategies", "scenarios": "exonet.presets"}
 
 
 def _modules() -> dict[str, Path]:

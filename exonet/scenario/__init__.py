@@ -5,7 +5,7 @@
 its records (hosts, links, events, failures); ``schema`` is what a
 document may say, field by field, with its error messages; ``units`` parses and formats the
 quantities ("100 Mbit/s", "4 MiB", "30 ms"). The presets themselves are TOML files in
-``exonet.scenarios``.
+``exonet.presets``.
 """
 
 from exonet.scenario.resolved import EventSpec, FailureSpec, HostSpec, LinkSpec, Resolved

@@ -73,8 +73,8 @@ NIC_KEYS = ("bandwidth", "uplink", "downlink")  # what a [[nodes]] entry may set
 
 # ---------------------------------------------------------------- presets and files
 def list_presets() -> list[str]:
-    """Names of the scenario presets shipped in ``exonet.scenarios``."""
-    root = resources.files("exonet.scenarios")
+    """Names of the scenario presets shipped in ``exonet.presets``."""
+    root = resources.files("exonet.presets")
     return sorted(entry.name[: -len(".toml")] for entry in root.iterdir() if entry.name.endswith(".toml"))
 
 
@@ -121,7 +121,7 @@ class Scenario:
         presets = list_presets()
         if not text.endswith(".toml") and "/" not in text and os.sep not in text:
             if text in presets:
-                resource = resources.files("exonet.scenarios").joinpath(f"{text}.toml")
+                resource = resources.files("exonet.presets").joinpath(f"{text}.toml")
                 return cls.from_toml(resource.read_text(encoding="utf-8"), f"scenarios/{text}.toml")
             if not Path(text).is_file():
                 raise ScenarioError(
