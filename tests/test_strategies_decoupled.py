@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from exonet import LocalTrainer, Scenario
+from exonet import LocalTrainer, Scenario, compare
 from exonet.estimate import estimate
 from exonet.strategies import STRATEGIES, DecoupledDiLoCoStrategy, OptimSpec, StreamingDiLoCoStrategy
 from exonet.strategies.base import NodeContext, flatten
@@ -254,6 +254,9 @@ def test_a_slow_and_a_failing_learner_stall_nobody_and_the_loss_stays_within_10p
     assert again.history["eval"][-1]["loss"] == loss
     assert all(torch.equal(a, b) for a, b in zip(run.model.parameters(), again.model.parameters()))
     assert [run.trace.payload_bytes(r) for r in range(9)] == [again.trace.payload_bytes(r) for r in range(9)]
+    (row,) = compare({"decoupled": run}, [ROUGH]).rows  # compared as the others: the syncer's bytes apart
+    assert row["payload_bytes_per_server"] == run.trace.payload_bytes(8)
+    assert row["payload_bytes_per_node"] == sum(run.trace.payload_bytes(r) for r in range(8)) / 8
 
 
 # ---------------------------------------------------------------- uneven hardware: the quorum's worth
