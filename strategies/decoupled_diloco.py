@@ -54,7 +54,7 @@ import torch
 
 from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range, flatten, outer_spec, unflatten_into
 from exonet.strategies.replica import ReplicaGroups, check_replica_size, check_replica_world
-from exonet.strategies.streaming_diloco import fragment_bounds, fragment_offsets
+from exonet.strategies.streaming_diloco import check_schedule, cut_fragments, fragment_offsets
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator, Handle
@@ -292,9 +292,7 @@ class DecoupledDiLoCoStrategy(Strategy):
     ) -> None:
         super().__init__(optim_spec)
         self.outer_optim_spec = outer_spec(outer_optim_spec)
-        check_range("H", H, low=1, integer=True)
-        check_range("num_fragments", num_fragments, low=1, high=H, integer=True)
-        check_range("delay_steps", delay_steps, low=0, high=H, integer=True)
+        check_schedule(H, num_fragments, delay_steps)
         check_range("quorum", quorum, low=1, integer=True)
         check_range("grace_fraction", grace_fraction, low=0, high=1)
         if grace_fraction == 1:
@@ -315,10 +313,7 @@ class DecoupledDiLoCoStrategy(Strategy):
         """Cut the model into fragments; a learner keeps its copy of θ_global, the syncer the outer optimizers."""
         super().setup(model, comm, ctx)
         self.check_world(ctx.num_nodes)
-        self.fragments = [self.params[r.start : r.stop]
-                          for r in fragment_bounds([p.numel() for p in self.params], self.num_fragments)]
-        with torch.no_grad():
-            self.global_params = [flatten(ps).float() for ps in self.fragments]
+        self.fragments, self.global_params = cut_fragments(self.params, self.num_fragments)
         self.offsets = fragment_offsets(self.H, self.num_fragments)
         self.server = ctx.num_nodes
         self.learners = ctx.num_nodes // self.replica_size

@@ -94,6 +94,21 @@ def fragment_bounds(sizes: Sequence[int], num_fragments: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
+def check_schedule(H: int, num_fragments: int, delay_steps: int) -> None:
+    """Validate a fragment schedule's arguments, each named: H >= 1, 1 <= F <= H, 0 <= τ <= H."""
+    check_range("H", H, low=1, integer=True)
+    check_range("num_fragments", num_fragments, low=1, high=H, integer=True)
+    check_range("delay_steps", delay_steps, low=0, high=H, integer=True)
+
+
+def cut_fragments(params: list[torch.nn.Parameter],
+                  num_fragments: int) -> tuple[list[list[torch.nn.Parameter]], list[torch.Tensor]]:
+    """The parameters in ``num_fragments`` fragments (``fragment_bounds``), and each fragment's θ_global in fp32."""
+    fragments = [params[r.start : r.stop] for r in fragment_bounds([p.numel() for p in params], num_fragments)]
+    with torch.no_grad():
+        return fragments, [flatten(ps).float() for ps in fragments]
+
+
 def fragment_offsets(H: int, num_fragments: int) -> list[int]:
     """The step offset o_f = (f+1)·H // F of each fragment's syncs (at t = o_f, o_f + H, ...)."""
     return [(f + 1) * H // num_fragments for f in range(num_fragments)]
@@ -143,9 +158,7 @@ class StreamingDiLoCoStrategy(Strategy):
     ) -> None:
         super().__init__(optim_spec)
         self.outer_optim_spec = outer_spec(outer_optim_spec)
-        check_range("H", H, low=1, integer=True)
-        check_range("num_fragments", num_fragments, low=1, high=H, integer=True)
-        check_range("delay_steps", delay_steps, low=0, high=H, integer=True)
+        check_schedule(H, num_fragments, delay_steps)
         if quantize_bits is not None and (isinstance(quantize_bits, bool) or quantize_bits not in BITS):
             raise ValueError(f"quantize_bits must be None, 4 or 8, got {quantize_bits!r}")
         check_range("merge_alpha", merge_alpha, low=0, high=1)
@@ -165,10 +178,7 @@ class StreamingDiLoCoStrategy(Strategy):
     def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:
         """Cut the model into fragments; keep θ_global (fp32) and an outer optimizer per fragment."""
         super().setup(model, comm, ctx)
-        self.fragments = [self.params[r.start : r.stop]
-                          for r in fragment_bounds([p.numel() for p in self.params], self.num_fragments)]
-        with torch.no_grad():
-            self.global_params = [flatten(ps).float() for ps in self.fragments]
+        self.fragments, self.global_params = cut_fragments(self.params, self.num_fragments)
         self.outer_optimizers = [self.outer_optim_spec.build([g]) for g in self.global_params]
         self.offsets = fragment_offsets(self.H, self.num_fragments)
         self._in_flight: list[_Round] = []
