@@ -73,12 +73,13 @@ from exonet.netsim import tcp
 from exonet.netsim.agenda import CLAIM, SCALE, START, TICK, Agenda, seconds, ticks
 from exonet.netsim.collectives import algorithm_names
 from exonet.netsim.compute import FAILED, ComputeModel
-from exonet.netsim.fastpath import Plan, Planner
+from exonet.netsim.fastpath import Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
 from exonet.netsim.handover import Handover
 from exonet.netsim.outages import Outages
 from exonet.netsim.outcome import Outcomes, kept
 from exonet.netsim.queries import ClockQueries
+from exonet.netsim.simstate import HandoverState, SimState
 from exonet.netsim.spans import COMM, COMPUTE, IDLE
 from exonet.netsim.state import Instance, RankState
 from exonet.netsim.topology import Topology
@@ -100,7 +101,7 @@ class AnyRecv:
     nbytes: int
 
 
-class Simulation(ClockQueries, Outcomes, Outages, Handover):
+class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
     """An incremental replay of per-rank events in one scenario.
 
     Args:
@@ -137,47 +138,43 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         self._rewind = rewind
         self._ranks = [RankState(r) for r in range(n)]
         self._everyone = tuple(range(n))
-        self._members: dict[tuple[int, ...] | None, tuple[int, ...]] = {None: self._everyone}
-        self._open: dict[tuple, Instance] = {}  # issued by some members, not yet by all
-        self._late: dict[tuple, tuple[Instance, set[int]]] = {}  # elastic: started without members yet to issue it
+        self._members = {None: self._everyone}
+        self._open = {}  # issued by some members, not yet by all
+        self._late = {}  # elastic: started without members yet to issue it
         self._concurrency = concurrency
-        self._running: dict[tuple[int, ...], int] = {}  # group -> collectives started or due to start
-        self._queued: dict[tuple[int, ...], deque[Instance]] = {}  # group -> issued by all, waiting their turn
-        self._active: dict[Instance, None] = {}  # in flight on the event path
-        self._lone: Instance | None = None  # in flight on the fast path
-        # handed back to the fast path mid-run: (tick its phase 0 would have begun, phase it resumed at, its links)
-        self._resting: dict[Instance, tuple[int, int, frozenset[int]]] = {}
+        self._running = {}  # group -> collectives started or due to start
+        self._queued = {}  # group -> issued by all, waiting their turn
+        self._active = {}  # in flight on the event path
+        # resting collectives may share links, apart in time (max-min only: FIFO's order is the order of entry,
+        # which a take-over would change)
+        self._handover = HandoverState(windowed=resolved.sharing == "max-min")
         failing = self._cm.failures is not None
         # nothing else stops a flow
         self._calm = not any(self._cm.gated_steps) and not any(self._cm.down) and not failing
-        self._taken_at = -1  # the tick of the latest take-over
-        # resting collectives may share links, apart in time (max-min only: FIFO's order is the order of entry,
-        # which a take-over would change)
-        self._windowed = resolved.sharing == "max-min"
-        self._step_ends: list[int] = []
+        self._step_ends = []
         self._wire = [0.0] * n
-        self._carried: dict[Plan, int] = {}  # plan -> how many collectives ran it (for the links' loads)
-        self._alone: dict[Plan, int] = {}  # plan -> how many ran it whole on the fast path (for the links' busy time)
+        self._carried = {}  # plan -> how many collectives ran it (for the links' loads)
+        self._alone = {}  # plan -> how many ran it whole on the fast path (for the links' busy time)
         self._busy = np.zeros(len(self._topo.capacity) + 1)  # busy seconds of fast-path parts of collectives
-        self._ended: list[Instance] = []  # every collective and message, in the order they ended
+        self._ended = []  # every collective and message, in the order they ended
         self._last_end = 0
         self._events = 0
-        self._horizon: float = math.inf  # the earliest cursor of a rank waiting for input
-        self._lookahead: set[int] = set()  # ranks waiting for input that do not hold the clock back (see overrun)
+        self._horizon = math.inf  # the earliest cursor of a rank waiting for input
+        self._lookahead = set()  # ranks waiting for input that do not hold the clock back (see overrun)
         self._gates = any(self._cm.gated_steps)
         self._mirror = False  # ranks 1.. mirror rank 0 (see feed_trace)
-        self._inbox: dict[int, list[Instance]] = {}  # receiver -> messages delivered that it has not received
-        self._any: dict[int, RankState] = {}  # receivers waiting in an any-source receive
-        self._received: dict[int, list[tuple[int, float]]] = {}  # receiver -> (sender, seconds) its AnyRecvs took
-        self._group_end: dict[tuple[int, ...], int] = {}  # members -> tick their latest collective ended
-        self._rtos: dict[tuple[int, ...], float] = {}  # members -> the RTO of their slowest pair
-        self._set_up: set[tuple[int, ...]] = set()  # groups whose one-time set-up is paid
+        self._inbox = {}  # receiver -> messages delivered that it has not received
+        self._any = {}  # receivers waiting in an any-source receive
+        self._received = {}  # receiver -> (sender, seconds) its AnyRecvs took
+        self._group_end = {}  # members -> tick their latest collective ended
+        self._rtos = {}  # members -> the RTO of their slowest pair
+        self._set_up = set()  # groups whose one-time set-up is paid
         for r, outages in enumerate(self._cm.down):
             for t0, t1 in outages:
                 self._schedule_outage(r, ticks(t0), ticks(t1))
             self._ranks[r].gate = 0 in self._cm.gated_steps[r]
         self._failing = 0  # failure calls on the agenda
-        self._stalled: dict[int, int] = {}  # rank -> its next failure, while nothing else can move
+        self._stalled = {}  # rank -> its next failure, while nothing else can move
         if failing:
             for r in range(n):
                 if self._cm.failures[r] is not None:
@@ -483,15 +480,15 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         self._carried[plan] = self._carried.get(plan, 0) + 1
         if not plan.phases:
             self._end(t, c)
-        elif self._fast and self._lone is None and not self._active:
-            self._lone = c
+        elif self._fast and self._handover.lone is None and not self._active:
+            self._handover.lone = c
             self._agenda.at(t + ticks(self._planner.duration(plan)), self._lone_end, c, c.token)
         else:
-            if self._lone is not None:
+            if self._handover.lone is not None:
                 if self._calm:  # it goes on timed as alone, sharing only what its windows must (see _begin_phase)
-                    self._rest(self._lone, self._lone.start, 0)
+                    self._rest(self._handover.lone, self._handover.lone.start, 0)
                 else:
-                    self._take_over(t, self._lone)
+                    self._take_over(t, self._handover.lone)
             self._active[c] = None
             self._begin_phase(t, c, 0)
 
@@ -530,7 +527,8 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
         c.phase = p
         # one taken over in its previous phase stays on the event path for this one: it is likely locked in
         # step with another collective, and resting would only be taken over again
-        if self._fast and self._calm and t != self._taken_at and self._lone is None and c.taken != p - 1:
+        handover = self._handover
+        if self._fast and self._calm and t != handover.taken_at and handover.lone is None and c.taken != p - 1:
             links = self._topo.reach(plan.phases)
             if links.isdisjoint(self._net.busy()):
                 self._planner.duration(plan)
@@ -543,8 +541,8 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover):
                         self._agenda.at(at, self._split, c, c.token, other, other.token)
                     return
         batch = self._topo.batch(plan.phases[p], c)
-        if self._lone is not None:
-            self._take_over(t, self._lone, settle=False)
+        if self._handover.lone is not None:
+            self._take_over(t, self._handover.lone, settle=False)
         self._take_over_touching(t, batch.shape.reach)  # first: under FIFO the earlier messages go first
         c.pending = len(batch)
         self._drain(t)

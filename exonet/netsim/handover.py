@@ -19,20 +19,21 @@ from __future__ import annotations
 import numpy as np
 
 from exonet.netsim.agenda import seconds, ticks
+from exonet.netsim.simstate import SimState
 from exonet.netsim.state import Instance
 
 # Seconds by which two resting collectives' transmit windows are taken to overlap early (rounding of their offsets)
 _OVERLAP_MARGIN = 1e-9
 
 
-class Handover:
+class Handover(SimState):
     """Lone and resting collectives, and taking them over onto the event path."""
 
     def _lone_end(self, t: int, c: Instance, token: int) -> None:
         if c.token != token:
             return
-        if self._lone is c:
-            self._lone = None
+        if self._handover.lone is c:
+            self._handover.lone = None
         self._alone[c.plan] = self._alone.get(c.plan, 0) + 1
         self._end(t, c)
 
@@ -41,15 +42,15 @@ class Handover:
 
         ``settle=False`` leaves updating the network to the caller, who adds flows at this tick too.
         """
-        if self._lone is c:
-            self._lone = None
-        self._taken_at = t
+        if self._handover.lone is c:
+            self._handover.lone = None
+        self._handover.taken_at = t
         plan = c.plan
         assert plan is not None and plan.offsets is not None
-        origin, first, _ = self._resting.get(c) or (c.start, 0, None)
+        origin, first, _ = self._handover.resting.get(c) or (c.start, 0, None)
         if origin + ticks(plan.offsets[-1]) <= t:
             return  # it ends now: its end event is due at this very time and it has no flows left
-        self._resting.pop(c, None)
+        self._handover.resting.pop(c, None)
         c.token += 1
         tau = max(seconds(t - origin), plan.offsets[first])
         self._busy += self._planner.busy(plan, tau) - self._planner.busy(plan, plan.offsets[first])
@@ -80,13 +81,13 @@ class Handover:
     def _take_over_touching(self, t: int, links: frozenset[int]) -> None:
         """Flows were put on ``links``: take over the resting collectives on them that transmit now, and guard
         the next window of those that do not (the caller settles the network)."""
-        for other in [r for r, (_, _, reach) in self._resting.items() if not reach.isdisjoint(links)]:
-            if other not in self._resting:  # already taken over through another
+        for other in [r for r, (_, _, reach) in self._handover.resting.items() if not reach.isdisjoint(links)]:
+            if other not in self._handover.resting:  # already taken over through another
                 continue
-            if not self._windowed:
+            if not self._handover.windowed:
                 self._take_over(t, other, settle=False)
                 continue
-            origin = self._resting[other][0]
+            origin = self._handover.resting[other][0]
             assert other.plan is not None
             starts, ends = self._planner.windows(other.plan)
             tau = seconds(t - origin)
@@ -100,7 +101,8 @@ class Handover:
 
     def _guard(self, t: int, c: Instance, token: int) -> None:
         """The resting ``c`` is about to transmit: it joins the event path if flows in transit share its links."""
-        if c.token == token and c in self._resting and not self._resting[c][2].isdisjoint(self._net.busy()):
+        resting = self._handover.resting
+        if c.token == token and c in resting and not resting[c][2].isdisjoint(self._net.busy()):
             self._take_over(t, c, settle=False)
             self._drain(t)
             self._net_changed(t)
@@ -109,11 +111,11 @@ class Handover:
         """Time ``c`` as if alone from its phase ``p`` on, its phase 0 counted from tick ``origin``."""
         plan = c.plan
         assert plan is not None and plan.offsets is not None
-        if self._lone is c:
-            self._lone = None
+        if self._handover.lone is c:
+            self._handover.lone = None
             c.token += 1  # its end comes from the rest's event now
         self._active[c] = None
-        self._resting[c] = (origin, p, self._topo.reach(plan.phases))
+        self._handover.resting[c] = (origin, p, self._topo.reach(plan.phases))
         self._agenda.at(origin + ticks(plan.offsets[-1]), self._rest_end, c, c.token)
 
     def _overlaps(self, t: int, c: Instance, origin: int, p: int,
@@ -130,10 +132,10 @@ class Handover:
         shift = seconds(origin - t)
         mine_s, mine_e = starts[p:] + shift, ends[p:] + shift
         splits = []
-        for other, (o_origin, _, reach) in self._resting.items():
+        for other, (o_origin, _, reach) in self._handover.resting.items():
             if reach.isdisjoint(links):
                 continue
-            if not self._windowed:
+            if not self._handover.windowed:
                 return None
             assert other.plan is not None
             o_starts, o_ends = self._planner.windows(other.plan)
@@ -153,16 +155,17 @@ class Handover:
 
     def _split(self, t: int, c: Instance, token: int, other: Instance, other_token: int) -> None:
         """Two resting collectives are about to transmit at once: both go on the event path."""
-        if c.token == token and other.token == other_token and c in self._resting and other in self._resting:
+        resting = self._handover.resting
+        if c.token == token and other.token == other_token and c in resting and other in resting:
             self._take_over(t, c, settle=False)
-            if other in self._resting:
+            if other in self._handover.resting:
                 self._take_over(t, other, settle=False)
             self._drain(t)
             self._net_changed(t)
 
     def _rest_end(self, t: int, c: Instance, token: int) -> None:
         if c.token == token:
-            plan, first = c.plan, self._resting[c][1]
+            plan, first = c.plan, self._handover.resting[c][1]
             self._busy += self._planner.busy(plan) - self._planner.busy(plan, plan.offsets[first])
-            del self._resting[c], self._active[c]
+            del self._handover.resting[c], self._active[c]
             self._end(t, c)

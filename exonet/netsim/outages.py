@@ -17,12 +17,13 @@ discards its work and receives the state.
 from __future__ import annotations
 
 from exonet.netsim.agenda import OUTAGE, START, seconds, ticks
+from exonet.netsim.simstate import SimState
 from exonet.netsim.spans import COMM, IDLE
 from exonet.netsim.state import Instance, RankState
 from exonet.trace import Collective
 
 
-class Outages:
+class Outages(SimState):
     """Putting ranks down and up: scheduled windows and the failure process."""
 
     def _schedule_outage(self, rank: int, t0: int, t1: int) -> None:
@@ -79,7 +80,7 @@ class Outages:
         self._failing -= 1
         self._outage(t, rank, True)
         # (paused flows schedule nothing)
-        live = self._agenda.pending > self._failing or self._active or self._lone is not None
+        live = self._agenda.pending > self._failing or self._active or self._handover.lone is not None
         if live or any(rk.open and rk.blocked is None for rk in self._ranks):
             self._schedule_failure(rank, k + 1)
         else:  # nothing can move until more input comes: the chain waits for it (run_until_blocked resumes it)
@@ -101,11 +102,11 @@ class Outages:
     def _outage(self, t: int, rank: int, down: bool) -> None:
         """``rank`` goes down (its flows stop) or comes back."""
         if down and not self._rewind:
-            for c in [c for c in (self._lone, *self._active) if c is not None and rank in c.members]:
+            for c in [c for c in (self._handover.lone, *self._active) if c is not None and rank in c.members]:
                 self._abort(t, c, rank)
             for c in [c for c in self._open.values() if rank in c.members and c.last <= t]:
                 self._go_on(c, t)
-        lone = self._lone
+        lone = self._handover.lone
         if down and lone is not None and rank in lone.members:
             self._take_over(t, lone)
         self._drain(t)
@@ -174,15 +175,15 @@ class Outages:
         down = self._down_now(t, c) | {rank}
         if len(down) == len(c.members):
             return  # nobody to go on with: it waits for them, as a blocking collective does
-        if self._lone is c or c in self._resting:  # its fast-path part so far kept its links busy
-            origin, first, _ = self._resting.get(c) or (c.start, 0, None)
+        if self._handover.lone is c or c in self._handover.resting:  # its fast-path part so far kept its links busy
+            origin, first, _ = self._handover.resting.get(c) or (c.start, 0, None)
             if origin + ticks(plan.offsets[-1]) <= t:
                 return  # it ends now: its end event is due at this very time
-            self._resting.pop(c, None)
+            self._handover.resting.pop(c, None)
             self._busy += (self._planner.busy(plan, max(seconds(t - origin), plan.offsets[first]))
                            - self._planner.busy(plan, plan.offsets[first]))
-            if self._lone is c:
-                self._lone = None
+            if self._handover.lone is c:
+                self._handover.lone = None
         else:
             self._drain(t)
             self._net.remove(c)

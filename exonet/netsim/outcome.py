@@ -15,11 +15,12 @@ from exonet.errors import TraceError
 from exonet.netsim.agenda import seconds, ticks
 from exonet.netsim.diagnose import deadlock
 from exonet.netsim.result import CollectiveSpan, LinkLoad, NodeTimes, SimResult
+from exonet.netsim.simstate import SimState
 from exonet.netsim.spans import COMM, COMPUTE, Timeline
 from exonet.netsim.state import Instance, RankState
 
 
-class Outcomes:
+class Outcomes(SimState):
     """A ``Simulation``'s results: the whole run, one job of several, and the links' loads."""
 
     def result(self, history: Sequence[float] | None = None) -> SimResult:

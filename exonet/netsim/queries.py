@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from exonet.netsim.agenda import seconds
+from exonet.netsim.simstate import SimState
 from exonet.trace import P2P_OPS
 
 
-class ClockQueries:
+class ClockQueries(SimState):
     """The questions ``exonet.runtime.clock.SimClock`` puts to a ``Simulation`` while it is fed."""
 
     @property
@@ -104,7 +105,7 @@ class ClockQueries:
         online timing may differ from a replay of the recorded trace by that much; the replay,
         which has every event in advance, is the exact one.
         """
-        if not (self._agenda.pending > self._failing or self._active or self._lone is not None):
+        if not (self._agenda.pending > self._failing or self._active or self._handover.lone is not None):
             return False  # only failures are due: nothing the answer waits for can happen
         self._lookahead.update(ranks)
         self._agenda.overrun = True
