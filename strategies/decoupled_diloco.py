@@ -436,10 +436,11 @@ class DecoupledDiLoCoStrategy(Strategy):
                                            async_op=True))
 
         def served(time: float) -> None:
+            """The syncer's model is θ_global: copy the fragments merged since, and count each merge an update."""
             nonlocal merges
             with torch.no_grad():
-                for f, theta in enumerate(self.global_params):
-                    unflatten_into(theta, self.fragments[f])
+                for f in {merge.fragment for merge in syncer.merges[merges:]}:
+                    unflatten_into(self.global_params[f], self.fragments[f])
             while merges < len(syncer.merges):
                 merges += 1
                 updated(merges, time)
