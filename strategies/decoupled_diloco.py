@@ -114,8 +114,10 @@ class _Owed:
 
 @dataclass
 class _Fragment:
+    """The syncer's state of one fragment: its round, the contributions it holds, its grace window."""
+
     version: int = 0  # the round the next merge closes
-    ontime: dict[int, tuple[torch.Tensor, float]] = field(default_factory=dict)  # learner -> (Δ, tokens)
+    ontime: dict[int, tuple[torch.Tensor, float]] = field(default_factory=dict)  # learner -> (Δ, weight)
     stale: list[tuple[int, torch.Tensor, float]] = field(default_factory=list)
     deadline: float | None = None  # the grace window's end, once the quorum is reached
 
