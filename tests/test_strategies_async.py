@@ -71,9 +71,10 @@ def test_the_online_clock_equals_replay_and_the_same_seed_gives_the_same_run(run
     assert a.history["train_loss"] == b.history["train_loss"] and a.history["eval"] == b.history["eval"]
     assert shape(a.trace) == shape(b.trace)
     evals = [e for e in a.history["eval"] if not e.get("final")]  # and the final model at the end (test_time_aware)
-    assert [e["step"] for e in evals] == list(range(4, 4 * len(evals) + 1, 4))  # every 4 updates of the server
+    # the initial model at 0 updates and time 0 (the seed gym's step-0 evaluation), then every 4 updates
+    assert [e["step"] for e in evals] == list(range(0, 4 * len(evals) - 3, 4))
     times = [e["sim_time_s"] for e in evals]
-    assert times == sorted(times) and 0 < times[0] and times[-1] <= a.sim_wall_clock_s
+    assert times == sorted(times) and times[0] == 0 < times[1] and times[-1] <= a.sim_wall_clock_s
     from exonet.comparison import time_to_loss
 
     assert all(e["updates"] == e["step"] for e in evals)  # steps of the server's model, not of the trainers
