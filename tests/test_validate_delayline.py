@@ -227,8 +227,10 @@ def test_the_delay_matrix_command_reports_the_line_and_every_table(monkeypatch, 
 
 
 def test_the_model_meets_the_recorded_delay_line_medians():
-    """The model against the delay line's last measured medians (no root needed): on the deterministic cases
-    (repeats within 5%) median |error| <= 3% and worst <= 10%, as the issue asks; nothing fitted to them."""
+    """The model against the delay line's measured medians (no root needed): in each run, on the deterministic
+    cases (repeats within 5%), median |error| <= 3% and worst <= 10%, as the issue asks. Run 1 was measured after
+    the model's revision from run 0's mechanisms, so it is out of sample; nothing is fitted to either."""
     errors = recorded_report(log=lambda line: None)
-    deterministic = errors["deterministic"]
-    assert len(deterministic) >= 12 and statistics.median(deterministic) <= 0.03 and max(deterministic) <= 0.10
+    for run in (0, 1):
+        deterministic = errors[f"run {run} deterministic"]
+        assert len(deterministic) >= 12 and statistics.median(deterministic) <= 0.03 and max(deterministic) <= 0.10

@@ -263,6 +263,7 @@ class Recorded:
     median: float
     spread: tuple[float, float]
     sysctls: dict[str, str]
+    run: int  # which measurement run of the file (0: the first)
 
     @property
     def deterministic(self) -> bool:
@@ -271,34 +272,40 @@ class Recorded:
 
 
 DETERMINISTIC = 0.05  # the issue's bound on a deterministic case's spread of repeats
+RECORDED = Path(__file__).with_name("delay_medians.json")
 
 
-def recorded(path: Path = Path(__file__).with_name("delay_medians.json")) -> list[Recorded]:
-    """The delay-line cases as last measured (no root, no network: the medians the validate README shows)."""
+def recorded(path: Path = RECORDED) -> list[Recorded]:
+    """The delay-line cases as measured, run by run (no root, no network: the medians the validate README shows)."""
     import json
 
-    data = json.loads(path.read_text())
     out = []
-    for row in data["cases"]:
-        row = dict(row)
-        median, lo, hi = row.pop("median"), row.pop("p10"), row.pop("p90")
-        rate = row.pop("mbit") * 1e6 / 8
-        case = DelayCase(rate=rate, **row)
-        sysctls = {**data["sysctls"], "net.ipv4.tcp_congestion_control": case.congestion}
-        out.append(Recorded(case, median, (lo, hi), sysctls))
+    for run, data in enumerate(json.loads(path.read_text())["runs"]):
+        for row in data["cases"]:
+            row = dict(row)
+            median, lo, hi = row.pop("median"), row.pop("p10"), row.pop("p90")
+            case = DelayCase(rate=row.pop("mbit") * 1e6 / 8, **row)
+            sysctls = {**data["sysctls"], "net.ipv4.tcp_congestion_control": case.congestion}
+            out.append(Recorded(case, median, (lo, hi), sysctls, run))
     return out
 
 
 def recorded_report(log: Callable[[str], None] = print) -> dict[str, list[float]]:
-    """Today's model against the recorded medians: a table, then the |errors| of deterministic and noisy cases."""
-    log("| case | measured median s (p10-p90) | model s (err) | phase model s (err) |")
-    log("|---|---|---|---|")
+    """Today's model against the recorded medians: a table per run, then the |errors| of deterministic and noisy
+    cases over all runs (``"run N deterministic"`` keys hold each run's)."""
     errors: dict[str, list[float]] = {"deterministic": [], "noisy": []}
-    for r in recorded():
-        model, phase = r.case.predict(r.case.model, r.sysctls), r.case.predict("phase", r.sysctls)
-        errors["deterministic" if r.deterministic else "noisy"].append(abs(model - r.median) / r.median)
-        log(f"| {r.case.name} | {r.median:.3f} ({r.spread[0]:.3f}-{r.spread[1]:.3f}) | {r.case.model} {model:.3f} "
-            f"({(model - r.median) / r.median:+.1%}) | {phase:.3f} ({(phase - r.median) / r.median:+.1%}) |")
+    cases = recorded()
+    for run in sorted({r.run for r in cases}):
+        log(f"\nrun {run}\n| case | measured median s (p10-p90) | model s (err) | phase model s (err) |")
+        log("|---|---|---|---|")
+        for r in (r for r in cases if r.run == run):
+            model, phase = r.case.predict(r.case.model, r.sysctls), r.case.predict("phase", r.sysctls)
+            kind = "deterministic" if r.deterministic else "noisy"
+            err = abs(model - r.median) / r.median
+            errors[kind].append(err)
+            errors.setdefault(f"run {run} {kind}", []).append(err)
+            log(f"| {r.case.name} | {r.median:.3f} ({r.spread[0]:.3f}-{r.spread[1]:.3f}) | {r.case.model} {model:.3f} "
+                f"({(model - r.median) / r.median:+.1%}) | {phase:.3f} ({(phase - r.median) / r.median:+.1%}) |")
     for which, errs in errors.items():
         log(f"{which} ({len(errs)}): median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}")
     return errors
