@@ -15,6 +15,7 @@ from exonet.runtime.node import epoch_indices
 from exonet.strategies import (
     AsyncDiLoCoStrategy,
     DDPStrategy,
+    DecoupledDiLoCoStrategy,
     DeMoStrategy,
     DiLoCoStrategy,
     FedAvgStrategy,
@@ -273,12 +274,13 @@ REFUSED = {
     "fedbuff": lambda: FedBuffStrategy(H=2),
     "fedavg-deadline": lambda: FedAvgStrategy(H=2, deadline_s=1.0),
     "ddp-elastic": lambda: DDPStrategy(elastic=True),
+    "decoupled_diloco": lambda: DecoupledDiLoCoStrategy(H=2, num_fragments=2),
 }
 MATRIX = dict(KW, max_steps=8)
 
 
 def test_the_resume_matrix_covers_every_strategy_exonet_ships():
-    """The eleven names of exonet.strategies.__all__: AllReduce and SimpleReduce are DDP, the rest are resumed
+    """The names of exonet.strategies.__all__: AllReduce and SimpleReduce are DDP, the rest are resumed
     below, or refused."""
     import exonet.strategies as shipped
 
