@@ -24,6 +24,13 @@ def check_range(name: str, value: Any, *, low: float | None = None, high: float 
         raise ValueError(f"{name} must be <= {high}, got {value!r}")
 
 
+def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
+    """``value``, after a TypeError naming ``name`` unless it is an integer (not a bool) and a ValueError unless it
+    is within [low, high]: the one integer check of fit, the strategies and the runtime."""
+    check_range(name, value, low=low, high=high, integer=True)
+    return value
+
+
 def one_of(**spellings: Any) -> Any:
     """The value of an argument accepted under several names (seed-gym aliases); None when none is given.
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, check_range, outer_spec
+from exonet.strategies.base import NodeContext, OptimSpec, check_int, check_range, outer_spec
 from exonet.strategies.server import ServerStrategy
 
 DN_OPTIONS = frozenset({"lr", "momentum", "nesterov"})  # what of the outer SGD Delayed Nesterov's step reads
@@ -72,7 +72,7 @@ class AsyncDiLoCoStrategy(ServerStrategy):
         self.outer_optim_spec = outer_spec(outer_optim_spec)
         if delayed_nesterov is not None:
             if delayed_nesterov != "trainers":
-                check_range("delayed_nesterov", delayed_nesterov, low=1, integer=True)
+                check_int("delayed_nesterov", delayed_nesterov, low=1)
             if self.outer_optim_spec.cls is not torch.optim.SGD or self.outer_optim_spec.lr is None:
                 raise ValueError("delayed_nesterov: the outer optimizer must be SGD with an lr (and momentum), "
                                  f"got {self.outer_optim_spec!r}; pass delayed_nesterov=None for a naive outer step")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
-from exonet.arguments import check_range, one_of
+from exonet.arguments import check_int, check_range, one_of
 from exonet.runtime.forkserver import complete_imports
 from exonet.seeding import shared_generator
 from exonet.strategies.compat import accept_gym_spellings
@@ -25,8 +25,8 @@ from exonet.strategies.compat import accept_gym_spellings
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
 
-__all__ = ["BASE_OPTIONS", "OPTIMIZERS", "BaseOptions", "NodeContext", "OptimSpec", "Strategy", "check_range",
-           "flatten", "one_of", "outer_spec", "shared_generator", "unflatten_into"]
+__all__ = ["BASE_OPTIONS", "OPTIMIZERS", "BaseOptions", "NodeContext", "OptimSpec", "Strategy", "check_int",
+           "check_range", "flatten", "one_of", "outer_spec", "shared_generator", "unflatten_into"]
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
@@ -146,7 +146,7 @@ class BaseOptions:
         ):
             raise ValueError(f"lr_scheduler must be None, 'cosine', 'lambda_cosine' or a torch LRScheduler class, "
                              f"got {self.lr_scheduler!r}")
-        check_range("warmup_steps", self.warmup_steps, low=0, integer=True)
+        check_int("warmup_steps", self.warmup_steps, low=0)
         check_range("cosine_min_ratio", self.cosine_min_ratio, low=0, high=1)
         _check_schedule_options(self.lr_scheduler, self.lr_scheduler_kwargs, self.warmup_steps,
                                 self.cosine_min_ratio)

@@ -52,7 +52,16 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range, flatten, outer_spec, unflatten_into
+from exonet.strategies.base import (
+    NodeContext,
+    OptimSpec,
+    Strategy,
+    check_int,
+    check_range,
+    flatten,
+    outer_spec,
+    unflatten_into,
+)
 from exonet.strategies.replica import ReplicaGroups, check_replica_size, check_replica_world
 from exonet.strategies.streaming_diloco import check_schedule, cut_fragments, fragment_offsets
 
@@ -295,7 +304,7 @@ class DecoupledDiLoCoStrategy(Strategy):
         super().__init__(optim_spec)
         self.outer_optim_spec = outer_spec(outer_optim_spec)
         check_schedule(H, num_fragments, delay_steps)
-        check_range("quorum", quorum, low=1, integer=True)
+        check_int("quorum", quorum, low=1)
         check_range("grace_fraction", grace_fraction, low=0, high=1)
         if grace_fraction == 1:
             raise ValueError("grace_fraction must be < 1 (a share of the slack before the fragment is due), got 1")

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import einops
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_range
+from exonet.strategies.base import NodeContext, OptimSpec, Strategy, check_int, check_range
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -318,8 +318,8 @@ class DeMoStrategy(Strategy):
         check_range("compression_decay", compression_decay, low=0)
         if compression_decay >= 1:
             raise ValueError(f"compression_decay must be < 1, got {compression_decay!r}")
-        check_range("compression_topk", compression_topk, low=1, integer=True)
-        check_range("compression_chunk", compression_chunk, low=1, integer=True)
+        check_int("compression_topk", compression_topk, low=1)
+        check_int("compression_chunk", compression_chunk, low=1)
         check_range("weight_decay", weight_decay, low=0)
         super().__init__(OptimSpec("sgd", lr=lr))
         self.compression_decay = compression_decay

@@ -17,6 +17,7 @@ from exonet.strategies.base import (
     NodeContext,
     OptimSpec,
     Strategy,
+    check_int,
     check_range,
     flatten,
     shared_generator,
@@ -101,9 +102,9 @@ class FedAvgStrategy(Strategy):
                 raise ValueError("deadline_s: the deadline decides who takes part in a round; it cannot be combined "
                                  "with participation < 1 or island_size")
         self.deadline_s = deadline_s
-        check_range("H", H, low=1, integer=True)
+        check_int("H", H, low=1)
         if island_size is not None:
-            check_range("island_size", island_size, low=1, integer=True)
+            check_int("island_size", island_size, low=1)
         check_range("participation", participation, low=0, low_open=True, high=1)
         self.H = H
         self.island_size = island_size

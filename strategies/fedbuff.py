@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, check_range
+from exonet.strategies.base import NodeContext, OptimSpec, check_int
 from exonet.strategies.server import ServerStrategy
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class FedBuffStrategy(ServerStrategy):
         dynamic_local_updates: bool = False,
     ) -> None:
         super().__init__(optim_spec, H=H, dynamic_local_updates=dynamic_local_updates)
-        check_range("buffer_size", buffer_size, low=1, integer=True)
+        check_int("buffer_size", buffer_size, low=1)
         self.buffer_size = buffer_size
         self.outer_optim_spec = OptimSpec.coerce(outer_optim_spec, "outer_optim_spec", OptimSpec("sgd", lr=1.0))
 

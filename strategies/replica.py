@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import check_range, flatten, unflatten_into
+from exonet.strategies.base import check_int, flatten, unflatten_into
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def check_replica_size(replica_size: int) -> int:
     """Validate a strategy's ``replica_size`` argument (an integer >= 1) and return it."""
-    check_range("replica_size", replica_size, low=1, integer=True)
+    check_int("replica_size", replica_size, low=1)
     return replica_size
 
 

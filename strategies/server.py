@@ -25,7 +25,7 @@ from exonet.strategies.base import (
     NodeContext,
     OptimSpec,
     Strategy,
-    check_range,
+    check_int,
     flatten,
     unflatten_into,
 )
@@ -57,7 +57,7 @@ class ServerStrategy(Strategy):
         dynamic_local_updates: bool = False,
     ) -> None:
         super().__init__(optim_spec)
-        check_range("H", H, low=1, integer=True)
+        check_int("H", H, low=1)
         self.H = H
         self.dynamic_local_updates = bool(dynamic_local_updates)
 

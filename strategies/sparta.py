@@ -21,6 +21,7 @@ from exonet.strategies.base import (
     NodeContext,
     OptimSpec,
     Strategy,
+    check_int,
     check_range,
     shared_generator,
 )
@@ -194,7 +195,7 @@ class SPARTAStrategy(SparseAveraging):
             if delay_steps:
                 raise TypeError("delay_steps and async_sparta_delay are aliases of one argument; pass only one of them")
             delay_steps = async_sparta_delay
-        check_range("delay_steps", delay_steps, low=0, integer=True)
+        check_int("delay_steps", delay_steps, low=0)
         self.sparse = SparseAverager(p_sparta)
         self.p_sparta = p_sparta
         self.delay_steps = delay_steps

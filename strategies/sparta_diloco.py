@@ -7,7 +7,7 @@ composed from ``DiLoCoStrategy`` and SPARTA's ``SparseAveraging``.
 
 from __future__ import annotations
 
-from exonet.strategies.base import OptimSpec, check_range
+from exonet.strategies.base import OptimSpec, check_int
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.sparta import SparseAverager, SparseAveraging
 
@@ -48,7 +48,7 @@ class SPARTADiLoCoStrategy(SparseAveraging, DiLoCoStrategy):
     ) -> None:
         super().__init__(optim_spec, outer_optim_spec=outer_optim_spec, H=H, participation=participation,
                          island_size=island_size)
-        check_range("sparta_interval", sparta_interval, low=1, integer=True)
+        check_int("sparta_interval", sparta_interval, low=1)
         self.sparse = SparseAverager(p_sparta)
         self.p_sparta = p_sparta
         self.sparta_interval = sparta_interval

@@ -55,6 +55,7 @@ from exonet.strategies.base import (
     NodeContext,
     OptimSpec,
     Strategy,
+    check_int,
     check_range,
     flatten,
     outer_spec,
@@ -96,9 +97,9 @@ def fragment_bounds(sizes: Sequence[int], num_fragments: int) -> list[range]:
 
 def check_schedule(H: int, num_fragments: int, delay_steps: int) -> None:
     """Validate a fragment schedule's arguments, each named: H >= 1, 1 <= F <= H, 0 <= τ <= H."""
-    check_range("H", H, low=1, integer=True)
-    check_range("num_fragments", num_fragments, low=1, high=H, integer=True)
-    check_range("delay_steps", delay_steps, low=0, high=H, integer=True)
+    check_int("H", H, low=1)
+    check_int("num_fragments", num_fragments, low=1, high=H)
+    check_int("delay_steps", delay_steps, low=0, high=H)
 
 
 def cut_fragments(params: list[torch.nn.Parameter],

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from exonet.arguments import check_range, one_of
+from exonet.arguments import check_int, check_range, one_of
 from exonet.files import check_output
 from exonet.fit_result import FitResult
 from exonet.runtime.forkserver import complete_imports
@@ -44,14 +44,6 @@ TIME_BUDGET_STEPS = 10**9
 RESERVED_LOADER_ARGS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
 SEED_LIMIT = 2**63  # torch seeds generators with 64-bit integers, and epochs are added to the seed
 MAX_TIMEOUT_S = 1e12  # torch.distributed takes the timeout as a timedelta, which holds less than 8.64e13 s
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"fit: {name} must be an integer, got {value!r}")
-    if value < low:
-        raise ValueError(f"fit: {name} must be >= {low}, got {value}")
-    return value
 
 
 def _check_loader_args(kwargs: Any) -> dict[str, Any]:
@@ -249,18 +241,18 @@ class LocalTrainer:
         if not hasattr(strategy, "optim_spec"):  # set by Strategy.__init__ alone
             raise TypeError(f"fit: {type(strategy).__name__}.__init__ did not call super().__init__(...): the base "
                             f"Strategy sets the optimizer, clipping and schedule there")
-        k = _check_int("num_nodes", num_nodes, 1)
+        k = check_int("fit: num_nodes", num_nodes, low=1)
         strategy.check_world(k)
-        batch_size = _check_int("batch_size", batch_size, 1)
-        minibatch = batch_size if minibatch_size is None else _check_int("minibatch_size", minibatch_size, 1)
+        batch_size = check_int("fit: batch_size", batch_size, low=1)
+        minibatch = batch_size if minibatch_size is None else check_int("fit: minibatch_size", minibatch_size, low=1)
         if minibatch > batch_size:
             raise ValueError(f"fit: minibatch_size ({minibatch}) must be <= batch_size ({batch_size})")
-        _check_int("val_interval", val_interval or 0, 0)
+        check_int("fit: val_interval", val_interval or 0, low=0)
         if val_interval and val_interval != DEFAULT_VAL_INTERVAL and self.val_dataset is None:
             warnings.warn(f"fit: val_interval={val_interval} but this LocalTrainer has no val_dataset, so nothing is "
                           f"evaluated; pass one as LocalTrainer(model, train_dataset, val_dataset)", stacklevel=2)
-        _check_int("val_size", val_size, 0)
-        _check_int("seed", seed, 0)
+        check_int("fit: val_size", val_size, low=0)
+        check_int("fit: seed", seed, low=0)
         if seed >= SEED_LIMIT:
             raise ValueError(f"fit: seed must be below 2**63 (torch seeds with 64-bit integers), got {seed}")
         device_type, backend, device_ids = self._resolve_device(device if device is not None else self.device,
@@ -284,7 +276,7 @@ class LocalTrainer:
         if run_dir is not None:
             check_output(run_dir, "fit: run_dir", folder=True)
         if checkpoint_interval is not None:
-            _check_int("checkpoint_interval", checkpoint_interval, 1)
+            check_int("fit: checkpoint_interval", checkpoint_interval, low=1)
             if run_dir is None and resume_from is None:
                 raise ValueError("fit: checkpoint_interval needs run_dir (the folder in which checkpoints are saved)")
         if resume_from is not None:
@@ -364,9 +356,9 @@ class LocalTrainer:
             raise ValueError(f"fit: train_dataset gives each of the {k} nodes {shard} samples, fewer than one batch "
                              f"(batch_size={batch_size}); use a smaller batch_size or fewer nodes")
         if max_steps is not None:
-            _check_int("max_steps", max_steps, 1)
+            check_int("fit: max_steps", max_steps, low=1)
         if num_epochs is not None:
-            _check_int("num_epochs", num_epochs, 1)
+            check_int("fit: num_epochs", num_epochs, low=1)
         by_epochs = per_epoch * num_epochs if num_epochs is not None else None
         if max_steps is None:
             return by_epochs if by_epochs is not None else per_epoch
