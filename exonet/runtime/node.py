@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -89,7 +89,15 @@ MAP_STYLE = ("a map-style Dataset (with __len__ and __getitem__: nodes are dealt
              "f(rank, num_nodes, train) returning one")
 
 
-def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> Dataset:
+class MapDataset(Protocol):
+    """What ``check_map_style`` admits: a length and samples by index (a torch Dataset or not)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> MapDataset:
     """A Dataset is used as given (split later by a sampler); a factory builds this rank's shard."""
     name = "train_dataset" if train else "val_dataset"
     if not is_factory(data):
@@ -162,9 +170,9 @@ def split_batch(batch: Any, size: int) -> list[tuple[Any, int]]:
         cols = [split_batch(b, size) for b in batch]
         return [(type(batch)(c[i][0] for c in cols), cols[0][i][1]) for i in range(len(cols[0]))]
     if isinstance(batch, dict):
-        cols = {k: split_batch(v, size) for k, v in batch.items()}
-        first = next(iter(cols.values()))
-        return [({k: v[i][0] for k, v in cols.items()}, first[i][1]) for i in range(len(first))]
+        keyed = {k: split_batch(v, size) for k, v in batch.items()}
+        first = next(iter(keyed.values()))
+        return [({k: v[i][0] for k, v in keyed.items()}, first[i][1]) for i in range(len(first))]
     raise TypeError(f"minibatch_size: cannot split a batch of type {type(batch).__name__}; "
                     "use tensors, tuples or dicts")
 
@@ -211,8 +219,9 @@ class TrainNode:
             return None
         cfg = self.cfg
         ds = resolve_dataset(self.val_data, self.rank, cfg.num_nodes, False)
-        ds = Subset(ds, validation_sample(len(ds), cfg.val_size, cfg.seed))
-        return DataLoader(ds, batch_size=cfg.batch_size, shuffle=False, generator=torch.Generator(),
+        # torch's stubs ask for a Dataset; Subset and DataLoader take any map-style object
+        sample: Subset[Any] = Subset(ds, validation_sample(len(ds), cfg.val_size, cfg.seed))  # type: ignore[arg-type]
+        return DataLoader(sample, batch_size=cfg.batch_size, shuffle=False, generator=torch.Generator(),
                           **cfg.dataloader_kwargs)
 
     def _batches(self, start_step: int) -> Iterator[Any]:
@@ -232,9 +241,11 @@ class TrainNode:
         while True:
             rest = order(epoch)[skip * cfg.batch_size:]
             ints = chain.from_iterable(part.tolist() for part in rest.split(4096))  # the sampler yields ints
-            loader = DataLoader(ds, batch_size=cfg.batch_size, sampler=ints,
-                                drop_last=True, generator=shared_generator(cfg.seed, "loader", self.rank, epoch),
-                                **cfg.dataloader_kwargs)
+            # ds: any map-style object (see _val_loader)
+            loader: DataLoader[Any] = DataLoader(ds, batch_size=cfg.batch_size, sampler=ints,  # type: ignore[arg-type]
+                                                 drop_last=True,
+                                                 generator=shared_generator(cfg.seed, "loader", self.rank, epoch),
+                                                 **cfg.dataloader_kwargs)
             for batch in loader:
                 yield to_device(batch, self.device)
             epoch, skip = epoch + 1, 0
@@ -335,7 +346,7 @@ class TrainNode:
             evaluate(0, 0.0)
         self.strategy.serve(updated)
         if val_loader is not None and cfg.val_interval and last[0] != last[2]:  # the final model, at its final time
-            evaluate(last[0], last[1])
+            evaluate(int(last[0]), last[1])  # an int (updates), in a list typed float
         tail = self.comm.take_events()
         self.send(NodeDone(self.rank, tail, self._own_state()))
 
@@ -403,6 +414,7 @@ class TrainNode:
     # ------------------------------------------------------- bookkeeping
     def _checkpoint(self, step: int) -> None:
         """Write this node's checkpoint and report it; the parent commits it once all K have."""
+        assert self.cfg.checkpoint_dir is not None  # called only when checkpoints are asked for
         with self.comm.bookkeeping():
             save_node(Path(self.cfg.checkpoint_dir), step, self.rank, self.model, self.strategy)
         self.send(Checkpointed(self.rank, step))
