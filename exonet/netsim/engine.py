@@ -181,7 +181,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
                     self._schedule_failure(r, 0)
 
     # ----------------------------------------------------------------- input
-    def feed(self, rank: int, event: Event) -> None:
+    def feed(self, rank: int, event: Event | AnyRecv) -> None:
         """Append one event to ``rank``'s input (processed by ``run_until_blocked``)."""
         rk = self._ranks[rank]
         if not rk.open:

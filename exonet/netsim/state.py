@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from typing import TYPE_CHECKING
 
 from exonet.netsim.fastpath import Plan
 from exonet.trace import Event
+
+if TYPE_CHECKING:
+    from exonet.netsim.engine import AnyRecv
 
 
 class RankState:
@@ -46,7 +50,7 @@ class RankState:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.queue: deque[Event] = deque()
+        self.queue: deque[Event | AnyRecv] = deque()  # AnyRecv: fed by the online clock
         self.t = 0
         self.step = 0
         self.step_ends: list[int] = []  # the tick each of its steps ended

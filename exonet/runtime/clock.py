@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from exonet.netsim import SimResult, Simulation
@@ -37,6 +38,7 @@ from exonet.scenario import Scenario
 from exonet.trace import Collective, Event, Step
 
 Decision = tuple[int | None, int, bool]  # (rank, or None for every node; step; whether it runs)
+Elastic = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # (up, out, rejoin) of an elastic round
 
 
 class SimClock:
@@ -76,7 +78,7 @@ class SimClock:
         self.stopped_at: int | None = None  # a synchronous run's first step not run
         self._rounds: dict[int, tuple[tuple[int, ...], dict[int, float]]] = {}  # deadline rounds decided
         self._opened: dict[int, float] = {0: 0.0}  # when each deadline round opened
-        self._elastic_rounds: dict[int, tuple[tuple[int, ...], ...]] = {}  # (up, out, rejoin) per round
+        self._elastic_rounds: dict[int, Elastic] = {}  # per elastic round
         self._elastic_arrived: dict[int, float] = {}  # each trainer's arrival at the latest elastic round's end
         self._out: set[int] = set()  # elastic trainers still down at the latest round's end
 
@@ -187,7 +189,7 @@ class SimClock:
         self._rounds[r] = (tuple(q for q in sorted(finished) if finished[q] <= close), finished)
         return self._answer(r)
 
-    def _elastic(self, r: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+    def _elastic(self, r: int) -> Elastic | None:
         """(up, out, rejoin) of elastic round r, once every trainer has reached its end or stopped; else None.
 
         A trainer failed in the round if it was down at any time between its last sync (the end of
@@ -304,8 +306,8 @@ class ClockLink:
         announces: report events before every blocking call (a run with a server: see the module doc).
     """
 
-    def __init__(self, control: Any, report: Callable[[NodeMessage], None], rank: int, blocked: Callable[[], Any],
-                 gated: bool, announces: bool) -> None:
+    def __init__(self, control: Any, report: Callable[[NodeMessage], None], rank: int,
+                 blocked: Callable[[str], AbstractContextManager[Any]], gated: bool, announces: bool) -> None:
         self._control, self._report, self.rank, self._blocked = control, report, rank, blocked
         self.gated, self.announces = gated, announces
         self._steps: deque[StepDecision] = deque()
