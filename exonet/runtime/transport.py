@@ -126,7 +126,7 @@ def _load(data: bytes, arenas: tuple[Segment, ...] | None, environ: dict[str, st
         if arenas is None:
             return pickle.loads(data)
         unpickler = pickle.Unpickler(io.BytesIO(data))
-        unpickler.persistent_load = Resolver(arenas)
+        unpickler.persistent_load = Resolver(arenas)  # type: ignore[method-assign] # pickle's documented hook
         return unpickler.load()
     except (ImportError, AttributeError) as exc:
         module = f"module {exc.name!r}" if isinstance(exc, ImportError) and exc.name else "a class"
@@ -157,7 +157,7 @@ class _Popen(popen_forkserver.Popen):
         with _PREPARING:
             spawn.get_preparation_data = without_main
             try:
-                super()._launch(process_obj)
+                super()._launch(process_obj)  # type: ignore[misc] # private: typeshed does not list it
             finally:
                 spawn.get_preparation_data = real
 
