@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import cast
 
 import simpy
 
@@ -53,12 +54,13 @@ class Agenda:
 
     @property
     def now(self) -> int:
-        return self.env.now
+        # SimPy types its clock int | float; here it starts at 0 and only moves by whole ticks
+        return cast(int, self.env.now)
 
     def at(self, t: int, fn: Callable[..., None], *args: object, order: tuple = (NETWORK,)) -> None:
         """Call ``fn(t, *args)`` at tick ``t``; calls due at one tick run sorted by ``order``, then by scheduling."""
         if self.overrun and t < self.env.now:
-            t = self.env.now
+            t = self.now
         slot = self._slots.get(t)
         if slot is None:
             slot = self._slots[t] = []

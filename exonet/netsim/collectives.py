@@ -271,7 +271,7 @@ def _all_reduce_tree(g: Members, S: float) -> list[Phase]:
         """Depth of position i in tree A (the heap); i's depth in tree B is depth(n−1−i)."""
         return (i + 1).bit_length() - 1
 
-    def level(d: int) -> Phase:
+    def level(d: int) -> tuple[tuple[int, int, float], ...]:
         """Every position at depth d sends S/2 to its parent, in tree A and in tree B."""
         msgs = []
         for i in range(n):

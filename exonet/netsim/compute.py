@@ -150,6 +150,7 @@ class ComputeModel:
         """
         if self.failures is None or self.failures[rank] is None:
             return self._run(rank, step, start, work, since)
+        assert self._budget is not None  # set with self.failures
         self._budget.compute(rank, since, work)
         horizon = start + work
         while True:
@@ -175,6 +176,7 @@ class ComputeModel:
             if math.isinf(slow):
                 failed = since is not None and t in fails
                 if failed:
+                    assert since is not None  # failed implies it
                     left = since + work  # the work since the last sync is lost: redo it all
                 pieces.append((t, edge, FAILED if failed else DOWN))
             elif t + left * slow <= edge:
@@ -194,15 +196,21 @@ class ComputeModel:
         self._timed[rank].append((0, math.inf, t0, t1, math.inf))
         self.windowed[rank] = True
 
+    def process(self, rank: int) -> FailureProcess | None:
+        """``rank``'s failure process; None if it never fails."""
+        return None if self.failures is None else self.failures[rank]
+
     def failures_through(self, rank: int, t: float) -> list[tuple[float, float]]:
         """Record as outages ``rank``'s failures that start by ``t`` and the next one; return them all."""
-        if self.failures is None or self.failures[rank] is None:
+        process = self.process(rank)
+        if process is None:
             return []
-        outages = self.failures[rank].through(t)
+        outages = process.through(t)
         for t0, t1 in outages[self._failed[rank]:]:
             self.add_down(rank, t0, t1)
             self._fail_starts[rank].add(t0)
         self._failed[rank] = len(outages)
+        assert self._budget is not None  # set with self.failures
         self._budget.drawn(sum(self._failed), t)
         return outages
 

@@ -34,6 +34,7 @@ class Handover(SimState):
             return
         if self._handover.lone is c:
             self._handover.lone = None
+        assert c.plan is not None  # planned when it started
         self._alone[c.plan] = self._alone.get(c.plan, 0) + 1
         self._end(t, c)
 
@@ -166,6 +167,7 @@ class Handover(SimState):
     def _rest_end(self, t: int, c: Instance, token: int) -> None:
         if c.token == token:
             plan, first = c.plan, self._handover.resting[c][1]
+            assert plan is not None and plan.offsets is not None  # timed when it came to rest
             self._busy += self._planner.busy(plan) - self._planner.busy(plan, plan.offsets[first])
             del self._handover.resting[c], self._active[c]
             self._end(t, c)

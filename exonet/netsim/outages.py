@@ -69,7 +69,9 @@ class Outages(SimState):
 
     def _schedule_failure(self, rank: int, k: int) -> None:
         """Put ``rank``'s k-th failure on the agenda (drawn now if need be): its start (not before now), its end."""
-        t0, t1 = self._cm.failures[rank].outage(k)
+        process = self._cm.process(rank)
+        assert process is not None  # only a rank that fails has failures scheduled
+        t0, t1 = process.outage(k)
         self._cm.failures_through(rank, t0)
         self._failing += 2
         self._agenda.at(max(ticks(t0), self._agenda.now), self._fail, rank, k, order=(OUTAGE, rank))
@@ -90,7 +92,9 @@ class Outages(SimState):
         """Put each stalled rank's next failure that has not ended yet back on the agenda."""
         now = seconds(self._agenda.now)
         for rank, k in self._stalled.items():
-            while self._cm.failures[rank].outage(k)[1] <= now:
+            process = self._cm.process(rank)
+            assert process is not None  # a stalled rank is one whose failures were scheduled
+            while process.outage(k)[1] <= now:
                 k += 1
             self._schedule_failure(rank, k)
         self._stalled.clear()
@@ -177,6 +181,7 @@ class Outages(SimState):
             return  # nobody to go on with: it waits for them, as a blocking collective does
         if self._handover.lone is c or c in self._handover.resting:  # its fast-path part so far kept its links busy
             origin, first, _ = self._handover.resting.get(c) or (c.start, 0, None)
+            assert plan.offsets is not None  # timed when it went on the fast path
             if origin + ticks(plan.offsets[-1]) <= t:
                 return  # it ends now: its end event is due at this very time
             self._handover.resting.pop(c, None)

@@ -64,7 +64,9 @@ class Outcomes(SimState):
         owner = {r: j for j, ranks in enumerate(jobs) for r in ranks}
         carried: dict[int, list[float]] = {}
         for plan, count in self._carried.items():
-            job = owner[plan.phases[0][0][0]] if plan.phases else None
+            if not plan.phases:
+                continue  # it carried nothing
+            job = owner[plan.phases[0][0][0]]
             for phase in plan.phases:
                 for src, dst, size, *_ in phase:
                     for link in self._topo.path(src, dst).links:
@@ -119,7 +121,7 @@ class Outcomes(SimState):
             timelines=timelines,
             links=self._links(seconds(wall)),
             collectives=[self._span(c) for c in self._ended],
-            link_loads=[c.plan.load for c in self._ended],
+            link_loads=[_load(c) for c in self._ended],
             failures=sum(len([t for t in self._cm.fail_starts(rk.rank) if t < seconds(min(rk.t, wall))])
                          for rk in ranks),
             goodput=(total - lost) / (trainers * wall) if wall > 0 else 0.0,
@@ -144,6 +146,12 @@ class Outcomes(SimState):
         op = "send" if c.op == "p2p" else c.op
         algorithm = "direct" if c.op == "p2p" else self._algorithms[c.op]
         return CollectiveSpan(seconds(c.start), seconds(c.end), op, c.nbytes, c.members, algorithm, c.async_op)
+
+
+def _load(c: Instance) -> np.ndarray:
+    """The bytes the ended collective ``c`` put on each link."""
+    assert c.plan is not None  # every collective is planned when it starts
+    return c.plan.load
 
 
 def kept(rk: RankState) -> int:

@@ -140,7 +140,7 @@ class SimResult:
     links: list[LinkLoad] = field(default_factory=list, repr=False)
     collectives: list[CollectiveSpan] = field(default_factory=list, repr=False)
     # per collective (as ``collectives``): the bytes it put on each link, by index into ``links``
-    link_loads: list[Sequence[float]] = field(default_factory=list, repr=False)
+    link_loads: list[np.ndarray] = field(default_factory=list, repr=False)
     failures: int = 0  # failures that struck nodes before their last event
     goodput: float = 0.0  # useful compute ÷ (nodes × wall clock): compute less the work failures threw away
     cautions: tuple[str, ...] = ()  # regimes real links were measured slower than modelled in; compute timing changed

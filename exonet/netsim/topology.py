@@ -45,7 +45,7 @@ Each link has a readable name (``link_name``: "uplink 3", "downlink 3", "us->eu"
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,7 +116,7 @@ class Topology:
                                     f"got {hosts.bandwidth!r}")
             self.capacity.extend([hosts.bandwidth] * (2 * n))
         self._paths: dict[tuple[int, int], Path] = {}
-        self._shapes: dict[tuple[tuple[int, int], ...], Shape] = {}  # by the phase's (src, dst) pairs
+        self._shapes: dict[Hashable, Shape] = {}  # by the phase's (src, dst) pairs (and shifts, sizes: _phase)
         self._phases: dict[int, tuple[Phase, Shape, np.ndarray]] = {}  # id(phase) -> (phase, shape, wire sizes)
         self._reach: dict[int, tuple[Sequence[Phase], frozenset[int]]] = {}  # id(plan's phases) -> (phases, links)
         # of the phases that overflowed a queue: whether each stream's piece fit in one initial window
@@ -164,13 +164,13 @@ class Topology:
         share = 1.0 if r.host_cores is None else max(1.0, self.num_nodes / r.host_cores)
         hosts, n = self.hosts, self.num_nodes
         if hosts is not None and hosts.host(src) == hosts.host(dst):
-            links = (self._fabric + src, self._fabric + n + dst)
+            links: tuple[int, ...] = (self._fabric + src, self._fabric + n + dst)
             return Path(links, hosts.latency + r.message_overhead * share, math.inf, hosts.bandwidth)
         nic_src, nic_dst = src, dst
         if hosts is not None and hosts.nic == "per-host":
             nic_src, nic_dst = src - src % hosts.devices, dst - dst % hosts.devices
         a, b = r.region[src], r.region[dst]
-        links: tuple[int, ...] = (nic_src, n + nic_dst)
+        links = (nic_src, n + nic_dst)
         if a != b:
             link = self._link_ids.get((a, b))
             if link is None:
@@ -225,7 +225,7 @@ class Topology:
             pairs = tuple((m[0], m[1]) for m in phase)
             sizes = np.array([self.wire_size(m[2]) for m in phase], dtype=float)
             shift = tuple(m[3] if len(m) > 3 else 0.0 for m in phase)
-            key: object = pairs if not any(shift) else (pairs, shift)
+            key: Hashable = pairs if not any(shift) else (pairs, shift)
             key = key if self._resolved.queue is None else (key, sizes.tobytes())  # recovery depends on bytes
             shape = self._shapes.get(key)
             if shape is None:
