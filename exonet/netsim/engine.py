@@ -65,6 +65,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -177,7 +178,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
         self._stalled = {}  # rank -> its next failure, while nothing else can move
         if failing:
             for r in range(n):
-                if self._cm.failures[r] is not None:
+                if self._cm.process(r) is not None:
                     self._schedule_failure(r, 0)
 
     # ----------------------------------------------------------------- input
@@ -252,7 +253,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
             self._events += 1
             if kind is Compute:
                 start = rk.t
-                work = cm.work(r, rk.step, e)
+                work = cm.work(r, rk.step, cast(Compute, e))
                 if cm.windowed[r]:
                     _, pieces = cm.run(r, rk.step, seconds(start), work, rk.since_work if self._rewind else None)
                     end = start
@@ -269,13 +270,14 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
                 rk.t = end
                 rk.kept = None
             elif kind is Collective:
-                self._issue(rk, e)
+                self._issue(rk, cast(Collective, e))
             elif kind is Step:
                 self._step(rk)
             elif kind is Wait:
-                c = rk.async_ops.get(e.cid)
+                cid = cast(Wait, e).cid
+                c = rk.async_ops.get(cid)
                 if c is None:
-                    raise TraceError(f"trace: rank {r} waits for collective id {e.cid}, which it never issued as async")
+                    raise TraceError(f"trace: rank {r} waits for collective id {cid}, which it never issued as async")
                 self._block(rk, c)
             elif kind is Discard:  # it adopts others' state: a sync point whose work since the last is lost
                 rk.lost += rk.compute - rk.mark
@@ -332,6 +334,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
         if members is self._everyone:
             return members
         if members is None:
+            assert group is not None  # None, every rank, is always known
             members = tuple(sorted(set(group)))
             bad = [r for r in members if not 0 <= r < len(self._ranks)]
             if bad:
@@ -558,7 +561,9 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
         net = self._net
         done = net.update()
         if done:
-            self._deliver_later((t + ticks(latency), b.tag, k) for b, rows in done for latency, k in b.arrivals(rows))
+            # the network's batches are the collectives' (tagged with their Instance)
+            self._deliver_later((t + ticks(latency), cast(Instance, b.tag), k)
+                                for b, rows in done for latency, k in b.arrivals(rows))
         net.rebase()
         self._net_epoch = t
         self._net_token += 1

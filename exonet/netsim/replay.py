@@ -11,6 +11,7 @@ traffic as recorded, and replaying it elsewhere keeps that order; that deserves 
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,8 +23,10 @@ from exonet.netsim.spread import with_range
 from exonet.scenario import Resolved, Scenario
 from exonet.trace import Collective, Compute, Event, Trace
 
+ScenarioLike = Scenario | str | os.PathLike[str] | Mapping[str, Any]  # what Scenario.coerce accepts
 
-def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Sequence[Any] | None = None,
+
+def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, *, history: Sequence[Any] | None = None,
              fast_path: bool = True, placement: Sequence[Any] | None = None,
              given_compute: bool = True) -> SimResult:
     """Replay ``trace`` in ``scenario`` and return the simulated outcome.
@@ -69,8 +72,8 @@ def simulate(trace: Trace | Sequence[Trace], scenario: object, *, history: Seque
     return _simulate_jobs(list(trace), scenario, history, fast_path, placement)
 
 
-def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any] | None, fast_path: bool,
-                   placement: Sequence[Any] | None) -> SimResult:
+def _simulate_jobs(traces: list[Trace], scenario: Resolved | ScenarioLike, history: Sequence[Any] | None,
+                   fast_path: bool, placement: Sequence[Any] | None) -> SimResult:
     """Several jobs on one network: their traces laid on global ranks as one trace, replayed once."""
     if not traces or not all(isinstance(t, Trace) for t in traces):
         raise TypeError("simulate: expected a Trace or a non-empty list of Traces")
@@ -92,6 +95,7 @@ def _simulate_jobs(traces: list[Trace], scenario: object, history: Sequence[Any]
                                 f"but the scenario was resolved for {resolved.num_nodes}")
         n = resolved.num_nodes
     else:
+        assert chosen is not None  # coerced above: the scenario is not Resolved
         resolved, name = chosen.resolve(n), chosen.name
         for t in traces:
             _warn_if_decided_elsewhere(t, chosen)
@@ -120,10 +124,11 @@ def _place(traces: list[Trace], placement: Sequence[Any] | None, devices: int) -
         return jobs
     if len(placement) != len(traces):
         raise ValueError(f"simulate: placement has {len(placement)} entries for {len(traces)} traces; give one per job")
-    jobs, owner = [], {}
+    jobs = []
+    owner: dict[int, int] = {}  # global rank -> its job
     for j, (t, entry) in enumerate(zip(traces, placement)):
         if isinstance(entry, Mapping):
-            hosts = entry.get("hosts")
+            hosts = entry.get("hosts", ())  # (a placement with no hosts fails the check before its hosts are read)
             if set(entry) != {"hosts"} or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in hosts):
                 raise ValueError(f"simulate: placement[{j}] must be a list of ranks or {{'hosts': [host indices]}}, "
                                  f"got {entry!r}")
