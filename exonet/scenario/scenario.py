@@ -388,63 +388,10 @@ class Scenario:
         """A readable summary; with ``num_nodes``, also the per-rank layout it resolves to (the last ``servers``
         ranks serving)."""
         p = self._parsed
-        net, compute, strag = p["network"], p.get("compute", {}), p.get("stragglers", {})
-        rate, secs = units.format_rate, units.format_time
-        up, down = net.get("uplink", net.get("bandwidth")), net.get("downlink", net.get("bandwidth"))
-        lines = [f"{self.name}: {self.description}" if self.description else self.name, f"  source      {self._source}"]
-        nic = rate(up) if up == down else f"{rate(up)} up / {rate(down)} down"
-        latency, sharing = secs(net.get("latency", 0.0)), net.get("sharing", "max-min")
-        lines.append(f"  network     {nic} per node, latency {latency} one-way, sharing {sharing}")
-        extras = [f"efficiency {net.get('efficiency', 1.0):g}"]
-        if "tcp_window" in net:
-            extras.append(f"TCP window {units.format_bytes(net['tcp_window'], binary=True)}")
-        if "mss" in net:
-            extras.append(f"framing {net['mss']:g} B payload + {net.get('header_bytes', 0):g} B headers per packet")
-        if "message_overhead" in net:
-            shared = f" (x max(1, nodes / {net['host_cores']:g} shared cores))" if "host_cores" in net else ""
-            extras.append(f"message overhead {secs(net['message_overhead'])}{shared}")
-        if "queue" in net:
-            value, unit = net["queue"]
-            extras.append(f"queue {secs(value) if unit == 's' else units.format_bytes(value)} per NIC direction")
-        if "streams" in net:
-            extras.append(f"{net['streams']} TCP stream{'s' if net['streams'] > 1 else ''} per transfer")
-        if "setup" in net:
-            extras.append(f"set-up {secs(net['setup'])} per group")
-        lines.append(f"              {', '.join(extras)}")
-        algos = {**FAMILIES[self._collective()], **net.get("algorithms", {})}
-        per_op = ", ".join(f"{op}={algo}" for op, algo in algos.items())
-        lines.append(f"  collective  {self._collective()}: {per_op}")
-        if "hosts" in p:
-            h = p["hosts"]
-            fabric = f"fabric {rate(h['bandwidth'])} per device, latency {secs(h.get('latency', 0.0))}"
-            lines.append(f"  hosts       {h['devices']} devices per host, {fabric}, NIC {h.get('nic', 'per-device')}")
-        mode = compute.get("mode", "measured")
-        flops = f" ({compute['tflops']:g} TFLOP/s x mfu {compute.get('mfu', 1.0):g})" if mode == "flops" else ""
-        lines.append(f"  compute     {mode}{flops}")
-        for r in p.get("regions", []):
-            where = f"share {r['share']:g}" if "share" in r else f"ranks {list(r['ranks'])}"
-            lines.append(f"  region      {r['name']}: {where}")
-        if "server" in p:
-            lines.append(f"  server      region {p['server']['region']} (a server rank, after the trainers)")
-        elif p.get("regions"):
-            lines.append("  server      rank 0's region (a server rank, after the trainers; set [server] region)")
-        for link in p.get("links", []):
-            lat = secs(link.get("latency", net.get("latency", 0.0)))
-            a, b = link["between"]
-            lines.append(f"  link        {a} <-> {b}: {rate(link['bandwidth'])}, latency {lat}")
-        for node in p.get("nodes", []):
-            sets = [f"{k} {f'{v:g}' if k == 'speed' else rate(v)}"
-                    for k, v in node.items() if k not in ("ranks", "share")]
-            lines.append(f"  nodes       {_who(node)}: {', '.join(sets)}")
-        if strag.get("jitter", "none") != "none":
-            jitter, sigma, seed = strag["jitter"], strag["sigma"], strag.get("seed", 0)
-            lines.append(f"  stragglers  {jitter} jitter, sigma {sigma:g}, seed {seed}")
-        for e in p.get("events", []):
-            by_step = "from_step" in e or "to_step" in e
-            lo, hi, fmt = ("from_step", "to_step", str) if by_step else ("from_s", "to_s", secs)
-            span = f"{fmt(e.get(lo, 0))} to {fmt(e[hi]) if hi in e else 'end'}"
-            what = f"slow x{e['factor']:g}" if e["kind"] == "slow" else "down"
-            lines.append(f"  event       {what}, {_who(e)}, {'steps' if by_step else 'time'} {span}")
+        lines = [f"{self.name}: {self.description}" if self.description else self.name, f"  source      {self._source}",
+                 *_network_lines(p["network"]), _collective_line(self._collective(), p["network"]), *_host_lines(p),
+                 _compute_line(p), *_placement_lines(p), *_link_lines(p), *_node_lines(p), *_straggler_lines(p),
+                 *_event_lines(p)]
         if "failures" in p:
             lines.extend(_failures(FailureSpec(**p["failures"]), num_nodes))
         if num_nodes is not None:
@@ -489,6 +436,113 @@ def _assign(table: dict[str, Any], key: str, value: Any) -> None:
         table[key] = merged
     else:
         table[key] = copy.deepcopy(value)
+
+
+# ---------------------------------------------------------------- describe's sections
+# Each takes the checked document (or its [network]) and returns its lines of ``Scenario.describe``, none when
+# the document leaves that section out.
+def _network_lines(net: Mapping[str, Any]) -> list[str]:
+    """The per-node NIC, latency and sharing, then the transport's settings."""
+    rate, secs = units.format_rate, units.format_time
+    up, down = net.get("uplink", net.get("bandwidth")), net.get("downlink", net.get("bandwidth"))
+    nic = rate(up) if up == down else f"{rate(up)} up / {rate(down)} down"
+    latency, sharing = secs(net.get("latency", 0.0)), net.get("sharing", "max-min")
+    return [f"  network     {nic} per node, latency {latency} one-way, sharing {sharing}",
+            f"              {', '.join(_transport_settings(net))}"]
+
+
+def _transport_settings(net: Mapping[str, Any]) -> list[str]:
+    """The transport's settings the document gives (efficiency always: it defaults to 1)."""
+    secs = units.format_time
+    extras = [f"efficiency {net.get('efficiency', 1.0):g}"]
+    if "tcp_window" in net:
+        extras.append(f"TCP window {units.format_bytes(net['tcp_window'], binary=True)}")
+    if "mss" in net:
+        extras.append(f"framing {net['mss']:g} B payload + {net.get('header_bytes', 0):g} B headers per packet")
+    if "message_overhead" in net:
+        shared = f" (x max(1, nodes / {net['host_cores']:g} shared cores))" if "host_cores" in net else ""
+        extras.append(f"message overhead {secs(net['message_overhead'])}{shared}")
+    if "queue" in net:
+        value, unit = net["queue"]
+        extras.append(f"queue {secs(value) if unit == 's' else units.format_bytes(value)} per NIC direction")
+    if "streams" in net:
+        extras.append(f"{net['streams']} TCP stream{'s' if net['streams'] > 1 else ''} per transfer")
+    if "setup" in net:
+        extras.append(f"set-up {secs(net['setup'])} per group")
+    return extras
+
+
+def _collective_line(family: str, net: Mapping[str, Any]) -> str:
+    """The collective family and the algorithm each op runs (the family's, unless [network.algorithms] says)."""
+    algos = {**FAMILIES[family], **net.get("algorithms", {})}
+    per_op = ", ".join(f"{op}={algo}" for op, algo in algos.items())
+    return f"  collective  {family}: {per_op}"
+
+
+def _host_lines(p: Mapping[str, Any]) -> list[str]:
+    if "hosts" not in p:
+        return []
+    h = p["hosts"]
+    latency = units.format_time(h.get("latency", 0.0))
+    fabric = f"fabric {units.format_rate(h['bandwidth'])} per device, latency {latency}"
+    return [f"  hosts       {h['devices']} devices per host, {fabric}, NIC {h.get('nic', 'per-device')}"]
+
+
+def _compute_line(p: Mapping[str, Any]) -> str:
+    compute = p.get("compute", {})
+    mode = compute.get("mode", "measured")
+    flops = f" ({compute['tflops']:g} TFLOP/s x mfu {compute.get('mfu', 1.0):g})" if mode == "flops" else ""
+    return f"  compute     {mode}{flops}"
+
+
+def _placement_lines(p: Mapping[str, Any]) -> list[str]:
+    """The regions, then where the server ranks live."""
+    lines = []
+    for r in p.get("regions", []):
+        where = f"share {r['share']:g}" if "share" in r else f"ranks {list(r['ranks'])}"
+        lines.append(f"  region      {r['name']}: {where}")
+    if "server" in p:
+        lines.append(f"  server      region {p['server']['region']} (a server rank, after the trainers)")
+    elif p.get("regions"):
+        lines.append("  server      rank 0's region (a server rank, after the trainers; set [server] region)")
+    return lines
+
+
+def _link_lines(p: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for link in p.get("links", []):
+        lat = units.format_time(link.get("latency", p["network"].get("latency", 0.0)))
+        a, b = link["between"]
+        lines.append(f"  link        {a} <-> {b}: {units.format_rate(link['bandwidth'])}, latency {lat}")
+    return lines
+
+
+def _node_lines(p: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for node in p.get("nodes", []):
+        sets = [f"{k} {f'{v:g}' if k == 'speed' else units.format_rate(v)}"
+                for k, v in node.items() if k not in ("ranks", "share")]
+        lines.append(f"  nodes       {_who(node)}: {', '.join(sets)}")
+    return lines
+
+
+def _straggler_lines(p: Mapping[str, Any]) -> list[str]:
+    strag = p.get("stragglers", {})
+    if strag.get("jitter", "none") == "none":
+        return []
+    jitter, sigma, seed = strag["jitter"], strag["sigma"], strag.get("seed", 0)
+    return [f"  stragglers  {jitter} jitter, sigma {sigma:g}, seed {seed}"]
+
+
+def _event_lines(p: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for e in p.get("events", []):
+        by_step = "from_step" in e or "to_step" in e
+        lo, hi, fmt = ("from_step", "to_step", str) if by_step else ("from_s", "to_s", units.format_time)
+        span = f"{fmt(e.get(lo, 0))} to {fmt(e[hi]) if hi in e else 'end'}"
+        what = f"slow x{e['factor']:g}" if e["kind"] == "slow" else "down"
+        lines.append(f"  event       {what}, {_who(e)}, {'steps' if by_step else 'time'} {span}")
+    return lines
 
 
 def _failures(f: FailureSpec, num_nodes: int | None) -> list[str]:
