@@ -3,18 +3,20 @@
 Nodes report on their pipe (never through collectives); under the online clock the parent
 answers on each node's control pipe. A send is complete once it returns, so a node killed
 right after a report has still delivered it. Records are slotted dataclasses: cheap to build
-and pickle, and a reader names fields instead of tuple positions.
+and pickle, and a reader names fields instead of tuple positions. A node's messages are final:
+handlers dispatch on ``type(msg) is X``, which a type checker narrows only for final classes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, final
 
 from exonet.trace import Event
 
 
 # ---------------------------------------------------------------- node -> parent
+@final
 @dataclass(slots=True)
 class StepDone:
     """A finished step: its mean loss on this node and the step's trace events."""
@@ -25,6 +27,7 @@ class StepDone:
     events: list[Event]
 
 
+@final
 @dataclass(slots=True)
 class Evaluated:
     """An evaluation (rank 0's, or a server's): an entry of ``history["eval"]``."""
@@ -34,6 +37,7 @@ class Evaluated:
     entry: dict[str, Any]
 
 
+@final
 @dataclass(slots=True)
 class Checkpointed:
     """The node wrote its checkpoint file for ``step``."""
@@ -42,6 +46,7 @@ class Checkpointed:
     step: int
 
 
+@final
 @dataclass(slots=True)
 class NodeDone:
     """Trailing events, and on the reporting rank the final model state (None elsewhere)."""
@@ -51,6 +56,7 @@ class NodeDone:
     state: Any
 
 
+@final
 @dataclass(slots=True)
 class NodeError:
     """The node raised: its traceback, and when (``time.monotonic()``: the earliest error is blamed)."""
@@ -60,6 +66,7 @@ class NodeError:
     at: float
 
 
+@final
 @dataclass(slots=True)
 class Events:
     """Events reported before a blocking call, so the online clock can replay up to it."""
@@ -68,6 +75,7 @@ class Events:
     events: list[Event]
 
 
+@final
 @dataclass(slots=True)
 class Query:
     """Events so far and a question to the online clock (``SimClock.ask``), whose answer the node awaits."""

@@ -168,7 +168,7 @@ class Supervisor:
         """Ranks whose pipe holds a message (or end-of-file)."""
         return [self.pipes.index(r) for r in wait_for([r for r in self.pipes if not r.closed], timeout=timeout)]
 
-    def _next(self, rank: int) -> tuple | None:
+    def _next(self, rank: int) -> NodeMessage | None:
         """One message from ``rank``'s pipe; None at end-of-file (the node exited), closing the pipe."""
         try:
             return self.pipes[rank].recv()
@@ -182,17 +182,18 @@ class Supervisor:
             self._handle(msg)
 
     def _handle(self, msg: NodeMessage) -> None:
-        kind, rank = type(msg), msg.rank
-        if kind is Checkpointed:
+        rank = msg.rank
+        if type(msg) is Checkpointed:
             if self.book is not None and self.book.report(rank, msg.step):
                 watch = self.record.watch
                 self.book.commit(msg.step, *self.record.snapshot(msg.step), watch.references if watch else None)
-        elif kind is NodeError:
+        elif type(msg) is NodeError:
             raise self._blame(msg)
         else:
             self.record.handle(msg)
-            if self.clock is not None and kind is not Evaluated:
-                self._tick(rank, msg.events, done=kind is NodeDone, question=msg.question if kind is Query else None)
+            if self.clock is not None and type(msg) is not Evaluated:
+                self._tick(rank, msg.events, done=type(msg) is NodeDone,
+                           question=msg.question if type(msg) is Query else None)
 
     def _tick(self, rank: int, events: list, done: bool, question: tuple | None) -> None:
         """Advance the online clock with a node's report; send every node the decisions and answers it allows."""
@@ -484,19 +485,19 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
 
         upload_run(result.run_dir, upload_to)
     if scenario is not None:
-        decided = clock is not None and clock.decides
-        result.sim = clock.result(record.history["train_loss"]) if decided else result.simulate(scenario)
+        decided = clock if clock is not None and clock.decides else None  # the clock that decided the run
+        result.sim = decided.result(record.history["train_loss"]) if decided else result.simulate(scenario)
         ends = result.sim.step_end_times
         result.history["sim_time_s"] = list(ends)
-        if decided and not clock.synchronous:  # rank 0 evaluated its own model, at its own steps
-            ends = clock.sim.rank_step_ends(0)
+        if decided and not decided.synchronous:  # rank 0 evaluated its own model, at its own steps
+            ends = decided.sim.rank_step_ends(0)
         for entry in result.history["eval"]:  # a server's evaluations carry their own (exonet.runtime.node)
             if "sim_time_s" not in entry:
                 entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
         result.sim_wall_clock_s = result.sim.wall_clock_s
         _final_eval_at_end(result.history["eval"], result.sim.wall_clock_s)
-        if decided and clock.gated:
-            _say_who_stopped_early(clock, result.trace, config["num_nodes"], config["max_steps"])
+        if decided and decided.gated:
+            _say_who_stopped_early(decided, result.trace, config["num_nodes"], config["max_steps"])
         log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s,
                  real_time)
         if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
