@@ -66,22 +66,22 @@ class RunRecord:
 
     def handle(self, msg: NodeMessage) -> None:
         """Take a StepDone, Evaluated, NodeDone, Events or Query message."""
-        kind, rank = type(msg), msg.rank
-        if kind is StepDone:
+        rank = msg.rank
+        if type(msg) is StepDone:
             self.events[rank].extend(msg.events)
             self._losses.setdefault(msg.step, {})[rank] = msg.loss
             if self.watch is not None:
                 self.watch.check(rank, msg.step, msg.loss)
             self._flush_losses()
-        elif kind is Evaluated:
+        elif type(msg) is Evaluated:
             self.history["eval"].append(msg.entry)
             if self.logger is not None:
                 self.logger.log_eval(msg.entry)
             if self.metrics is not None:
                 self.metrics.sync()
-        elif kind is Events or kind is Query:  # reported before a blocking call (exonet.runtime.clock)
+        elif type(msg) is Events or type(msg) is Query:  # reported before a blocking call (exonet.runtime.clock)
             self.events[rank].extend(msg.events)
-        elif kind is NodeDone:
+        elif type(msg) is NodeDone:
             self.events[rank].extend(msg.events)
             if msg.state is not None:
                 self.state = msg.state
