@@ -7,6 +7,8 @@ Models that fail or stall on purpose are in ``exonet.testing``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
@@ -15,7 +17,7 @@ from torch.utils.data import Dataset, TensorDataset
 class _Supervised(nn.Module):
     """Wraps a network so that ``model((x, y))`` returns ``loss(net(x), y)``, as exonet expects."""
 
-    loss = staticmethod(nn.functional.cross_entropy)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = staticmethod(nn.functional.cross_entropy)
 
     def __init__(self, net: nn.Module) -> None:
         super().__init__()

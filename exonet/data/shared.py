@@ -27,7 +27,7 @@ import mmap
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from exonet.units import format_bytes
 BIG = 1 << 20  # storages from this size up are shared in place, smaller ones go to the arena
 ALIGN = 64  # arena offsets, so every dtype's elements stay aligned
 SHM = "/dev/shm"  # where torch's shared memory lives on Linux
+MapMode = Literal["r", "r+"]  # how a node maps a shared file (``w+`` reopens ``r+``: never truncated)
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,9 @@ class Shipment:
             except (TypeError, ValueError):  # a dtype torch lacks, a non-native byte order
                 return None
             if tensor.nbytes >= BIG:
-                tensor = torch.empty(0, dtype=tensor.dtype).set_(_shared_copy(tensor.untyped_storage()), 0,
-                                                                 tensor.shape)
+                # (torch's stub wants a stride; without one torch lays the view out contiguous, as the copy is)
+                tensor = torch.empty(0, dtype=tensor.dtype).set_(  # type: ignore[call-overload]
+                    _shared_copy(tensor.untyped_storage()), 0, tensor.shape)
             self.keep += [arr, tensor]  # the array's id is the cache key; the tensor's memory is read at seal()
             self._arrays[id(arr)] = tensor
         return self._arrays[id(arr)]
@@ -186,7 +188,8 @@ def attach(segment: Segment) -> torch.UntypedStorage:
         info = os.fstat(fd)
         key = (info.st_dev, info.st_ino)
         if key not in _mapped:
-            _mapped[key] = torch.UntypedStorage._new_shared_fd_cpu(fd, segment.nbytes)
+            _mapped[key] = torch.UntypedStorage._new_shared_fd_cpu(  # type: ignore[attr-defined]  # private, unstubbed
+                fd, segment.nbytes)
         return _mapped[key]
     finally:
         os.close(fd)
@@ -213,7 +216,7 @@ class Resolver:
         return untyped if dtype is None else torch.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
 
 
-def file_view(arr: np.ndarray) -> tuple[str, int, str, tuple[int, ...], str] | None:
+def file_view(arr: np.ndarray) -> tuple[str, int, str, tuple[int, ...], MapMode] | None:
     """Where a memory-mapped array's bytes lie in its file: (path, offset, dtype, shape, mode), or None.
 
     A C-contiguous np.memmap opened "r", "r+" or "w+" qualifies: its pages are the file's page
@@ -229,7 +232,7 @@ def file_view(arr: np.ndarray) -> tuple[str, int, str, tuple[int, ...], str] | N
     return str(arr.filename), at, arr.dtype.str, arr.shape, "r" if arr.mode == "r" else "r+"
 
 
-def rebuild_memmap(path: str, offset: int, dtype: str, shape: tuple[int, ...], mode: str) -> np.memmap:
+def rebuild_memmap(path: str, offset: int, dtype: str, shape: tuple[int, ...], mode: MapMode) -> np.memmap:
     """The node's map of the same bytes of the same file (``w+`` is reopened ``r+``: never truncated)."""
     return np.memmap(path, dtype=np.dtype(dtype), mode=mode, offset=offset, shape=shape)
 

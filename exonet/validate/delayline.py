@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from exonet.validate.netns import Namespaces, Shaper, _sh, address
 
@@ -135,7 +135,7 @@ class DelayLine(Namespaces):
         super().__init__()
         self.k, self.link = k, link
         self.forwarder: subprocess.Popen | None = None
-        self.stats: dict[str, object] = {}  # the forwarder's counters, once closed (``serve``)
+        self.stats: dict[str, Any] = {}  # the forwarder's counters, once closed (``serve``)
         self._made: list[str] = []
 
     def iface(self, rank: int) -> str:
@@ -201,7 +201,7 @@ class LineRate:
     shaped: float | None  # the tbf rate on the sender's egress, bytes/s
     streams: int
     goodput: float  # bit/s of TCP payload at the receiver, after the warm-up
-    stats: dict[str, object]  # the forwarder's counters (``serve``)
+    stats: dict[str, Any]  # the forwarder's counters (``serve``)
     cpu: float  # the forwarder's CPU time over the transfer, in cores
     load: float  # the machine's 1-minute load average after it
 

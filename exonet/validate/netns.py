@@ -291,20 +291,21 @@ class Network(Namespaces):
                 _sh(*inside, "ip", "link", "set", eth, "mtu", str(self.mtu))
             _sh(*inside, "ip", "link", "set", eth, "up")
             _sh(*inside, "ip", "link", "set", "lo", "up")
-            if nic.shaper is not None and nic.uplink is not None:
-                _shape_real(eth, nic.uplink, nic.shaper, ns)
-                if nic.shaper.both:
-                    self._ifb(rank, eth, ns, lambda dev: _shape_real(dev, nic.uplink, nic.shaper, ns))
+            uplink, downlink, shaper = nic.uplink, nic.downlink, nic.shaper
+            if shaper is not None and uplink is not None:
+                _shape_real(eth, uplink, shaper, ns)
+                if shaper.both:
+                    self._ifb(rank, eth, ns, lambda dev: _shape_real(dev, uplink, shaper, ns))
                 continue
-            if nic.uplink is not None:
-                _shape(eth, nic.uplink, ns)
+            if uplink is not None:
+                _shape(eth, uplink, ns)
                 # TCP small queues: a socket keeps at most ~2 ms of its rate (16 KB at least) in the shaper's
                 # queue, as over a NIC with a shallow queue. The default (4 MB) lets seconds of data queue at
                 # low rates, and the ACKs piggybacked on them arrive seconds late for the other direction.
-                limit = max(16384, int(nic.uplink * 0.002))
+                limit = max(16384, int(uplink * 0.002))
                 _sh(*inside, "sysctl", "-qw", f"net.ipv4.tcp_limit_output_bytes={limit}")
-            if nic.downlink is not None and nic.downlink != nic.uplink:
-                self._ifb(rank, eth, ns, lambda dev: _shape(dev, nic.downlink, ns))
+            if downlink is not None and downlink != uplink:
+                self._ifb(rank, eth, ns, lambda dev: _shape(dev, downlink, ns))
 
     def _ifb(self, rank: int, eth: str, ns: str, shape: Callable[[str], None]) -> None:
         """Redirect ``eth``'s ingress to an ifb (inside ``ns``) and shape that with ``shape``."""
