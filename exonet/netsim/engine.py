@@ -64,7 +64,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -82,24 +81,10 @@ from exonet.netsim.outcome import Outcomes, kept
 from exonet.netsim.queries import ClockQueries
 from exonet.netsim.simstate import HandoverState, SimState
 from exonet.netsim.spans import COMM, COMPUTE, IDLE
-from exonet.netsim.state import Instance, RankState
+from exonet.netsim.state import AnyRecv, Instance, RankState
 from exonet.netsim.topology import Topology
 from exonet.scenario import Resolved
 from exonet.trace import P2P_OPS, Collective, Compute, Discard, Event, Step, Trace, Wait
-
-
-@dataclass(frozen=True)
-class AnyRecv:
-    """Receive whichever message to this rank arrives first (fed by the online clock, never found in a trace).
-
-    Among the messages already delivered when it is posted it takes the one delivered first
-    (ties: the lowest sender), else the next one to arrive; only the oldest unreceived message
-    of each sender is eligible, so each sender's messages keep their order. The node then
-    receives from that sender, and the trace records a plain ``recv`` from it, which replays
-    to the same times.
-    """
-
-    nbytes: int
 
 
 class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):

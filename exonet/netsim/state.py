@@ -1,4 +1,5 @@
-"""The replay's state records: one per rank, one per collective (or message) instance.
+"""The replay's state records: one per rank, one per collective (or message) instance, and
+the online clock's any-source receive (``AnyRecv``), which a rank's queue holds beside trace events.
 
 Plain slotted records, mutated by the engine (exonet.netsim.engine); times are ticks
 (exonet.netsim.agenda), except the timeline, which is kept in seconds.
@@ -8,13 +9,24 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from exonet.netsim.fastpath import Plan
 from exonet.trace import Event
 
-if TYPE_CHECKING:
-    from exonet.netsim.engine import AnyRecv
+
+@dataclass(frozen=True)
+class AnyRecv:
+    """Receive whichever message to this rank arrives first (fed by the online clock, never found in a trace).
+
+    Among the messages already delivered when it is posted it takes the one delivered first
+    (ties: the lowest sender), else the next one to arrive; only the oldest unreceived message
+    of each sender is eligible, so each sender's messages keep their order. The node then
+    receives from that sender, and the trace records a plain ``recv`` from it, which replays
+    to the same times.
+    """
+
+    nbytes: int
 
 
 class RankState:
@@ -50,7 +62,7 @@ class RankState:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.queue: deque[Event | AnyRecv] = deque()  # AnyRecv: fed by the online clock
+        self.queue: deque[Event | AnyRecv] = deque()
         self.t = 0
         self.step = 0
         self.step_ends: list[int] = []  # the tick each of its steps ended
