@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -38,13 +38,14 @@ def _floor_node(rank: int, k: int, port: int, steps: int, batch: int) -> None:
         idx = shard[(step % per_epoch) * batch:(step % per_epoch + 1) * batch]
         opt.zero_grad(set_to_none=True)
         model((x[idx], y[idx])).backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        grads = cast(list[torch.Tensor], [p.grad for p in params])  # backward() gave every parameter one
+        flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
         flat /= k
         offset = 0
-        for p in params:
+        for p, g in zip(params, grads):
             n = p.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            g.copy_(flat[offset:offset + n].view_as(p))
             offset += n
         opt.step()
     dist.barrier()  # let every peer finish before teardown (gloo can abort on a half-closed pair)

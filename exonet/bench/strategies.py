@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,8 @@ from exonet.toy import bench_mlp
 
 BATCH, IN_DIM, CLASSES = 32, 64, 10
 DEMO_LR = 1e-3
-DEMO = {"compression_decay": 0.999, "compression_topk": 32, "compression_chunk": 64, "weight_decay": 0.01}
+DEMO: dict[str, Any] = {"compression_decay": 0.999, "compression_topk": 32, "compression_chunk": 64,
+                        "weight_decay": 0.01}
 
 
 # ------------------------------------------------------------------ DeMo reference (per tensor)
@@ -146,12 +147,13 @@ def _bare_step(k: int) -> Callable[[tuple[torch.Tensor, torch.Tensor]], None]:
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         opt.zero_grad(set_to_none=True)
         model(batch).backward()
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        grads = cast(list[torch.Tensor], [p.grad for p in params])  # backward() gave every parameter one
+        flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
         flat /= k
         offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        for p, g in zip(params, grads):
+            g.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
         opt.step()
 
@@ -181,10 +183,10 @@ def _steps_part(rank: int, k: int, comm: Communicator, rounds: int, steps: int) 
     times: dict[str, list[float]] = {name: [] for name in sides}
     order = list(sides.items())
     for r in range(rounds + 1):  # round 0 warms up
-        for name, step in order if r % 2 else order[::-1]:
+        for name, run in order if r % 2 else order[::-1]:
             t0 = time.perf_counter()
             for i in range(steps):
-                step(batches[i % len(batches)])
+                run(batches[i % len(batches)])
             if r:
                 times[name].append((time.perf_counter() - t0) / steps)
     return {name: statistics.median(ts) for name, ts in times.items()}

@@ -178,10 +178,10 @@ class Calibration:
         out = ["| case | half | real s | ideal s | err | modelled s | err | calibrated s | err |",
                "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in self.rows:
-            half = self.source or ("held-out" if r.held_out else "fit")
+            side = self.source or ("held-out" if r.held_out else "fit")
             if r.race is not None:
-                half = f"race {r.race[0]:.4g}-{r.race[1]:.4g} s: {'inside' if r.in_race else 'outside'}"
-            cells = [r.name, "unmodelled" if not r.covered and r.race is None else half, f"{r.real:.4g}"]
+                side = f"race {r.race[0]:.4g}-{r.race[1]:.4g} s: {'inside' if r.in_race else 'outside'}"
+            cells = [r.name, "unmodelled" if not r.covered and r.race is None else side, f"{r.real:.4g}"]
             for col in ("ideal", "modelled", "calibrated"):
                 sim = getattr(r, col)
                 cells += [f"{sim:.4g}", f"{Row.error(sim, r.real):+.1%}"]
@@ -230,7 +230,8 @@ class Calibration:
 def split(measurements: Sequence[Measurement]) -> list[bool]:
     """Which cases are held out: every other covered case of each kind (op, or training), in matrix order,
     so both halves hold bursts, each op and training runs alike (the first of each kind is fitted)."""
-    held, seen = [], {}
+    held: list[bool] = []
+    seen: dict[tuple[str, bool], int] = {}  # (kind, first) -> covered cases seen
     for m in measurements:
         kind = (m.case.kind if m.case.kind != "collective" else m.case.op, _first(m))
         k = seen.get(kind, 0)
@@ -271,7 +272,7 @@ def fit(measurements: Sequence[Measurement], host_cores: float | None = None) ->
 def _fit_rates(measurements: Sequence[Measurement], host_cores: float | None) -> dict[str, Any]:
     x = [0.95, 1e-4]
     steps = [0.02, 2e-4]
-    best = _loss(measurements, *x, host_cores)
+    best = _loss(measurements, x[0], x[1], host_cores)
     while steps[0] > 1e-4 or steps[1] > 1e-7:
         improved = False
         for i in range(2):
@@ -279,7 +280,7 @@ def _fit_rates(measurements: Sequence[Measurement], host_cores: float | None) ->
                 y = list(x)
                 lo, hi = BOUNDS[PARAMS[i]]
                 y[i] = min(hi, max(lo, x[i] + sign * steps[i]))
-                loss = _loss(measurements, *y, host_cores)
+                loss = _loss(measurements, y[0], y[1], host_cores)
                 if loss < best - 1e-15:
                     x, best, improved = y, loss, True
         if not improved:
@@ -354,7 +355,7 @@ def read_measurements(path: str | Path) -> list[Measurement]:
     """Measurements from a CSV in the format of the module docstring; errors name the file and line."""
     path = Path(path)
     need = ("op", "nodes", "bytes", "count", "bandwidth", "seconds")
-    out = []
+    out: list[Measurement] = []
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         missing = [c for c in need if c not in (reader.fieldnames or [])]

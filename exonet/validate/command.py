@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from exonet.validate import calibrate as cal
-    from exonet.validate.cases import ci_matrix, full_matrix, run_cases
+    from exonet.validate.cases import Measurement, ci_matrix, full_matrix, run_cases
     from exonet.validate.netns import privilege
 
     _check_outputs(args)
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.run and args.measurements:
         print("exonet validate: give --run or --measurements, not both", file=sys.stderr)
         return 2
+    measurements: Sequence[Measurement]
     if args.run:
         if not args.bandwidth:
             print("exonet validate: --run needs --bandwidth (each NIC's rate during the run, e.g. '10 Gbit/s')",
