@@ -252,7 +252,19 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         got = type(raw).__name__
         raise ScenarioError(f"{source}: expected a table (dict) with at least `name` and [network], got {got}")
     p = _TOP(raw, f"{source}: ")
-    where = f"{source}:"
+    for rule in _RULES:
+        rule(p, f"{source}:")
+    return p
+
+
+# ---------------------------------------------------------------- rules that span fields
+# A rule takes the document, its keys and values already checked, and ``where`` ("file:"); it raises
+# ScenarioError when the document breaks it.
+Rule = Callable[[Mapping[str, Any], str], None]
+
+
+def _check_required(p: Mapping[str, Any], where: str) -> None:
+    """A name, a [network], and a NIC rate in it."""
     if "name" not in p:
         raise ScenarioError(f'{where} missing required key `name` (e.g. name = "two-regions")')
     net = p.get("network")
@@ -263,6 +275,11 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
             f'{where} network.bandwidth is required (e.g. bandwidth = "1 Gbit/s") '
             "unless both uplink and downlink are given"
         )
+
+
+def _check_network(p: Mapping[str, Any], where: str) -> None:
+    """[network] keys that only act through another: each needs it set."""
+    net = p["network"]
     if "host_cores" in net and "message_overhead" not in net:
         raise ScenarioError(f"{where} network.host_cores only scales network.message_overhead; set message_overhead")
     if "header_bytes" in net and "mss" not in net:
@@ -275,10 +292,18 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
             "window / (2 · latency), so a zero round trip never binds; set network.latency (or a link's latency) "
             "or remove tcp_window"
         )
+
+
+def _check_hosts(p: Mapping[str, Any], where: str) -> None:
     hosts = p.get("hosts")
     if hosts is not None:
         _need(hosts, "devices", f"{where} [hosts]", "devices = 8")
         _need(hosts, "bandwidth", f"{where} [hosts]", 'bandwidth = "450 GB/s" (the intra-host fabric, each direction)')
+
+
+def _check_backend(p: Mapping[str, Any], where: str) -> None:
+    """What needs network.backend: NCCL settings, a backend's collective, and streams without a window or queue."""
+    net = p["network"]
     if "nccl" in net and net.get("backend") != "nccl":
         raise ScenarioError(f'{where} network.nccl: describes NCCL, so it needs network.backend = "nccl" '
                             f"(backend is {net.get('backend', 'not set')!r})")
@@ -290,18 +315,27 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
             f"{where} network.streams: has no effect on its own; streams act through network.tcp_window (a transfer "
             "has N windows) or network.queue (each stream's share of it); set one of them or remove streams"
         )
+
+
+def _check_compute(p: Mapping[str, Any], where: str) -> None:
     compute = p.get("compute", {})
     if compute.get("mode") == "flops" and "tflops" not in compute:
         raise ScenarioError(f'{where} compute.tflops is required when compute.mode = "flops" (e.g. tflops = 989.0)')
     for key in ("tflops", "mfu"):
         if key in compute and "mode" not in compute:
             raise ScenarioError(f'{where} compute.{key} only applies with compute.mode = "flops"; set mode')
+
+
+def _check_server(p: Mapping[str, Any], where: str) -> None:
     server_region = p.get("server", {}).get("region")
     regions = [r["name"] for r in p.get("regions", []) if "name" in r]
     if server_region is not None and server_region not in regions:
         hint = did_you_mean(server_region, regions)
         raise ScenarioError(f"{where} server.region: {server_region!r} is not a region of this scenario{hint}; "
                             f"regions: {', '.join(map(repr, regions)) or 'none (add [[regions]])'}")
+
+
+def _check_stragglers(p: Mapping[str, Any], where: str) -> None:
     strag = p.get("stragglers", {})
     if strag.get("jitter", "none") != "none" and "sigma" not in strag:
         jitter = strag["jitter"]
@@ -309,8 +343,25 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
                             "(e.g. sigma = 0.1)")
     if "sigma" in strag and "jitter" not in strag:
         raise ScenarioError(f"{where} stragglers.sigma needs stragglers.jitter ({', '.join(JITTERS)})")
-    if "failures" in p:
-        _check_failures(p["failures"], f"{where} failures")
+
+
+def _check_failures(p: Mapping[str, Any], where: str) -> None:
+    if "failures" not in p:
+        return
+    failures, where = p["failures"], f"{where} failures"
+    _need(failures, "mtbf", where, 'mtbf = "50 h"')
+    distribution = failures.get("distribution", "fixed")
+    if distribution == "lognormal" and "sigma" not in failures:
+        raise ScenarioError(f"{where}.sigma: is required when distribution = 'lognormal' (e.g. sigma = 0.5)")
+    if "sigma" in failures and distribution != "lognormal":
+        raise ScenarioError(f"{where}.sigma: applies only to distribution = 'lognormal'")
+    if distribution != "fixed" and not failures.get("repair", 0.0) > 0:
+        raise ScenarioError(f"{where}.distribution: {distribution!r} draws repair times around `repair`; "
+                            "set repair > 0")
+
+
+def _check_regions(p: Mapping[str, Any], where: str) -> None:
+    """Each region named once, with ranks or a share; the shares at most 1 in all."""
     names: list[str] = []
     for i, region in enumerate(p.get("regions", [])):
         _need(region, "name", f"{where} regions[{i}]", 'name = "us"')
@@ -320,6 +371,11 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
         names.append(region["name"])
     if sum(Fraction(r.get("share", 0)) for r in p.get("regions", [])) > 1 + Fraction(1, 10**9):
         raise ScenarioError(f"{where} regions: the shares add up to more than 1")
+
+
+def _check_links(p: Mapping[str, Any], where: str) -> None:
+    """Each link joins two known regions (after ``_check_regions``: each has a name), and no pair twice."""
+    names = [r["name"] for r in p.get("regions", [])]
     pairs: set[tuple[str, ...]] = set()
     for i, link in enumerate(p.get("links", [])):
         _need(link, "between", f"{where} links[{i}]", 'between = ["us", "eu"]')
@@ -333,13 +389,25 @@ def validate(raw: Any, source: str) -> dict[str, Any]:
             joined = f"regions {pair[0]!r} and {pair[1]!r}"
             raise ScenarioError(f"{where} links[{i}].between: {joined} are already joined by another link")
         pairs.add(pair)
+
+
+def _check_nodes(p: Mapping[str, Any], where: str) -> None:
     for i, node in enumerate(p.get("nodes", [])):
         _one_of_ranks_share(node, f"{where} nodes[{i}]")
         if not {"speed", "bandwidth", "uplink", "downlink"} & node.keys():
             raise ScenarioError(f"{where} nodes[{i}]: sets nothing; give speed, bandwidth, uplink or downlink")
+
+
+def _check_events(p: Mapping[str, Any], where: str) -> None:
     for i, event in enumerate(p.get("events", [])):
         _check_event(event, f"{where} events[{i}]")
-    return p
+
+
+# In the order they run: the first rule a document breaks is the error it gets (links rely on regions' names).
+_RULES: tuple[Rule, ...] = (
+    _check_required, _check_network, _check_hosts, _check_backend, _check_compute, _check_server, _check_stragglers,
+    _check_failures, _check_regions, _check_links, _check_nodes, _check_events,
+)
 
 
 def _need(table: Mapping[str, Any], key: str, where: str, example: str) -> None:
@@ -350,18 +418,6 @@ def _need(table: Mapping[str, Any], key: str, where: str, example: str) -> None:
 def _one_of_ranks_share(table: Mapping[str, Any], where: str) -> None:
     if ("ranks" in table) == ("share" in table):
         raise ScenarioError(f"{where}: give exactly one of `ranks` (e.g. ranks = [0, 1]) or `share` (e.g. share = 0.5)")
-
-
-def _check_failures(failures: Mapping[str, Any], where: str) -> None:
-    _need(failures, "mtbf", where, 'mtbf = "50 h"')
-    distribution = failures.get("distribution", "fixed")
-    if distribution == "lognormal" and "sigma" not in failures:
-        raise ScenarioError(f"{where}.sigma: is required when distribution = 'lognormal' (e.g. sigma = 0.5)")
-    if "sigma" in failures and distribution != "lognormal":
-        raise ScenarioError(f"{where}.sigma: applies only to distribution = 'lognormal'")
-    if distribution != "fixed" and not failures.get("repair", 0.0) > 0:
-        raise ScenarioError(f"{where}.distribution: {distribution!r} draws repair times around `repair`; "
-                            "set repair > 0")
 
 
 def _check_event(event: Mapping[str, Any], where: str) -> None:
