@@ -22,15 +22,12 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
 
 from exonet.trace import Collective, Compute, Discard, Event, Step, Wait
-
-if TYPE_CHECKING:
-    from exonet.runtime.clock import ClockLink
 
 GroupArg = Sequence[int] | None
 REDUCE_OPS = ("sum", "mean", "max", "min", "avg")  # as torch's ReduceOp; "avg" is exonet's older spelling of "mean"
@@ -49,6 +46,16 @@ def any_source_question(cid: int, tensor: torch.Tensor | Callable[[int], torch.T
     if callable(tensor):
         return ("recv_any", cid, 0, "float32")
     return ("recv_any", cid, tensor.numel() * tensor.element_size(), _dtype_name(tensor.dtype))
+
+
+class ClockSide(Protocol):
+    """A node's side of the online clock, as a Communicator uses it (the runtime's ClockLink, estimate's RankLink)."""
+
+    announces: bool  # report events before every blocking call
+
+    def announce(self, events: list[Event]) -> None: ...
+
+    def ask(self, question: tuple, events: list[Event]) -> Any: ...
 
 
 def _no_copy_back(_: torch.Tensor) -> None:
@@ -137,7 +144,7 @@ class Communicator:
 
     def __init__(self, rank: int, world_size: int, device: torch.device, backend: str = "gloo", *,
                  blocking: Callable[..., contextlib.AbstractContextManager[None]] = _unwatched,
-                 clock: ClockLink | None = None) -> None:
+                 clock: ClockSide | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -344,7 +351,10 @@ class Communicator:
         if announced:  # the clock must see this call before it blocks
             self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, None))
             self._announce()
-        peer = group[0] + group[1] - self.rank if op in ("send", "recv") else -1  # its (src, dst) pair
+        peer = -1
+        if op in ("send", "recv"):
+            assert group is not None  # a message's group is its (src, dst) pair
+            peer = group[0] + group[1] - self.rank
         with self.blocking(op, peer, cid):
             launch(False)
             result = finish()
@@ -355,7 +365,7 @@ class Communicator:
             self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, end))
         return result
 
-    def _staged(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], None]]:
+    def _staged(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], object]]:
         """Backends cannot read MPS memory: stage through CPU and copy back afterwards."""
         if not tensor.is_mps:
             return tensor, _no_copy_back

@@ -91,8 +91,9 @@ class RecordingCommunicator(Communicator):
             return Handle(self, cid, None, finish)
         return finish()
 
-    def _flush_compute(self) -> None:
-        """Compute is injected per step by the estimator, never measured here."""
+    def _flush_compute(self) -> float:
+        """Compute is injected per step by the estimator, never measured here (now, as the base returns)."""
+        return self.now()
 
     def recv_any(self, tensor: torch.Tensor | Callable[[int], torch.Tensor]) -> tuple[int, float] | None:
         """Ask the online clock who is received first (as ``Communicator.recv_any``); nothing is received."""
@@ -236,6 +237,7 @@ def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], ran
     strat.setup(model, comm, NodeContext(rank, nodes, steps, 0, torch.device("meta")))
     if rank >= nodes:  # a server: its own work takes no simulated time
         strat.serve(lambda updates, sim_time_s: None)
+        assert hub is not None  # only an asynchronous run has servers (ranks from nodes on)
         hub.report(rank, comm.events, done=True)
         return [], True
     strat.optimizer.step = lambda *a, **k: None  # local numerics never change what goes on the wire
@@ -386,6 +388,7 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
     strategy.check_world(nodes)
     compute, profiled = step_compute(net, step_time, flops, profile, scale_layers, devices, tflops, mfu)
     step_time = profiled["step_s"] if profiled else step_time
+    assert step_time is not None  # given (checked by _compute), or measured by the profile
     computes = [compute if ratio == 1 else compute.scaled(ratio) for ratio in ratios]
     rerun = None
     if strategy.asynchronous:
@@ -417,7 +420,7 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         (f"compute: {step_time:.4g} s per step {every}"
          + (f" (6·P·{tokens_per_step:g} tokens at {tflops:g} TFLOP/s × MFU {mfu:g}{device})" if timed else "")
          + "; forward a third, backward two thirds, in reverse parameter order, each tensor's share by its size")
-        if profile is None else
+        if profiled is None else
         (f"compute: {step_time:.4g} s per step {every}, measured by torch.profiler ({profiled['path']}): the "
          "forward pass, then backward with each gradient ready when it was measured, then the optimizer and the "
          f"rest of the step; {'; '.join(profiled['notes'])}"),
