@@ -325,53 +325,70 @@ class Trace:
         path = Path(path)
         if path.is_dir():
             path = path / "trace.jsonl"
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise TraceError(f"{path}: no such trace file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TraceError(f"{path}: cannot read trace ({exc})") from None
+        text = _read_text(path)
         lines = text.splitlines()
-        if not lines:
-            raise TraceError(f"{path}: empty file, expected an exonet trace")
+        num_nodes, meta = _read_header(path, text, lines)
+        return cls(num_nodes, meta, _read_events(path, lines, num_nodes))
+
+
+# ---------------------------------------------------------------------- reading a file
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read trace ({exc})") from None
+
+
+def _read_header(path: Path, text: str, lines: list[str]) -> tuple[int, dict[str, Any]]:
+    """The first line's node count and meta; ``text`` tells a JSON document that is not a trace from garbage."""
+    if not lines:
+        raise TraceError(f"{path}: empty file, expected an exonet trace")
+    try:
+        header = _parse_line(path, 1, lines[0], strict=False)  # meta is free-form: Python's NaN may sit in it
+    except TraceError:
+        if _is_json(text):  # a JSON document (a run's config.json, a Chrome trace): the wrong file
+            raise TraceError(f"{path}: one JSON document, not an exonet trace (a trace is JSON Lines, a header "
+                             f"then one event per line: a run directory's trace.jsonl)") from None
+        raise
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise TraceError(f"{path}:1: not an exonet trace (expected a header with format={FORMAT!r})")
+    if header.get("version") != VERSION:
+        raise TraceError(f"{path}:1: unsupported trace version {header.get('version')!r}, expected {VERSION}")
+    num_nodes = header.get("num_nodes")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or not 1 <= num_nodes <= MAX_NODES:
+        raise TraceError(f"{path}:1: num_nodes must be an integer in [1, {MAX_NODES}], got {num_nodes!r}")
+    meta = header.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise TraceError(f"{path}:1: meta must be an object, got {type(meta).__name__}")
+    return num_nodes, dict(meta or {})
+
+
+def _read_events(path: Path, lines: list[str], num_nodes: int) -> list[list[Event]]:
+    """Each rank's events from the lines after the header, up to the closing line, which must end the file
+    and count them."""
+    events: list[list[Event]] = [[] for _ in range(num_nodes)]
+    reader = _Reader(num_nodes)
+    footer = None
+    for lineno, line in enumerate(lines[1:], start=2):
+        value = _parse_line(path, lineno, line)
+        if isinstance(value, dict):
+            footer = value
+            if lineno != len(lines):
+                raise TraceError(f"{path}:{lineno}: closing line before the end of the file")
+            break
         try:
-            header = _parse_line(path, 1, lines[0], strict=False)  # meta is free-form: Python's NaN may sit in it
-        except TraceError:
-            if _is_json(text):  # a JSON document (a run's config.json, a Chrome trace): the wrong file
-                raise TraceError(f"{path}: one JSON document, not an exonet trace (a trace is JSON Lines, a header "
-                                 f"then one event per line: a run directory's trace.jsonl)") from None
-            raise
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise TraceError(f"{path}:1: not an exonet trace (expected a header with format={FORMAT!r})")
-        if header.get("version") != VERSION:
-            raise TraceError(f"{path}:1: unsupported trace version {header.get('version')!r}, expected {VERSION}")
-        num_nodes = header.get("num_nodes")
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or not 1 <= num_nodes <= MAX_NODES:
-            raise TraceError(f"{path}:1: num_nodes must be an integer in [1, {MAX_NODES}], got {num_nodes!r}")
-        meta = header.get("meta")
-        if meta is not None and not isinstance(meta, dict):
-            raise TraceError(f"{path}:1: meta must be an object, got {type(meta).__name__}")
-        events: list[list[Event]] = [[] for _ in range(num_nodes)]
-        reader = _Reader(num_nodes)
-        footer = None
-        for lineno, line in enumerate(lines[1:], start=2):
-            value = _parse_line(path, lineno, line)
-            if isinstance(value, dict):
-                footer = value
-                if lineno != len(lines):
-                    raise TraceError(f"{path}:{lineno}: closing line before the end of the file")
-                break
-            try:
-                rank, event = reader.decode(value)
-            except (ValueError, TypeError) as exc:
-                raise TraceError(f"{path}:{lineno}: bad event {line[:80]!r} ({exc})") from None
-            events[rank].append(event)
-        n = sum(len(e) for e in events)
-        if footer is None or footer.get("end") is not True:
-            raise TraceError(f"{path}: truncated trace (no closing line; read {n} events)")
-        if footer.get("events") != n:
-            raise TraceError(f"{path}: closing line says {footer.get('events')} events, file holds {n}")
-        return cls(num_nodes, dict(meta or {}), events)
+            rank, event = reader.decode(value)
+        except (ValueError, TypeError) as exc:
+            raise TraceError(f"{path}:{lineno}: bad event {line[:80]!r} ({exc})") from None
+        events[rank].append(event)
+    n = sum(len(e) for e in events)
+    if footer is None or footer.get("end") is not True:
+        raise TraceError(f"{path}: truncated trace (no closing line; read {n} events)")
+    if footer.get("events") != n:
+        raise TraceError(f"{path}: closing line says {footer.get('events')} events, file holds {n}")
+    return events
 
 
 def _seconds(name: str, value: Any, limit: float = MAX_SECONDS) -> float:
