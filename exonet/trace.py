@@ -418,11 +418,12 @@ def _integer(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be a non-negative integer, got {value!r}")
     if isinstance(value, float) and not value.is_integer():
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    if value < 0:
+    number = value if isinstance(value, (int, float)) else int(value)  # an Integral (numpy's) compares as its int
+    if number < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    if value > MAX_BYTES:
+    if number > MAX_BYTES:
         raise ValueError(f"{name} must be below 2**63, got {value!r}")
-    return int(value)
+    return int(number)
 
 
 def _time_stamp(name: str, value: Any) -> float | None:

@@ -227,14 +227,16 @@ _EVENT = {
 }
 _HOSTS = {"devices": _positive_count, "bandwidth": _rate, "latency": _time, "nic": _enum(NICS)}
 _SERVER = {"region": _string}  # where a strategy's server ranks live (they never move the trainers)
-_FAILURES = {
+_FAILURES: dict[str, Check] = {
     "mtbf": partial(units.parse_time, allow_zero=False), "repair": _time, "restart": _time,
     "distribution": _enum(REPAIRS), "sigma": _number(0, closed=True), "seed": _count, "servers": _flag,
     "slice": _positive_count, "pause": _time,
 }
-TABLES = {"network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS, "server": _SERVER,
-          "failures": _FAILURES}
-ARRAYS = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
+TABLES: dict[str, Mapping[str, Check]] = {
+    "network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS, "server": _SERVER,
+    "failures": _FAILURES,
+}
+ARRAYS: dict[str, Mapping[str, Check]] = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
 _TOP = _table(
     {
         "name": _string,
