@@ -32,7 +32,6 @@ class Int8DDPStrategy(Strategy):
         all_scales = self.comm.all_gather(scale.reshape(1))  # (nodes, 1) fp32
         unflatten_into((all_codes.float() * all_scales).mean(0), [p.grad for p in self.params])
         self.optimizer_step()
-        self.local_step += 1
 
 
 def main() -> None:

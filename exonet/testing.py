@@ -76,7 +76,6 @@ class ProbeStrategy(Strategy):
         if n >= 3 and r < 2:
             _expect("subgroup all_reduce", self.comm.all_reduce(torch.ones(2), group=[0, 1]), torch.full((2,), 2.0))
         self.optimizer_step()
-        self.local_step += 1
 
 
 class RingPassStrategy(Strategy):
@@ -100,7 +99,6 @@ class RingPassStrategy(Strategy):
         sent.wait()
         _expect("recv", got, torch.full((self.numel,), float((r - 1) % n)))
         self.optimizer_step()
-        self.local_step += 1
 
 
 class RunsCode:
@@ -226,7 +224,6 @@ class DyingStrategy(Strategy):
         handle.wait()
         unflatten_into(flat, grads)
         self.optimizer_step()
-        self.local_step += 1
 
 
 class ClockProbeStrategy(Strategy):
@@ -255,9 +252,8 @@ class ClockProbeStrategy(Strategy):
         self.comm.all_reduce(grads, op="avg")
         unflatten_into(grads, (p.grad for p in self.params))
         self.optimizer_step()
-        self.local_step += 1
         self._seen["now"].append(self.comm.sim_now())
-        if self.local_step == self.ctx.max_steps:
+        if self.local_step + 1 == self.ctx.max_steps:  # the last step (the count goes up as step() returns)
             import json
             from pathlib import Path
 

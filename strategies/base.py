@@ -12,6 +12,7 @@ import abc
 import functools
 import inspect
 import math
+import warnings
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -177,6 +178,47 @@ def _with_base_options(cls: type) -> None:
     cls.__init__ = with_options  # type: ignore[misc]
 
 
+def _counting_steps(cls: type) -> None:
+    """Make ``cls.step`` count ``local_step``: one more as each step returns, wherever it is called from.
+
+    The node loop, ``estimate``, the bench and tests all call ``step()``; counting here means no strategy has
+    to remember ``self.local_step += 1``. Inside ``step()`` the count is the steps done before this one. As in
+    the seed gym, a step that calls ``super().step()`` sees the count go up when that returns (the innermost
+    step counts, once). A strategy that still counts itself (written before the base class did) keeps its
+    count, with a DeprecationWarning once per class.
+    """
+    step = cls.__dict__.get("step")
+    if step is None or getattr(step, "__isabstractmethod__", False):
+        return
+
+    @functools.wraps(step)
+    def counted(self: Strategy) -> None:
+        outermost = not self._stepping
+        if outermost:
+            self._stepping, self._step_counted = True, False
+        before = self.local_step
+        try:
+            step(self)
+        finally:
+            if outermost:
+                self._stepping = False
+        if self._step_counted:
+            return
+        self._step_counted = True
+        if self.local_step == before:
+            self.local_step += 1
+        elif type(self) not in _COUNTING_THEMSELVES:
+            _COUNTING_THEMSELVES.add(type(self))
+            warnings.warn(f"{type(self).__name__}.step counts local_step itself; the base class counts it now "
+                          "(remove `self.local_step += 1`: it is counted twice from the next release)",
+                          DeprecationWarning, stacklevel=2)
+
+    cls.step = counted  # type: ignore[method-assign]
+
+
+_COUNTING_THEMSELVES: set[type] = set()
+
+
 def _default_inner() -> OptimSpec:
     return OptimSpec("adamw", lr=1e-3)
 
@@ -201,7 +243,8 @@ class Strategy(abc.ABC):
     """Base class: owns the node's optimizer, gradient clipping and learning-rate schedule.
 
     Subclasses implement ``step()`` (called after backward) and talk to other nodes
-    only through ``self.comm``.
+    only through ``self.comm``. The base class counts ``local_step`` as each ``step()`` returns
+    (inside it, the steps done before this one).
 
     Args:
         optim_spec: the (inner) optimizer; a name, class or OptimSpec. Default AdamW lr 1e-3.
@@ -215,11 +258,14 @@ class Strategy(abc.ABC):
     """
 
     name = "strategy"
+    _stepping = False  # inside step(), and whether this step is counted yet (a super().step() counts it)
+    _step_counted = False
     servers = 0  # ranks after the K trainers that serve instead of training (see exonet.strategies.server)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _with_base_options(cls)
+        _counting_steps(cls)
         # the older gym's shared arguments and aliases, exonet's deprecated spellings (exonet.strategies.compat)
         accept_gym_spellings(cls, OptimSpec)
 

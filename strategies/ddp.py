@@ -155,7 +155,6 @@ class DDPStrategy(Strategy):
             if rejoin and self.rank == up[0]:  # the state after this step, to the nodes coming back
                 self._hand_offs = [self.comm.send(self._state(), q, async_op=True) for q in rejoin]
         self._round = None
-        self.local_step += 1
 
     def _average(self) -> None:
         """Average the gradients: every bucket (launched in backward, or now), or one flat buffer."""

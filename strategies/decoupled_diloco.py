@@ -346,8 +346,7 @@ class DecoupledDiLoCoStrategy(Strategy):
         if self._replicas is not None:
             self._replicas.average_gradients(self.comm, self.params)
         self.optimizer_step()
-        self.local_step += 1
-        t = self.local_step
+        t = self.local_step + 1  # this step's number
         with torch.no_grad():
             self._complete_due(t)
             while self._next[0] == "delta" and self._next[2] == t:

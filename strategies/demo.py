@@ -376,7 +376,6 @@ class DeMoStrategy(Strategy):
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        self.local_step += 1
 
     def momentum(self) -> list[torch.Tensor]:
         """Each parameter's momentum, in the parameter's shape (decoded from the kept coefficients)."""

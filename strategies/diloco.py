@@ -112,7 +112,7 @@ class DiLoCoStrategy(FedAvgStrategy):
                 self.apply_average(self._replicas.start_mean(self.comm, flatten(self.params)).wait())
             return
         super().sync_round()
-        self.hand_off(self.local_step // self.H)
+        self.hand_off(self.rounds_done())
 
     def hand_off(self, round_index: int) -> None:
         """Give the nodes of the next round that sat round ``round_index`` out its global state.

@@ -136,14 +136,18 @@ class FedAvgStrategy(Strategy):
 
     def step(self) -> None:
         self.optimizer_step()
-        self.local_step += 1
-        if self.local_step % self.H == 0:
+        if (self.local_step + 1) % self.H == 0:  # this step ends a round
             self.deadline_round() if self.asynchronous else self.sync_round()
+
+    def rounds_done(self) -> int:
+        """Rounds completed, the one this step ends included (inside ``step()``, where ``local_step`` counts
+        the steps before this one)."""
+        return (self.local_step + 1) // self.H
 
     def deadline_round(self) -> None:
         """End of a deadline (or elastic) round: the clock says who made it (stayed up); they average,
         the rest adopt the result."""
-        r = self.local_step // self.H - 1
+        r = self.rounds_done() - 1
         if self.elastic:
             up, out, rejoin = self.comm.elastic_round(r)
             participants, late = up, rejoin  # only those rejoining receive
@@ -212,7 +216,7 @@ class FedAvgStrategy(Strategy):
         Every node declares the round's groups (process groups are created collectively),
         including nodes that sit the round out.
         """
-        partition = self.round_partition(self.local_step // self.H)
+        partition = self.round_partition(self.rounds_done())
         self.comm.declare_groups(partition)
         group = next((grp for grp in partition if self.rank in grp), None)
         if group is None:

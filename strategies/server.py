@@ -77,7 +77,6 @@ class ServerStrategy(Strategy):
     # ---------------------------------------------------------------- trainer
     def step(self) -> None:
         self.optimizer_step()
-        self.local_step += 1
         self.since_sync += 1
         if self.since_sync < self.local_H:
             return

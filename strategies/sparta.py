@@ -206,11 +206,11 @@ class SPARTAStrategy(SparseAveraging):
 
     def step(self) -> None:
         self.optimizer_step()
-        self.local_step += 1
+        t = self.local_step + 1  # this step's number
         if self.delay_steps == 0:
-            self.sparse.average(self.local_step)
+            self.sparse.average(t)
             return
-        self._in_flight.append(self.sparse.launch(self.local_step))
+        self._in_flight.append(self.sparse.launch(t))
         if len(self._in_flight) > self.delay_steps:
             self.sparse.apply(self._in_flight.popleft())
 

@@ -55,8 +55,8 @@ class SPARTADiLoCoStrategy(SparseAveraging, DiLoCoStrategy):
 
     def step(self) -> None:
         self.optimizer_step()
-        self.local_step += 1
-        if self.local_step % self.H == 0:
+        t = self.local_step + 1  # this step's number
+        if t % self.H == 0:
             self.sync_round()
-        elif self.local_step % self.sparta_interval == 0:
-            self.sparse.average(self.local_step)
+        elif t % self.sparta_interval == 0:
+            self.sparse.average(t)

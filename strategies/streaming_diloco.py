@@ -190,8 +190,7 @@ class StreamingDiLoCoStrategy(Strategy):
         if self._replicas is not None:
             self._replicas.average_gradients(self.comm, self.params)
         self.optimizer_step()
-        self.local_step += 1
-        t = self.local_step
+        t = self.local_step + 1  # this step's number
         with torch.no_grad():
             self._advance(t)
             for f, offset in enumerate(self.offsets):

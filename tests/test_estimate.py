@@ -65,7 +65,7 @@ def test_the_layer_stack_is_sized_as_real_models_are_and_holds_about_the_paramet
     ({"params": math.inf, "step_time": 1.0}, "params=, num_nodes= and max_steps= must be finite and >= 1, got inf"),
 ])
 def test_compute_is_given_one_way_and_the_other_options_are_not_ignored(kwargs, match):
-    args = {"params": 1e6, "nodes": 2, "steps": 1, **kwargs}
+    args = {"params": 1e6, "num_nodes": 2, "max_steps": 1, **kwargs}
     if match is not None:
         with pytest.raises(ValueError, match=match):
             estimate("ddp", **args)
@@ -103,7 +103,7 @@ def test_the_largest_numbers_the_model_holds_are_accepted():
 
 def test_overlap_beats_one_flat_all_reduce_in_an_estimate():
     scenario = {"name": "lan", "network": {"bandwidth": "10 Gbit/s"}}
-    kwargs = dict(params=4e8, nodes=4, steps=3, step_time=0.2, dtype="bf16", layers=8)
+    kwargs = dict(params=4e8, num_nodes=4, max_steps=3, step_time=0.2, dtype="bf16", layers=8)
     over = simulate_estimate(estimate("ddp", **kwargs).trace, scenario)
     flat = simulate_estimate(estimate("ddp:overlap=False", **kwargs).trace, scenario)
     assert over.per_node[0].compute_s == pytest.approx(flat.per_node[0].compute_s) == pytest.approx(0.6)

@@ -12,7 +12,7 @@ from exonet.cli import in_flags, main
 from exonet.estimate import estimate, simulate_estimate
 from exonet.trace import Trace
 
-SMALL = dict(params=1e6, nodes=2, steps=3, tokens_per_step=1000, tflops=989, mfu=0.4, layers=2)
+SMALL = dict(params=1e6, num_nodes=2, max_steps=3, tokens_per_step=1000, tflops=989, mfu=0.4, layers=2)
 
 
 def test_simulate_times_an_estimate_by_the_compute_it_was_given_and_says_so(tmp_path):

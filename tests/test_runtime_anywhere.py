@@ -61,7 +61,6 @@ class MeanGradients(Strategy):
         self.comm.all_reduce(grad)
         unflatten_into(grad / self.num_nodes, [p.grad for p in self.params])
         self.optimizer_step()
-        self.local_step += 1
 
 torch.manual_seed(0)
 result = LocalTrainer(Net(), Data(128)).fit(
@@ -169,10 +168,12 @@ def run_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, dim=8, classes=4))
     results = {}
-    for folder, name in (("a", "ddp"), ("b", "sgd-1"), ("b", "sgd-2")):
-        results[(folder, name)] = trainer.fit(DDPStrategy(OptimSpec("sgd", lr=0.1)), num_nodes=2, max_steps=3,
-                                              batch_size=8, progress=False, device="cpu", run_dir=root / folder,
-                                              run_name=name)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)  # a run_name also writes the gym's logs/<run_name>/ in the working directory
+        for folder, name in (("a", "ddp"), ("b", "sgd-1"), ("b", "sgd-2")):
+            results[(folder, name)] = trainer.fit(DDPStrategy(OptimSpec("sgd", lr=0.1)), num_nodes=2, max_steps=3,
+                                                  batch_size=8, progress=False, device="cpu", run_dir=root / folder,
+                                                  run_name=name)
     (root / "b" / "notes.txt").write_text("not a run")
     return root, results
 

@@ -332,7 +332,6 @@ class _ForgetsItsExchange(Strategy):
 
     def step(self) -> None:
         self.optimizer_step()
-        self.local_step += 1
         self.finish()
         self._sent = flatten(self.params)
         self._pending = self.comm.all_reduce(self._sent.clone(), op="avg", async_op=True)

@@ -107,7 +107,6 @@ class AdaptiveStrategy(Strategy):
         flat = self.comm.all_reduce(flatten(grads), op="mean")
         unflatten_into(flat, grads)
         self.optimizer_step()
-        self.local_step += 1
 
 
 @pytest.mark.slow
