@@ -276,3 +276,12 @@ def test_val_interval_without_a_val_dataset_warns_that_nothing_is_evaluated():
         result = LocalTrainer(tiny_mlp(), DATA).fit(DDPStrategy(), 1, max_steps=3, batch_size=8, val_interval=3,
                                                     progress=False)
     assert result.history["eval"] == []
+
+
+def test_fits_checks_warn_at_the_line_that_called_fit_and_stop_before_any_node_starts():
+    trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4))
+    with pytest.warns(UserWarning) as caught, pytest.raises(TypeError, match="DataLoader takes no argument 'bogus'"):
+        trainer.fit(DDPStrategy(), num_nodes=2, max_steps=6, num_epochs=1, val_interval=3, correlation_interval=5,
+                    dataloader_kwargs={"bogus": 1}, progress=False, device="cpu")
+    assert [str(w.message).split(" ")[1] for w in caught] == ["correlation_interval", "val_interval=3", "num_epochs=1"]
+    assert {w.filename for w in caught} == {__file__}

@@ -29,6 +29,7 @@ from exonet import (
     Trainer,  # the gym: from exogym.trainer import Trainer
 )
 from exonet.gymlog import TRAIN_COLUMNS, VALIDATION_COLUMNS, write_gym_csv
+from exonet.runtime.fit_config import resolve_device, resolve_steps
 from exonet.strategies import (
     DeMoStrategy,
     DiLoCoStrategy,
@@ -132,8 +133,7 @@ def test_a_misspelt_fit_argument_says_did_you_mean():
 
 
 def test_device_empty_string_is_the_gyms_auto_detect():
-    expected = LocalTrainer._resolve_device(None, None, 2)
-    assert LocalTrainer._resolve_device("", None, 2) == expected
+    assert resolve_device("", None, 2) == resolve_device(None, None, 2)
 
 
 def test_a_fit_result_stands_in_for_the_model_the_gym_returned():
@@ -294,12 +294,12 @@ def test_the_gym_diloco_scaling_calls_work(tmp_path, monkeypatch):
 
 
 def test_num_epochs_that_cuts_max_steps_short_warns():
-    trainer = LocalTrainer(tiny_mlp(), synthetic_classification(64, seed=0))
+    shard = 64 // 2  # synthetic_classification(64) over 2 nodes
     with pytest.warns(UserWarning, match=r"num_epochs=1 ends the run after 2 steps, before max_steps=6"):
-        assert trainer._resolve_steps(6, 1, 2, 16) == 2
+        assert resolve_steps(6, 1, shard, 16, 2) == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert trainer._resolve_steps(2, 1, 2, 16) == 2
+        assert resolve_steps(2, 1, shard, 16, 2) == 2
 
 
 def test_fit_defaults_are_the_gyms():

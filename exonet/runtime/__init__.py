@@ -1,6 +1,7 @@
 """The runtime: K real node processes, their supervision, and the online clock.
 
-``trainer`` (LocalTrainer.fit, validation) → ``run`` (the supervisor: rendezvous, node
+``trainer`` (LocalTrainer.fit) with ``fit_config`` (its arguments checked into the node's
+configuration) → ``run`` (the supervisor: rendezvous, node
 processes, messages, failures) → ``node`` (one rank's life) with ``transport`` (how models,
 datasets and strategies reach the nodes), ``record`` (history and trace from node
 messages), ``watchdog`` (progress), ``checkpoint``, ``clock`` (the online simulated clock),

@@ -11,88 +11,21 @@ stops them all and raises NodeFailure naming the node; nothing is left running
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader
 
-from exonet.arguments import check_int, check_range, one_of
-from exonet.files import check_output
 from exonet.fit_result import FitResult
+from exonet.runtime.fit_config import configure, get_device
 from exonet.runtime.forkserver import complete_imports
 from exonet.runtime.job import Job
-from exonet.runtime.node import NodeConfig, check_map_style, is_factory, resolve_dataset
+from exonet.runtime.node import check_map_style, is_factory, resolve_dataset
 from exonet.strategies.base import Strategy
 
-DEVICES = ("cpu", "cuda", "mps")
-AUTOCAST = {True: "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
-# DataLoader arguments exonet sets itself: the batch order must stay a pure function of (seed, rank, epoch).
-# The seed gym's fit arguments that have no meaning here, and why.
-IGNORED = {"correlation_interval": "exonet measures the nodes' correlation at every evaluation"}
-# The seed gym's fit arguments that exonet honours under the gym's names (its ``**kwargs``).
-GYM_EXTRAS = ("save_dir", "kwargs", "log_x_axis")
-DEFAULT_VAL_INTERVAL = 100  # the seed gym's; set with no val_dataset it is not a request worth a warning
-# A time budget without max_steps/num_epochs trains over as many epochs as the budget holds, up to this cap.
-TIME_BUDGET_STEPS = 10**9
-RESERVED_LOADER_ARGS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
-SEED_LIMIT = 2**63  # torch seeds generators with 64-bit integers, and epochs are added to the seed
-MAX_TIMEOUT_S = 1e12  # torch.distributed takes the timeout as a timedelta, which holds less than 8.64e13 s
-
-
-def _check_loader_args(kwargs: Any) -> dict[str, Any]:
-    """``dataloader_kwargs`` checked here, in the parent, against DataLoader's own arguments and values, so that a
-    misspelt key is named before any node starts (not as a node's traceback)."""
-    if kwargs is None:
-        return {}
-    if not isinstance(kwargs, dict):
-        raise TypeError(f"fit: dataloader_kwargs must be a dict of DataLoader arguments, got {type(kwargs).__name__}")
-    clash = sorted(set(kwargs) & set(RESERVED_LOADER_ARGS))
-    if clash:
-        raise ValueError(f"fit: dataloader_kwargs may not set {', '.join(clash)}: exonet sets "
-                         f"{', '.join(RESERVED_LOADER_ARGS)} itself (use batch_size, shuffle and seed)")
-    known = [n for n in inspect.signature(DataLoader).parameters if n not in RESERVED_LOADER_ARGS]
-    for name in kwargs:
-        if name not in known:
-            close = difflib.get_close_matches(str(name), known, n=1)
-            raise TypeError(f"fit: dataloader_kwargs: DataLoader takes no argument {name!r}"
-                            + (f" (did you mean {close[0]!r}?)" if close else f"; it takes {', '.join(known)}"))
-    try:
-        DataLoader([0], batch_size=1, **kwargs)  # its own checks of the values; no worker starts before iterating
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(f"fit: dataloader_kwargs: {exc}") from None
-    return dict(kwargs)
-
-
-def get_device() -> str:
-    """The best device on this machine: "cuda", else "mps", else "cpu" (the seed gym's ``get_device``)."""
-    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-
-
-def _gym_extras(legacy: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The seed gym's ``kwargs`` (extra configuration, recorded with the run) and ``log_x_axis``, checked."""
-    extra = legacy.get("kwargs")
-    if extra is not None and not isinstance(extra, dict):
-        raise TypeError(f"fit: kwargs must be a dict of extra configuration (the seed gym's), "
-                        f"got {type(extra).__name__}")
-    x_axis = legacy.get("log_x_axis", "step")
-    if x_axis not in ("step", "examples"):
-        raise ValueError(f"fit: log_x_axis must be 'step' or 'examples', got {x_axis!r}")
-    return ({str(k): v if isinstance(v, (str, int, float, bool, type(None))) else repr(v) for k, v in extra.items()}
-            if extra is not None else None), x_axis
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+__all__ = ["LocalTrainer", "Trainer", "get_device"]
 
 
 class LocalTrainer:
@@ -216,160 +149,24 @@ class LocalTrainer:
                 its ``correlation_interval`` is accepted and ignored with a warning (exonet measures correlation
                 at every evaluation).
         """
+        args = {name: value for name, value in locals().items() if name not in ("self", "strategy", "legacy")}
         complete_imports()  # what fit imports on its way, whole: Ctrl-C now cannot leave half a package behind
-        if run_name is not None and (not isinstance(run_name, str) or not run_name or "/" in run_name
-                                     or "\\" in run_name or run_name.startswith(".")):
-            raise ValueError(f"fit: run_name must be a non-empty folder name (no path separators), got {run_name!r}")
-        if upload_to is not None:
-            from exonet.storage import parse_s3_url
-
-            parse_s3_url(upload_to)
-            if run_dir is None and legacy.get("save_dir") is None and resume_from is None:
-                raise ValueError("fit: upload_to copies the run directory, so it needs run_dir")
-        unknown = set(legacy) - {*GYM_EXTRAS, *IGNORED}
-        if unknown:
-            known = [n for n in inspect.signature(LocalTrainer.fit).parameters if n not in ("self", "legacy")]
-            hints = [f"{n} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(n, known, n=1))
-                     else n for n in sorted(unknown)]
-            raise TypeError(f"fit: unexpected argument(s) {', '.join(hints)}")
-        for name in sorted(set(legacy) & set(IGNORED)):
-            warnings.warn(f"fit: {name} is ignored: {IGNORED[name]}", stacklevel=2)
-        extra_config, x_axis = _gym_extras(legacy)
-        if not isinstance(strategy, Strategy):
-            raise TypeError("fit: strategy must be an exonet.strategies.Strategy instance, "
-                            f"got {type(strategy).__name__}")
-        if not hasattr(strategy, "optim_spec"):  # set by Strategy.__init__ alone
-            raise TypeError(f"fit: {type(strategy).__name__}.__init__ did not call super().__init__(...): the base "
-                            f"Strategy sets the optimizer, clipping and schedule there")
-        k = check_int("fit: num_nodes", num_nodes, low=1)
-        strategy.check_world(k)
-        batch_size = check_int("fit: batch_size", batch_size, low=1)
-        minibatch = batch_size if minibatch_size is None else check_int("fit: minibatch_size", minibatch_size, low=1)
-        if minibatch > batch_size:
-            raise ValueError(f"fit: minibatch_size ({minibatch}) must be <= batch_size ({batch_size})")
-        check_int("fit: val_interval", val_interval or 0, low=0)
-        if val_interval and val_interval != DEFAULT_VAL_INTERVAL and self.val_dataset is None:
-            warnings.warn(f"fit: val_interval={val_interval} but this LocalTrainer has no val_dataset, so nothing is "
-                          f"evaluated; pass one as LocalTrainer(model, train_dataset, val_dataset)", stacklevel=2)
-        check_int("fit: val_size", val_size, low=0)
-        check_int("fit: seed", seed, low=0)
-        if seed >= SEED_LIMIT:
-            raise ValueError(f"fit: seed must be below 2**63 (torch seeds with 64-bit integers), got {seed}")
-        device_type, backend, device_ids = self._resolve_device(device if device is not None else self.device,
-                                                                devices if devices is not None else self.devices, k)
-        if autocast not in (False, None) and autocast not in AUTOCAST:
-            raise ValueError(f"fit: autocast must be False, True, 'bf16' or 'fp16', got {autocast!r}")
-        steps = self._resolve_steps(max_steps, num_epochs, k, batch_size)
-        if max_sim_time_s is not None and max_steps is None and num_epochs is None:
-            steps = TIME_BUDGET_STEPS  # the budget ends the run; the data goes round for further epochs
-        dataloader_kwargs = _check_loader_args(dataloader_kwargs)
-        if progress_timeout_s is not None:
-            check_range("fit: progress_timeout_s", progress_timeout_s, low=0, low_open=True)
-        check_range("fit: timeout_s", timeout_s, low=0, low_open=True, high=MAX_TIMEOUT_S)
-        for name, flag in (("shuffle", shuffle), ("count_flops", count_flops), ("profile", profile),
-                           ("progress", progress)):
-            if not isinstance(flag, bool):  # "no" is truthy: a string would silently mean True
-                raise TypeError(f"fit: {name} must be True or False, got {flag!r}")
-        run_dir = one_of(run_dir=run_dir, save_dir=legacy.get("save_dir"))
-        if run_dir is not None and os.path.exists(run_dir) and not os.path.isdir(run_dir):
-            raise ValueError(f"fit: run_dir must be a folder (runs are created inside it), got the file {run_dir!r}")
-        if run_dir is not None:
-            check_output(run_dir, "fit: run_dir", folder=True)
-        if checkpoint_interval is not None:
-            check_int("fit: checkpoint_interval", checkpoint_interval, low=1)
-            if run_dir is None and resume_from is None:
-                raise ValueError("fit: checkpoint_interval needs run_dir (the folder in which checkpoints are saved)")
-        if resume_from is not None:
-            if run_dir is not None:
-                raise ValueError("fit: pass either run_dir or resume_from: a resumed run continues in its own "
-                                 "run directory")
-            if not os.path.isdir(resume_from):
-                raise ValueError(f"fit: resume_from must be an existing run directory, got {resume_from!r}")
-        servers = getattr(strategy, "servers", 0)
-        if servers and not callable(getattr(strategy, "serve", None)):
-            raise TypeError(f"strategy: {type(strategy).__name__} declares servers = {servers} but has no serve(); "
-                            "subclass exonet.strategies.server.ServerStrategy")
-        if max_sim_time_s is not None:
-            check_range("fit: max_sim_time_s", max_sim_time_s, low=0, low_open=True)
-            if scenario is None:
-                raise ValueError("fit: max_sim_time_s is simulated time in a scenario: pass scenario= too")
-        if max_sim_time_s is not None or getattr(strategy, "asynchronous", False):
-            what = "max_sim_time_s" if max_sim_time_s is not None else f"{type(strategy).__name__} (asynchronous)"
-            if scenario is None:
-                raise ValueError(f"fit: {what} runs on the simulated clock, which decides what each node hears "
-                                 f"and when (arrivals, deadlines, failures): pass scenario= too")
-            if resume_from is not None or checkpoint_interval or not count_flops:
-                raise ValueError(f"fit: {what} needs count_flops=True and cannot checkpoint or resume a run yet")
-
-        from exonet.runtime.divergence import DivergenceWatch
-
-        watch = DivergenceWatch(on_divergence, divergence_factor)
-        cfg = NodeConfig(
-            num_nodes=k, max_steps=steps, batch_size=batch_size, minibatch_size=minibatch, device_type=device_type,
-            devices=device_ids, backend=backend, seed=seed, shuffle=shuffle,
-            autocast=AUTOCAST[autocast] if autocast not in (False, None) else None,
-            val_interval=(val_interval or 0) if val_size else 0, val_size=val_size, threads=max(1, _cores() // k),
-            count_flops=count_flops, dataloader_kwargs=dataloader_kwargs, parent_pid=os.getpid(),
-            timeout_s=timeout_s, checkpoint_interval=checkpoint_interval or 0,
-            max_sim_time_s=None if max_sim_time_s is None else float(max_sim_time_s), servers=servers,
-            profile_dir=tempfile.mkdtemp(prefix="exonet-profile-") if profile else None,
-        )
+        args["device"] = device if device is not None else self.device
+        args["devices"] = devices if devices is not None else self.devices
+        plan = configure(strategy, args, legacy, self._shard_len, has_val=self.val_dataset is not None)
         from exonet.runtime.run import launch
 
-        job = Job(self.model, self.train_dataset, self.val_dataset, strategy, cfg)
-        result = launch(job, progress=progress, scenario=scenario, run_dir=run_dir,
+        job = Job(self.model, self.train_dataset, self.val_dataset, strategy, plan.node)
+        result = launch(job, progress=progress, scenario=scenario, run_dir=plan.run_dir,
                         progress_timeout_s=progress_timeout_s, resume_from=resume_from,
                         wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
-                        upload_to=upload_to, watch=watch, extra_config=extra_config, x_axis=x_axis)
-        if cfg.profile_dir is not None:
-            result.profile = Path(cfg.profile_dir) / "rank0.json"
+                        upload_to=upload_to, watch=plan.watch, extra_config=plan.extra_config, x_axis=plan.x_axis)
+        if plan.node.profile_dir is not None:
+            result.profile = Path(plan.node.profile_dir) / "rank0.json"
         return result
 
-    # ------------------------------------------------------------ resolution
-    @staticmethod
-    def _resolve_device(device: str | None, devices: list[int] | None,
-                        k: int) -> tuple[str, str, tuple[int, ...] | None]:
-        if device is None or device == "":  # "" is the older gym's default: auto-detect, as it did
-            device = get_device()
-        if device not in DEVICES:
-            raise ValueError(f"fit: device must be one of {', '.join(DEVICES)} "
-                             f"(or None to auto-detect), got {device!r}")
-        if device == "cuda":
-            if not torch.cuda.is_available():
-                raise ValueError("fit: device='cuda' but CUDA is not available on this machine")
-            ids = tuple(devices) if devices else tuple(range(torch.cuda.device_count()))
-            bad = [i for i in ids if not 0 <= i < torch.cuda.device_count()]
-            if bad:
-                raise ValueError(f"fit: devices {bad} do not exist (this machine has {torch.cuda.device_count()} GPUs)")
-            backend = "nccl" if len(set(ids)) >= k and dist.is_nccl_available() else "gloo"
-            return device, backend, ids
-        if devices:
-            raise ValueError(f"fit: devices is only meaningful with device='cuda', got devices={devices!r}")
-        if device == "mps" and not torch.backends.mps.is_available():
-            raise ValueError("fit: device='mps' but MPS is not available on this machine")
-        return device, "gloo", None
-
-    def _resolve_steps(self, max_steps: int | None, num_epochs: int | None, k: int, batch_size: int) -> int:
-        shard = self._shard_len(k)
-        per_epoch = shard // batch_size
-        if per_epoch < 1:
-            raise ValueError(f"fit: train_dataset gives each of the {k} nodes {shard} samples, fewer than one batch "
-                             f"(batch_size={batch_size}); use a smaller batch_size or fewer nodes")
-        if max_steps is not None:
-            check_int("fit: max_steps", max_steps, low=1)
-        if num_epochs is not None:
-            check_int("fit: num_epochs", num_epochs, low=1)
-        by_epochs = per_epoch * num_epochs if num_epochs is not None else None
-        if max_steps is None:
-            return by_epochs if by_epochs is not None else per_epoch
-        if by_epochs is not None and by_epochs < max_steps:
-            warnings.warn(f"fit: num_epochs={num_epochs} ends the run after {by_epochs} steps, before "
-                          f"max_steps={max_steps} ({per_epoch} batches of {batch_size} per node per epoch); the seed "
-                          "gym ignored num_epochs when max_steps was given: drop num_epochs to train max_steps",
-                          stacklevel=3)
-        return max_steps if by_epochs is None else min(max_steps, by_epochs)
-
     def _shard_len(self, k: int) -> int:
+        """A node's share of the training data with k nodes."""
         data = self.train_dataset
         if is_factory(data):
             return len(resolve_dataset(data, 0, k, True))
