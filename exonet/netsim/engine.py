@@ -227,7 +227,7 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
     # ----------------------------------------------------------------- ranks
     def _advance(self, rk: RankState) -> None:
         """Run ``rk``'s queued events until it blocks or runs out of input."""
-        q, cm, r = rk.queue, self._cm, rk.rank
+        q, r = rk.queue, rk.rank
         while rk.blocked is None and (q or rk.gate):
             if rk.gate and not self._open_gate(rk):
                 break
@@ -237,39 +237,15 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
             kind = type(e)
             self._events += 1
             if kind is Compute:
-                start = rk.t
-                work = cm.work(r, rk.step, cast(Compute, e))
-                if cm.windowed[r]:
-                    _, pieces = cm.run(r, rk.step, seconds(start), work, rk.since_work if self._rewind else None)
-                    end = start
-                    for a, b, what in pieces:
-                        if what == FAILED:
-                            rk.lost += rk.compute - rk.mark
-                            rk.mark = rk.compute
-                        a_t, end = max(end, ticks(a)), max(end, ticks(b))
-                        self._spend(rk, a_t, end, IDLE if what else COMPUTE)
-                    rk.since_work += work
-                else:
-                    end = start + round(work * SCALE)
-                    self._spend(rk, start, end, COMPUTE)
-                rk.t = end
-                rk.kept = None
+                self._compute(rk, cast(Compute, e))
             elif kind is Collective:
                 self._issue(rk, cast(Collective, e))
             elif kind is Step:
                 self._step(rk)
             elif kind is Wait:
-                cid = cast(Wait, e).cid
-                c = rk.async_ops.get(cid)
-                if c is None:
-                    raise TraceError(f"trace: rank {r} waits for collective id {cid}, which it never issued as async")
-                self._block(rk, c)
-            elif kind is Discard:  # it adopts others' state: a sync point whose work since the last is lost
-                rk.lost += rk.compute - rk.mark
-                rk.mark, rk.since_work = rk.compute, 0.0
-                rk.unsynced, rk.trained[1] = False, 0
-                if rk.kept is None and self.was_down(r, seconds(rk.synced), seconds(rk.t)):
-                    rk.kept = rk.synced  # a node that failed sits out: the run need not wait for it
+                self._wait(rk, cast(Wait, e).cid)
+            elif kind is Discard:
+                self._discard(rk)
             elif kind is AnyRecv:
                 # a placeholder until a message is taken
                 rk.blocked, rk.block_t = Instance(((r,), -1), "any", (r,)), rk.t
@@ -278,6 +254,41 @@ class Simulation(ClockQueries, Outcomes, Outages, Handover, SimState):
                 raise TraceError(f"trace: rank {r}: unknown event {e!r}")
         if rk.blocked is None and rk.open and rk.t < self._horizon and rk.rank not in self._lookahead:
             self._horizon = rk.t
+
+    def _compute(self, rk: RankState, e: Compute) -> None:
+        """Move ``rk``'s cursor over a compute span: its work at its speed, through any outage or failure."""
+        cm, r, start = self._cm, rk.rank, rk.t
+        work = cm.work(r, rk.step, e)
+        if cm.windowed[r]:
+            _, pieces = cm.run(r, rk.step, seconds(start), work, rk.since_work if self._rewind else None)
+            end = start
+            for a, b, what in pieces:
+                if what == FAILED:
+                    rk.lost += rk.compute - rk.mark
+                    rk.mark = rk.compute
+                a_t, end = max(end, ticks(a)), max(end, ticks(b))
+                self._spend(rk, a_t, end, IDLE if what else COMPUTE)
+            rk.since_work += work
+        else:
+            end = start + round(work * SCALE)
+            self._spend(rk, start, end, COMPUTE)
+        rk.t = end
+        rk.kept = None
+
+    def _wait(self, rk: RankState, cid: int) -> None:
+        """``rk`` waits for the async collective it issued as ``cid``."""
+        c = rk.async_ops.get(cid)
+        if c is None:
+            raise TraceError(f"trace: rank {rk.rank} waits for collective id {cid}, which it never issued as async")
+        self._block(rk, c)
+
+    def _discard(self, rk: RankState) -> None:
+        """``rk`` adopts others' state: a sync point whose work since the last is lost."""
+        rk.lost += rk.compute - rk.mark
+        rk.mark, rk.since_work = rk.compute, 0.0
+        rk.unsynced, rk.trained[1] = False, 0
+        if rk.kept is None and self.was_down(rk.rank, seconds(rk.synced), seconds(rk.t)):
+            rk.kept = rk.synced  # a node that failed sits out: the run need not wait for it
 
     def _spend(self, rk: RankState, a: int, b: int, kind: int) -> None:
         """Account ticks [a, b) of ``rk``'s time to ``kind`` and add them to its timeline."""
