@@ -1,10 +1,10 @@
-"""The state of a ``Simulation``, declared once: what its parts (engine, handover, outages, outcome,
-queries) share, so each types against it instead of reaching for attributes only ``__init__`` makes.
+"""The state of a ``Simulation``, declared once: what its parts (engine, eventpath, handover, outages,
+outcome, queries) share, so each types against it instead of reaching for attributes only ``__init__`` makes.
 
-``Simulation`` (exonet.netsim.engine) is one class in five files: ``Simulation`` itself and the
-mixins ``Handover``, ``Outages``, ``Outcomes`` and ``ClockQueries``. They all inherit ``SimState``,
+``Simulation`` (exonet.netsim.engine) is one class in six files: ``Simulation`` itself and the
+mixins ``EventPath``, ``Handover``, ``Outages``, ``Outcomes`` and ``ClockQueries``. They all inherit ``SimState``,
 whose annotations are the whole shared state (``Simulation.__init__`` sets every one) and whose
-stubs name the engine's methods the mixins call. The fast path's hand-over bookkeeping is an
+stubs name the methods one part calls in another. The fast path's hand-over bookkeeping is an
 object of its own, ``HandoverState``, owned as ``_handover``.
 """
 
@@ -85,7 +85,7 @@ class SimState:
     _failing: int  # failure calls on the agenda
     _stalled: dict[int, int]  # rank -> its next failure, while nothing else can move
 
-    if TYPE_CHECKING:  # the methods its parts call across files (exonet.netsim.engine, handover, queries)
+    if TYPE_CHECKING:  # the methods its parts call across files (engine, eventpath, handover, outages, queries)
         def close(self, rank: int | None = None) -> None: ...
         def run_until_blocked(self) -> float: ...
         def down_at(self, rank: int, t: float) -> bool: ...
@@ -101,3 +101,8 @@ class SimState:
         def _phase_done(self, t: int, c: Instance) -> None: ...
         def _end(self, t: int, c: Instance) -> None: ...
         def _take_over(self, t: int, c: Instance, settle: bool = True) -> None: ...
+        def _take_over_touching(self, t: int, links: frozenset[int]) -> None: ...
+        def _rest(self, c: Instance, origin: int, p: int) -> None: ...
+        def _overlaps(self, t: int, c: Instance, origin: int, p: int,
+                      links: frozenset[int]) -> list[tuple[int, Instance]] | None: ...
+        def _split(self, t: int, c: Instance, token: int, other: Instance, other_token: int) -> None: ...
