@@ -109,6 +109,36 @@ def test_save_names_a_value_a_checkpoint_cannot_hold(tmp_path):
         save_node(run / "checkpoints", 2, 0, model, strategy)
 
 
+
+@pytest.mark.parametrize("kept_as", ["tensors", "lists (an earlier exonet's format 2)"])
+def test_rng_states_come_back_exactly_from_tensors_or_lists(tmp_path, kept_as):
+    """A node file keeps Python's and numpy's 624-word RNG states as int64 tensors (a weights-only load reads a
+    list of ints one opcode at a time); files that kept lists still resume, to the same states."""
+    import random
+
+    import numpy as np
+
+    from exonet.communicator import Communicator
+    from exonet.runtime.checkpoint import load_node
+
+    run = create_run(tmp_path, "r", {})
+    model, strategy = tiny_mlp(), DDPStrategy()
+    strategy.setup(model, Communicator(0, 1, torch.device("cpu")), NodeContext(0, 1, 4, 0, torch.device("cpu")))
+    random.seed(3), np.random.seed(4), torch.manual_seed(5)
+    save_node(run / "checkpoints", 2, 0, model, strategy)
+    want = random.random(), np.random.rand(), torch.rand(1).item()
+    file = node_file(run / "checkpoints" / "step-00000002", 0)
+    state = torch.load(file, weights_only=True)
+    assert state["rng"]["python"][1].dtype == torch.int64 and state["rng"]["numpy"]["state"]["key"].shape == (624,)
+    if kept_as != "tensors":
+        version, internal, gauss = state["rng"]["python"]
+        state["rng"]["python"] = (version, tuple(internal.tolist()), gauss)
+        state["rng"]["numpy"]["state"]["key"] = state["rng"]["numpy"]["state"]["key"].tolist()
+        torch.save(state, file)
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    load_node(file.parent, 0, model, strategy)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+
 # ------------------------------------------------------------------ each file where it belongs
 def test_swapped_node_files_are_refused_naming_both(run):
     step = _step(run)
