@@ -14,7 +14,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from exonet import LocalTrainer
 from exonet.bench import memory
 from exonet.data.shared import BIG, Shipment
-from exonet.runtime.node import epoch_indices
+from exonet.runtime.batches import epoch_indices
 from exonet.runtime.transport import ByValue, pickle_model, shared_by_value, shared_bytes
 from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.toy import tiny_mlp

@@ -10,8 +10,8 @@ import torch
 
 from exonet import LocalTrainer, NodeFailure, TraceError
 from exonet.rundir import load_run, run_status
+from exonet.runtime.batches import epoch_indices
 from exonet.runtime.checkpoint import node_file, read_node
-from exonet.runtime.node import epoch_indices
 from exonet.strategies import (
     AsyncDiLoCoStrategy,
     DDPStrategy,

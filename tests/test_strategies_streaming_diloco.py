@@ -8,7 +8,7 @@ from torch import nn
 
 from exonet import LocalTrainer
 from exonet.communicator import Communicator
-from exonet.runtime.node import validation_sample
+from exonet.runtime.batches import validation_sample
 from exonet.strategies.base import NodeContext, OptimSpec
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.quantize import BLOCK, pack, packed_nbytes, padded_length, unpack

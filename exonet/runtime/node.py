@@ -19,13 +19,22 @@ import traceback
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+from torch.utils.data import DataLoader, Subset
 
 from exonet.communicator import Communicator
+from exonet.runtime.batches import (
+    batch_rows,
+    epoch_order,
+    is_factory,
+    resolve_dataset,
+    split_batch,
+    to_device,
+    validation_sample,
+)
 from exonet.runtime.checkpoint import load_node, save_node
 from exonet.runtime.clock import ClockLink
 from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
@@ -74,107 +83,6 @@ class NodeConfig:
     def evaluator(self) -> int:
         """The rank that evaluates and returns the final model: the server if there is one, else rank 0."""
         return self.num_nodes if self.servers else 0
-
-
-def validation_sample(length: int, val_size: int, seed: int) -> list[int]:
-    """The validation samples every evaluation scores: a seeded random ``val_size`` of ``length``, in order.
-
-    On ordered data (text) the first ``val_size`` samples would be a biased estimate, and a fresh draw
-    at each evaluation would make evaluations noisy to compare.
-    """
-    return sorted(torch.randperm(length, generator=shared_generator(seed, "validation"))[:val_size].tolist())
-
-
-MAP_STYLE = ("a map-style Dataset (with __len__ and __getitem__: nodes are dealt samples by index) or a factory "
-             "f(rank, num_nodes, train) returning one")
-
-
-class MapDataset(Protocol):
-    """What ``check_map_style`` admits: a length and samples by index (a torch Dataset or not)."""
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> Any: ...
-
-
-def resolve_dataset(data: Any, rank: int, num_nodes: int, train: bool) -> MapDataset:
-    """A Dataset is used as given (split later by a sampler); a factory builds this rank's shard."""
-    name = "train_dataset" if train else "val_dataset"
-    if not is_factory(data):
-        check_map_style(name, data)
-        return data
-    try:
-        built = data(rank, num_nodes, train)
-    except TypeError as exc:
-        if "positional argument" not in str(exc):
-            raise
-        raise TypeError(f"{name}: the factory must take (rank, num_nodes, train), as f(rank, num_nodes, train); "
-                        f"calling it failed: {exc}") from None
-    check_map_style(f"{name} (built by its factory for rank {rank})", built)
-    return built
-
-
-def check_map_style(name: str, data: Any) -> None:
-    """Raise TypeError naming ``name`` unless ``data`` is a dataset nodes can be dealt samples of by index."""
-    if isinstance(data, IterableDataset) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-        raise TypeError(f"{name} must be {MAP_STYLE}, got {type(data).__name__}")
-
-
-def is_factory(data: Any) -> bool:
-    """A callable that is not itself a dataset (an IterableDataset is a dataset, not a factory)."""
-    return callable(data) and not isinstance(data, Dataset) and not (hasattr(data, "__getitem__")
-                                                                   and hasattr(data, "__len__"))
-
-
-def epoch_indices(n: int, rank: int, num_nodes: int, seed: int, epoch: int, shuffle: bool, shared: bool) -> list[int]:
-    """``epoch_order`` as a list of ints."""
-    return epoch_order(n, rank, num_nodes, seed, epoch, shuffle, shared).tolist()
-
-
-def epoch_order(n: int, rank: int, num_nodes: int, seed: int, epoch: int, shuffle: bool, shared: bool) -> torch.Tensor:
-    """The sample order of one node in one epoch, an integer tensor: a pure function of its arguments.
-
-    A ``shared`` dataset (one Dataset split across nodes) is dealt exactly as
-    DistributedSampler(drop_last=True) deals it; a node's own shard (from a factory) is
-    shuffled with a generator derived from (seed, rank, epoch). Being pure, the order
-    lets a resumed node start mid-epoch without loading the batches it skips. A tensor, not a
-    list: 4 bytes an index where a Python int costs 36, in every node (DistributedSampler
-    itself lists all n indices).
-    """
-    small = torch.int32 if n < 2**31 else torch.int64  # randperm gives the same values in either
-    if shared:
-        g = torch.Generator().manual_seed(seed + epoch)
-        order = torch.randperm(n, generator=g, dtype=small) if shuffle else torch.arange(n, dtype=small)
-        return order[: n // num_nodes * num_nodes][rank::num_nodes]
-    if not shuffle:
-        return torch.arange(n, dtype=small)
-    return torch.randperm(n, generator=shared_generator(seed, "data", rank, epoch), dtype=small)
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
-
-
-def split_batch(batch: Any, size: int) -> list[tuple[Any, int]]:
-    """Split a batch into micro-batches of at most ``size`` rows; returns (micro, rows) pairs."""
-    if isinstance(batch, torch.Tensor):
-        parts = batch.split(size)
-        return [(p, p.shape[0]) for p in parts]
-    if isinstance(batch, (list, tuple)):
-        cols = [split_batch(b, size) for b in batch]
-        return [(type(batch)(c[i][0] for c in cols), cols[0][i][1]) for i in range(len(cols[0]))]
-    if isinstance(batch, dict):
-        keyed = {k: split_batch(v, size) for k, v in batch.items()}
-        first = next(iter(keyed.values()))
-        return [({k: v[i][0] for k, v in keyed.items()}, first[i][1]) for i in range(len(first))]
-    raise TypeError(f"minibatch_size: cannot split a batch of type {type(batch).__name__}; "
-                    "use tensors, tuples or dicts")
 
 
 class TrainNode:
@@ -352,7 +260,7 @@ class TrainNode:
 
     def _forward_backward(self, batch: Any, sync: bool = True) -> float:
         """Forward and backward over the batch's micro-batches; ``sync`` lets the last backward start communication."""
-        rows = _rows(batch)
+        rows = batch_rows(batch)
         total = 0.0
         micros = split_batch(batch, self.cfg.minibatch_size) if self.cfg.minibatch_size < rows else [(batch, rows)]
         for j, (micro, n) in enumerate(micros):
@@ -482,7 +390,7 @@ class TrainNode:
         total, rows = 0.0, 0
         for batch in loader:
             batch = to_device(batch, self.device)
-            n = _rows(batch)
+            n = batch_rows(batch)
             with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 total += float(self.model(batch)) * n
             rows += n
@@ -538,16 +446,6 @@ def _explain_forward_error(model: torch.nn.Module, batch: Any, exc: Exception) -
         f"{type(batch).__name__} of {len(batch)}) and needs a scalar loss back, but {type(model).__name__}.forward "
         f"takes ({names}). Wrap it: class WithLoss(nn.Module): def forward(self, batch): "
         f"return self.model(*batch)  (returning the loss; for nanoGPT's GPT, self.model(*batch)[1])") from exc
-
-
-def _rows(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, (list, tuple)):
-        return _rows(batch[0])
-    if isinstance(batch, dict):
-        return _rows(next(iter(batch.values())))
-    raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
 
 
 # --------------------------------------------------------------- process entry

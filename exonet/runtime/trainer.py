@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from exonet.fit_result import FitResult
+from exonet.runtime.batches import check_map_style, is_factory, resolve_dataset
 from exonet.runtime.fit_config import configure, get_device
 from exonet.runtime.forkserver import complete_imports
 from exonet.runtime.job import Job
-from exonet.runtime.node import check_map_style, is_factory, resolve_dataset
 from exonet.strategies.base import Strategy
 
 __all__ = ["LocalTrainer", "Trainer", "get_device"]
