@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -101,3 +102,38 @@ def running_fit(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+FUZZ_WORKER = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("fuzz_worker", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(json.dumps([module.fuzz(*job) for job in json.loads(sys.argv[2])]))
+"""
+
+
+def _fuzz_in_processes(test_file: Path, workers: list[list[tuple]], timeout_s: float = 1200) -> list[int]:
+    """Run ``fuzz(*job)`` of ``test_file`` for each worker's jobs, the workers at once (one Hypothesis loop is one
+    process on one core; a 2-core machine's other core would sit idle); returns the examples each job ran. A
+    worker's failure (Hypothesis's falsifying example and traceback) fails the test with its output."""
+    procs = [subprocess.Popen([sys.executable, "-c", FUZZ_WORKER, str(test_file), json.dumps(jobs)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for jobs in workers]
+    ran = []
+    try:
+        for proc, jobs in zip(procs, workers):
+            out, err = proc.communicate(timeout=timeout_s)
+            assert proc.returncode == 0, f"fuzz worker {jobs} exited {proc.returncode}:\n{out[-2000:]}\n{err[-8000:]}"
+            ran += json.loads(out.splitlines()[-1])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return ran
+
+
+@pytest.fixture
+def fuzz_in_processes() -> Callable[..., list[int]]:
+    """A function running a fuzz module's ``fuzz(*job)`` calls in parallel worker processes (see above)."""
+    return _fuzz_in_processes

@@ -9,7 +9,8 @@ either resumes, or raises a TraceError (or ValueError) that names a file of the 
 when one file was damaged; no code runs (a payload would create a marker file) and nothing is written
 outside the run directory.
 
-The quick variant runs a few dozen examples per kind; the slow one runs 10,000 in all.
+The quick variant runs a few dozen examples per kind; the slow one runs 10,000 in all, in two worker
+processes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from exonet import TraceError
@@ -264,20 +265,22 @@ def _keep_rng():
     np.random.set_state(saved[2])
 
 
-def fuzz(base: Path, kind: str, examples: int) -> int:
-    """Run ``examples`` examples of one kind of damage; returns how many ran."""
+def fuzz(base: Path | str, kind: str, examples: int, worker: int = 0) -> int:
+    """Run ``examples`` examples of one kind of damage to the run ``base``, drawn from ``worker``'s seed;
+    returns how many ran."""
     ran = 0
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "outside").mkdir()
         (Path(d) / "outside" / "keep.txt").write_text("a file outside the run directory")
 
-        @settings(max_examples=examples, deadline=DEADLINE, database=None, derandomize=True,
+        @settings(max_examples=examples, deadline=DEADLINE, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @seed(worker)
         @given(KINDS[kind])
         def run(damaged: Damage) -> None:
             nonlocal ran
             ran += 1
-            check(base, Path(d), damaged)
+            check(Path(base), Path(d), damaged)
 
         run()
     return ran
@@ -293,11 +296,12 @@ def test_fuzz_quick(base, kind):
 
 
 @pytest.mark.slow
-def test_fuzz_ten_thousand_checkpoints(base):
-    total, start = 0, time.perf_counter()
-    for kind, examples in SLOW.items():
-        ran = fuzz(base, kind, examples)
-        assert ran >= examples
-        total += ran
-    print(f"fuzzed {total} checkpoints in {time.perf_counter() - start:.1f} s")
-    assert total >= 10_000
+def test_fuzz_ten_thousand_checkpoints(base, fuzz_in_processes):
+    """Two workers, each half of every kind's examples from its own seed."""
+    start = time.perf_counter()
+    jobs = [[(str(base), kind, examples // 2, worker) for kind, examples in SLOW.items()] for worker in (1, 2)]
+    ran = fuzz_in_processes(Path(__file__), jobs)
+    for (_, kind, half, _), count in zip([*jobs[0], *jobs[1]], ran):
+        assert count >= half, kind
+    print(f"fuzzed {sum(ran)} checkpoints in {time.perf_counter() - start:.1f} s")
+    assert sum(ran) >= 10_000
