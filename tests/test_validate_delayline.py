@@ -177,15 +177,21 @@ def test_gloos_window_through_the_delay_line_is_modelled_and_the_phase_model_mis
     two 1 MiB segments in flight per pair, so its ring moves about 2 MiB per round trip plus a segment's time:
     that, not the link, sets the rate. backend = "gloo" models it; the window-less phase model is 28% fast."""
     case = DelayCase(3, 150e6 / 8, 0.05, 16 * MIB)
-    t0 = time.perf_counter()
-    m = run_case(case)
-    elapsed = time.perf_counter() - t0
-    model, phase = m.predict(), m.predict("phase")
-    lo, hi = m.spread
-    print(f"\nreal {m.real:.3f} s (p10-p90 {lo:.3f}-{hi:.3f}, {m.times}), gloo {model:.3f} s, phase {phase:.3f} s, "
-          f"line p99 late {m.late_p99 * 1e3:.2f} ms, load {m.load:.1f}, {elapsed:.0f} s")
-    assert elapsed < 120
-    assert m.late_p99 < 0.002  # the line kept its delay: the shaper, not the forwarder, was the bottleneck
+    late = []
+    for _ in range(3):  # a run whose line fell behind measured the forwarder, not the network: run it again
+        t0 = time.perf_counter()
+        m = run_case(case)
+        elapsed = time.perf_counter() - t0
+        model, phase = m.predict(), m.predict("phase")
+        lo, hi = m.spread
+        print(f"\nreal {m.real:.3f} s (p10-p90 {lo:.3f}-{hi:.3f}, {m.times}), gloo {model:.3f} s, phase {phase:.3f} s, "
+              f"line p99 late {m.late_p99 * 1e3:.2f} ms, load {m.load:.1f}, {elapsed:.0f} s")
+        assert elapsed < 120
+        late.append(f"{m.late_p99 * 1e3:.2f} ms at load {m.load:.1f}")
+        if m.late_p99 < 0.002:  # the line kept its delay: the shaper, not the forwarder, was the bottleneck
+            break
+    else:
+        pytest.fail(f"the delay line fell behind in every run (p99 late {', '.join(late)}; at most 2 ms expected)")
     # A run's repetitions share its connections and the ranks' phase, so their p10-p90 is narrow (about 1%); runs
     # moved their medians by TOLERANCE (see the validate README, "Delay: a user-space delay line"), so the model is
     # judged against the median widened by that.
