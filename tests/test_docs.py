@@ -19,7 +19,9 @@ How each block runs (one test per block, id ``README-path:line``):
       occurrence of an option win), and those blocks are marked slow;
   (d) commands that need what a test machine may not have (root for network namespaces, two hosts)
       are skipped, saying why (``NOT_HERE``); ``tests/test_validate.py`` and ``tests/test_multihost.py``
-      run them where they can.
+      run them where they can;
+  (e) a command written bare (no arguments) that another test already runs in a small form and checks
+      the output of (``RUN_BY``) is not run a second time: that test must exist and run it.
 
 Blocks that are not code use other fence languages (```text, ```toml); ```toml blocks that are whole
 scenarios (they have a ``[network]`` table) must load with ``Scenario.from_toml``.
@@ -70,6 +72,23 @@ NOT_HERE: dict[str, str] = {
     "torchrun --nnodes 2": "needs two hosts (tests/test_multihost.py runs it in two network namespaces)",
     "exonet validate --calibrate --run runs/": "names a run directory of the reader's own "
                                               "(tests/test_validate_runs.py runs it on a real run)",
+}
+# Bare README commands and the test that runs each (in the same or a larger small form) and checks its output.
+RUN_BY: dict[str, tuple[str, str, str]] = {  # command: (test file, test, what its source runs)
+    "python examples/compare_strategies.py": ("test_examples.py", "test_compare_strategies_example_runs",
+                                              '"compare_strategies.py"'),
+    "python examples/custom_strategy.py": ("test_examples.py",
+                                           "test_custom_int8_strategy_sends_P_plus_4_bytes_and_learns",
+                                           '"custom_strategy.py"'),
+    "python examples/time_budget.py": ("test_examples.py",
+                                       "test_time_budget_example_gives_every_strategy_the_same_simulated_time",
+                                       '"time_budget.py"'),
+    "python -m exonet.bench memory": ("test_bench_scale.py",
+                                      "test_memory_bench_returns_the_extra_pss_of_a_dataset_against_a_tiny_one",
+                                      "memory.main(["),
+    "python -m exonet.bench communicator": ("test_bench_suite.py",
+                                            "test_communicator_bench_returns_both_sides_and_their_ratio_per_size",
+                                            "communicator.main(["),
 }
 PIP_QUIET = {"--quiet", "-q", "--disable-pip-version-check"}
 
@@ -144,6 +163,16 @@ def commands(code: str) -> list[str]:
     return [c for c in out if c]
 
 
+def check_run_by(command: str) -> None:
+    """The test ``RUN_BY`` names for ``command`` exists and its body runs what the command runs."""
+    file, name, runs = RUN_BY[command]
+    source = (ROOT / "tests" / file).read_text()
+    start = source.find(f"def {name}(")
+    assert start >= 0, f"RUN_BY: {command!r} names tests/{file}::{name}, which does not exist"
+    end = source.find("\ndef ", start + 1)
+    assert runs in source[start:end if end > 0 else None], f"RUN_BY: tests/{file}::{name} does not run {runs}"
+
+
 def small_form(command: str) -> list[str] | None:
     return next((extra for prefix, extra in SMALL_FORMS.items() if command.startswith(prefix)), None)
 
@@ -158,7 +187,15 @@ def _python_params():
 
 
 def _shell_params():
-    return [_mark(b, any(small_form(c) is not None for c in commands(b.code))) for b in SHELL_BLOCKS]
+    return [_mark(b, any(small_form(c) is not None and c not in RUN_BY for c in commands(b.code)))
+            for b in SHELL_BLOCKS]
+
+
+def test_every_command_run_elsewhere_is_in_a_readme_and_its_test_runs_it():
+    written = {c for b in SHELL_BLOCKS for c in commands(b.code)}
+    for command in RUN_BY:
+        assert command in written, f"RUN_BY: no README runs {command!r} any more"
+        check_run_by(command)
 
 
 def test_the_readmes_are_found_and_hold_code():
@@ -318,6 +355,9 @@ def test_shell_block_runs(block: Block, shell_dir: Path):
             check_pip(command)
             continue
         if "pytest" in command or command.startswith("bash .ci/run"):
+            continue
+        if command in RUN_BY:
+            check_run_by(command)
             continue
         reason = next((why for prefix, why in NOT_HERE.items() if command.startswith(prefix)), None)
         if reason:
