@@ -45,6 +45,7 @@ def test_communicator_bench_returns_both_sides_and_their_ratio_per_size(capsys):
     assert "K=2 gloo processes" in capsys.readouterr().out  # and prints them
 
 
+@pytest.mark.slow
 def test_strategies_bench_checks_demo_against_the_reference_and_times_every_strategy(capsys):
     figures = strategies.main(["--quick", "--steps", "5"])
     assert figures["ok"] is True and figures["demo"]["max_diff"] <= 1e-6  # ok is False when they disagree

@@ -16,7 +16,8 @@ How each block runs (one test per block, id ``README-path:line``):
       README's commands in order (pip's quiet flags aside);
   (c) long-running commands (the quickstart, the examples, the benchmarks) run in their small form:
       the arguments in ``SMALL_FORMS`` are appended to the command as written (argparse lets the last
-      occurrence of an option win), and those blocks are marked slow;
+      occurrence of an option win), and those blocks are marked slow, as are blocks of estimates at scale
+      (``SLOW_COMMANDS``: seconds each, and the quick loop has a few minutes in all);
   (d) commands that need what a test machine may not have (root for network namespaces, two hosts)
       are skipped, saying why (``NOT_HERE``); ``tests/test_validate.py`` and ``tests/test_multihost.py``
       run them where they can;
@@ -73,6 +74,7 @@ NOT_HERE: dict[str, str] = {
     "exonet validate --calibrate --run runs/": "names a run directory of the reader's own "
                                               "(tests/test_validate_runs.py runs it on a real run)",
 }
+SLOW_COMMANDS = ("exonet estimate",)
 # Bare README commands and the test that runs each (in the same or a larger small form) and checks its output.
 RUN_BY: dict[str, tuple[str, str, str]] = {  # command: (test file, test, what its source runs)
     "python examples/compare_strategies.py": ("test_examples.py", "test_compare_strategies_example_runs",
@@ -193,7 +195,8 @@ def _python_params():
 
 
 def _shell_params():
-    return [_mark(b, any(small_form(c) is not None and c not in RUN_BY for c in commands(b.code)))
+    return [_mark(b, any((small_form(c) is not None and c not in RUN_BY) or c.startswith(SLOW_COMMANDS)
+                         for c in commands(b.code)))
             for b in SHELL_BLOCKS]
 
 

@@ -83,6 +83,7 @@ def test_clusters_of_hosts_prints_one_row_per_strategy():
     assert "%" in rows[0]  # DDP is estimated, flat and in hosts
 
 
+@pytest.mark.slow
 def test_time_aware_study_places_the_server_and_tables_validation_loss(tmp_path):
     out = run_example("time_aware_study.py", "--budget", "0.4", "--H", "5", "--out", str(tmp_path / "ta.png"))
     assert "ranks 0-1      us" in out and "ranks 2-3      eu" in out and "ranks 4        us" in out

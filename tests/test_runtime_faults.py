@@ -164,7 +164,8 @@ class TestBlameRule:
         assert self.dog([(50, False, True), (1, True, True)]).check({0}) is None
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, *(pytest.param(s, marks=pytest.mark.slow)
+                                                for s in (signal.SIGINT, signal.SIGHUP))], ids=lambda s: s.name)
 def test_a_signal_stops_every_node_and_saves_an_incomplete_run(sig, running_fit, descendants, left_running):
     """Ctrl-C, ``docker stop``/``timeout`` (SIGTERM) and a closed terminal (SIGHUP) all keep the run so far."""
     proc, run = running_fit

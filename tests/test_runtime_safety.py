@@ -198,8 +198,8 @@ sys.stdin.readline()  # the test looks for stray nodes meanwhile
 """
 
 
-@pytest.mark.parametrize("when", ["import", "start", *(pytest.param(str(d), marks=pytest.mark.slow)
-                                                       for d in (0.2, 1.0, 2.0))])
+@pytest.mark.parametrize("when", ["start", *(pytest.param(str(d), marks=pytest.mark.slow)
+                                      for d in ("import", 0.2, 1.0, 2.0))])
 def test_an_early_ctrl_c_leaves_the_process_able_to_fit(when, descendants, left_running):
     proc = subprocess.Popen([sys.executable, "-c", EARLY_CTRL_C, when], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
