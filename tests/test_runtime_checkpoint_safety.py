@@ -10,16 +10,19 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from exonet import LocalTrainer, TraceError
+from exonet.communicator import Communicator
 from exonet.files import plain_name
 from exonet.rundir import create_run, load_run
-from exonet.runtime.checkpoint import node_file, read_node, save_node
+from exonet.runtime.checkpoint import load_node, node_file, read_node, save_node
 from exonet.strategies import DDPStrategy, NodeContext, OptimSpec
 from exonet.testing import RunsCode
 from exonet.toy import synthetic_classification, tiny_mlp
@@ -101,8 +104,6 @@ def test_save_names_a_value_a_checkpoint_cannot_hold(tmp_path):
 
     run = create_run(tmp_path, "r", {})
     model, strategy = tiny_mlp(), Keeps()
-    from exonet.communicator import Communicator
-
     strategy.setup(model, Communicator(0, 1, torch.device("cpu")), NodeContext(0, 1, 4, 0, torch.device("cpu")))
     with pytest.raises(TypeError, match=r"checkpoint: \['strategy'\]\['extra'\]\['when'\]\[1\] is a pathlib\."
                                         r"PosixPath; a checkpoint holds tensors and plain values only"):
@@ -114,13 +115,6 @@ def test_save_names_a_value_a_checkpoint_cannot_hold(tmp_path):
 def test_rng_states_come_back_exactly_from_tensors_or_lists(tmp_path, kept_as):
     """A node file keeps Python's and numpy's 624-word RNG states as int64 tensors (a weights-only load reads a
     list of ints one opcode at a time); files that kept lists still resume, to the same states."""
-    import random
-
-    import numpy as np
-
-    from exonet.communicator import Communicator
-    from exonet.runtime.checkpoint import load_node
-
     run = create_run(tmp_path, "r", {})
     model, strategy = tiny_mlp(), DDPStrategy()
     strategy.setup(model, Communicator(0, 1, torch.device("cpu")), NodeContext(0, 1, 4, 0, torch.device("cpu")))

@@ -91,6 +91,7 @@ def epoch_order(n: int, rank: int, num_nodes: int, seed: int, epoch: int, shuffl
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
+    """The batch's tensors on ``device``, inside the same tuples, lists and dicts."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, (list, tuple)):
@@ -114,7 +115,6 @@ def split_batch(batch: Any, size: int) -> list[tuple[Any, int]]:
         return [({k: v[i][0] for k, v in keyed.items()}, first[i][1]) for i in range(len(first))]
     raise TypeError(f"minibatch_size: cannot split a batch of type {type(batch).__name__}; "
                     "use tensors, tuples or dicts")
-
 
 
 def batch_rows(batch: Any) -> int:
