@@ -56,6 +56,7 @@ VERSION = 1
 MAX_NODES = 1 << 20  # a header claiming more is corrupt; loading would allocate a list per node
 MAX_SECONDS = 1e15  # a compute span longer (about 30 million years) is corrupt, and sums of such overflow
 MAX_BYTES = (1 << 63) - 1  # a payload is a tensor's byte count, an int64
+MAX_PAYLOAD = 1 << 50  # 1 PiB: more than any collective moves, and its time in ticks stays small enough to solve
 
 
 @dataclass(slots=True)
@@ -450,7 +451,10 @@ def _collective(rank: int, num_nodes: int, cid: Any, op: Any, nbytes: Any, group
     grp = _normalise_group(group, num_nodes)
     if grp is not None and rank not in grp:
         raise ValueError(f"rank {rank} is not a member of group {grp}")
-    return Collective(_integer("cid", cid), op, _integer("nbytes", nbytes), grp, async_op, dtype,
+    size = _integer("nbytes", nbytes)
+    if size > MAX_PAYLOAD:
+        raise ValueError(f"nbytes must be at most 2**50 (1 PiB), the largest payload exonet simulates, got {nbytes!r}")
+    return Collective(_integer("cid", cid), op, size, grp, async_op, dtype,
                       _time_stamp("start_s", start_s), _time_stamp("end_s", end_s))
 
 

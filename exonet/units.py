@@ -19,6 +19,7 @@ from decimal import Context, Decimal
 from exonet.errors import ScenarioError
 
 MIN_RATE = 0.125  # bytes/s, 1 bit/s: no network is slower, and the largest payload's time stays a finite tick count
+MAX_TIME = 1e12  # seconds (about 31,700 years): no run lasts longer, and sums of such times stay finite ticks
 
 _SI = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
@@ -89,6 +90,9 @@ def _parse(text: object, where: str, kind: str, units: dict[str, Decimal], allow
     value = float(_CONTEXT.multiply(Decimal(number), units[unit]))
     if not math.isfinite(value):
         raise ScenarioError(f"{where}: {text!r} is too large to be a {kind}")
+    if kind == "time" and value > MAX_TIME:
+        raise ScenarioError(f"{where}: {text!r} is too long to be a time (the most is {MAX_TIME:g} s, "
+                            f"about 31,700 years); expected a time such as {examples}")
     if (value == 0 and not allow_zero and Decimal(number) > 0) or (kind == "rate" and 0 < value < MIN_RATE):
         why = "the least is 1 bit/s" if kind == "rate" else "it rounds to zero"
         raise ScenarioError(f"{where}: {text!r} is too small to be a {kind} ({why}); expected a {kind} such as "
@@ -97,7 +101,6 @@ def _parse(text: object, where: str, kind: str, units: dict[str, Decimal], allow
         bound = "non-negative" if allow_zero else "positive"
         raise ScenarioError(f"{where}: {text!r} must be {bound}; expected a {kind} such as {examples}")
     return value
-
 
 
 def _suggest(unit: str, units: dict[str, Decimal]) -> str:

@@ -104,6 +104,26 @@ def _positive_count(value: Any, where: str) -> int:
     return value
 
 
+def _at_most(high: int, why: str) -> Check:
+    """An integer in [1, ``high``]: the model does work per unit, so a count past what the system has would hang."""
+
+    def check(value: Any, where: str) -> int:
+        count = _positive_count(value, where)
+        if count > high:
+            raise ScenarioError(f"{where}: {value!r} is too many; expected an integer in [1, {high}] ({why})")
+        return count
+
+    return check
+
+
+def _buffsize(value: Any, where: str) -> float:
+    """NCCL_BUFFSIZE: at least 4 KiB, so a step (an eighth of it) holds whole lines and the loop count stays finite."""
+    size = _window(value, where)
+    if size < 4096:
+        raise ScenarioError(f"{where}: {value!r} is too small; NCCL's buffer is at least 4 KiB (default 4 MiB)")
+    return size
+
+
 def _flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ScenarioError(f"{where}: expected true or false, got {value!r}")
@@ -143,7 +163,7 @@ def _seconds(value: Any, where: str) -> float:
     """A point in simulated time: a number of seconds (the key says so) or a time string."""
     if isinstance(value, str):
         return units.parse_time(value, where)
-    return _number(0, closed=True)(value, where)
+    return _number(0, units.MAX_TIME, closed=True)(value, where)
 
 
 def _ranks(value: Any, where: str) -> tuple[int, ...]:
@@ -203,33 +223,39 @@ def _array(spec: Mapping[str, Check], label: str) -> Check:
 _ALGORITHMS = {op: _enum(choices) for op, choices in ALGORITHMS.items()}
 NETWORK = {
     "collective": _enum(tuple(FAMILIES)), "bandwidth": _rate, "uplink": _rate, "downlink": _rate, "latency": _time,
-    "sharing": _enum(SHARING), "efficiency": _number(0, 1), "tcp_window": _window, "group_concurrency": _positive_count,
+    "sharing": _enum(SHARING), "efficiency": _number(1e-3, 1, closed=True), "tcp_window": _window,
+    "group_concurrency": _at_most(1024, "collectives of one group in flight at once"),
     "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
-    "mss": _number(0), "header_bytes": _number(0, closed=True), "message_overhead": _time, "host_cores": _number(0),
-    "queue": _queue, "streams": _positive_count, "setup": _time,
+    "mss": _number(64, 1e9, closed=True), "header_bytes": _number(0, 1e6, closed=True), "message_overhead": _time,
+    "host_cores": _number(1e-3, 1e6, closed=True), "queue": _queue,
+    "streams": _at_most(1024, "TCP connections per pair of nodes"), "setup": _time,
     "backend": _enum(BACKENDS), "slow_start_after_idle": _flag,
     "nccl": _table({"algorithm": _enum(NCCL_ALGORITHMS), "protocol": _enum(NCCL_PROTOCOLS),
-                    "channels": _positive_count, "nic": _enum(NCCL_NICS), "transport": _enum(NCCL_TRANSPORTS),
-                    "socket_threads": _positive_count, "socks_per_thread": _positive_count, "buffsize": _window},
+                    "channels": _at_most(64, "NCCL runs at most 64 channels"), "nic": _enum(NCCL_NICS),
+                    "transport": _enum(NCCL_TRANSPORTS),
+                    "socket_threads": _at_most(16, "NCCL_SOCKET_NTHREADS is at most 16"),
+                    "socks_per_thread": _at_most(16, "NCCL_NSOCKS_PERTHREAD is at most 16"), "buffsize": _buffsize},
                    "[network.nccl]"),
 }
-_COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(0), "mfu": _number(0, 1)}
+_COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(1e-9, 1e9, closed=True),
+            "mfu": _number(1e-6, 1, closed=True)}
 _REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1)}
 _LINK = {"between": _between, "bandwidth": _rate, "latency": _time}
 _NODE = {
-    "ranks": _ranks, "share": _number(0, 1), "speed": _number(0), "bandwidth": _rate, "uplink": _rate,
+    "ranks": _ranks, "share": _number(0, 1), "speed": _number(1e-6, 1e6, closed=True), "bandwidth": _rate,
+    "uplink": _rate,
     "downlink": _rate,
 }
-_STRAGGLERS = {"jitter": _enum(JITTERS), "sigma": _number(0, closed=True), "seed": _count}
+_STRAGGLERS = {"jitter": _enum(JITTERS), "sigma": _number(0, 10, closed=True), "seed": _count}
 _EVENT = {
     "kind": _enum(EVENT_KINDS), "ranks": _ranks, "share": _number(0, 1), "from_step": _count, "to_step": _count,
-    "from_s": _seconds, "to_s": _seconds, "factor": _number(0),
+    "from_s": _seconds, "to_s": _seconds, "factor": _number(1e-6, 1e6, closed=True),
 }
 _HOSTS = {"devices": _positive_count, "bandwidth": _rate, "latency": _time, "nic": _enum(NICS)}
 _SERVER = {"region": _string}  # where a strategy's server ranks live (they never move the trainers)
 _FAILURES: dict[str, Check] = {
     "mtbf": partial(units.parse_time, allow_zero=False), "repair": _time, "restart": _time,
-    "distribution": _enum(REPAIRS), "sigma": _number(0, closed=True), "seed": _count, "servers": _flag,
+    "distribution": _enum(REPAIRS), "sigma": _number(0, 10, closed=True), "seed": _count, "servers": _flag,
     "slice": _positive_count, "pause": _time,
 }
 TABLES: dict[str, Mapping[str, Check]] = {
