@@ -5,12 +5,20 @@ temporary name and renamed into place, so a crash never leaves half a file; a pa
 that does not exist yet gets that folder, as ``--chrome-trace out/run.json`` on a fresh checkout
 expects. A name read from a file exonet did not necessarily write (a checkpoint pointer, a
 shard in an index) passes ``plain_name`` first, so it cannot lead out of its folder.
+
+Nothing is written through a link someone else planted: a temporary file is created new
+(``O_CREAT | O_EXCL | O_NOFOLLOW``) under an unpredictable name, it is renamed only over a
+regular file (or none), and a file opened in place (``open_regular``) is opened with
+``O_NOFOLLOW`` and must be a regular file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
+import stat
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -57,20 +65,83 @@ def output_path(path: str | os.PathLike) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Write ``path`` through a temporary file renamed into place (``mode`` "wb" or "w", UTF-8)."""
-    path = output_path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+TEMP_MARK = ".tmp-"  # a temporary file is ".<name>.tmp-<random>" beside the file it becomes
+NOT_REGULAR = "not a regular file (a symbolic link, a folder or a device): exonet replaces only regular files"
+
+
+def temp_name(name: str) -> bool:
+    """Whether ``name`` is one of ``atomic_file``'s temporary files (left behind when a process was killed)."""
+    return name.startswith(".") and TEMP_MARK in name
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary file beside ``path``: created exclusively, never through a link, under a name that
+    cannot be guessed (a predictable one lets a planted link redirect the write)."""
+    while True:
+        tmp = path.with_name(f".{path.name}{TEMP_MARK}{secrets.token_hex(8)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _replace_regular(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` to ``path`` when ``path`` is a regular file or absent; else FileExistsError naming it."""
     try:
-        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+        held = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(held.st_mode):
+            raise FileExistsError(errno.EEXIST, NOT_REGULAR, str(path))
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb", *, newline: str | None = None) -> Iterator[IO[Any]]:
+    """Write ``path`` through a temporary file renamed into place (``mode`` "wb" or "w", UTF-8; ``newline`` as
+    ``open``'s). A ``path`` that is a link, a folder or a device is refused (FileExistsError naming it)."""
+    path = output_path(path)
+    fd, tmp = _create_temp(path)
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8", newline=newline) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _replace_regular(tmp, path)
     except OSError as exc:  # a full disk names no file ("[Errno 28] No space left on device"): name ours
         if exc.errno is None or exc.filename not in (None, tmp, str(tmp)):
             raise
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def open_regular(path: Path, flags: int, error: type[Exception] = OSError, *, follow: bool = False) -> int:
+    """A descriptor of ``path`` opened with ``flags``, once it is clear that it is a regular file.
+
+    Without ``follow`` a link is refused (``O_NOFOLLOW``), so that a write cannot land where a planted
+    link points; a FIFO or a device is refused too (opened with ``O_NONBLOCK``, so that opening one
+    cannot hang). Refusals raise ``error`` naming ``path``; a missing file raises FileNotFoundError.
+    """
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW), 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise error(f"{path}: is a symbolic link; exonet opens a run directory's own files, never a link "
+                        "(replace the link with the file itself)") from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO without a reader, a folder
+            raise error(f"{path}: {NOT_REGULAR}") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise error(f"{path}: {NOT_REGULAR}")
+    return fd
+
+
+def read_regular(path: Path, error: type[Exception]) -> bytes:
+    """The bytes of ``path`` (a link is followed), refused with ``error`` naming it unless it is a regular file:
+    a FIFO, a device or ``/dev/zero`` would hang or never end."""
+    fd = open_regular(path, os.O_RDONLY, error, follow=True)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()

@@ -4,7 +4,9 @@ The gym's CSVLogger wrote ``logs/<run_name>/train.csv`` (step, examples_trained,
 train_perplexity, lr) and ``validation.csv`` (step, local_loss, local_perplexity, global_loss,
 global_perplexity), steps counted from 0 for training and as steps done for evaluations. exonet
 writes the same files from a finished run's history; ``lr`` is left empty, as the gym left it
-when no learning-rate callback had fired (exonet's nodes do not report the learning rate).
+when no learning-rate callback had fired (exonet's nodes do not report the learning rate). Each file
+is written whole under a temporary name and renamed into place (exonet.files.atomic_file): a full
+disk names the file and leaves no empty CSV, and a CSV that is a link is refused, not written through.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import csv
 import math
 from pathlib import Path
 from typing import Any
+
+from exonet.files import atomic_file
 
 TRAIN_COLUMNS = ("step", "examples_trained", "train_loss", "train_perplexity", "lr")
 VALIDATION_COLUMNS = ("step", "local_loss", "local_perplexity", "global_loss", "global_perplexity")
@@ -36,12 +40,12 @@ def write_gym_csv(folder: str | Path, history: dict[str, list], examples_per_ste
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "train.csv", "w", newline="") as f:
+    with atomic_file(folder / "train.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(TRAIN_COLUMNS)
         for step, loss in enumerate(history.get("train_loss", [])):
             w.writerow([step, examples_per_step * (step + 1), loss, perplexity(loss), ""])
-    with open(folder / "validation.csv", "w", newline="") as f:
+    with atomic_file(folder / "validation.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(VALIDATION_COLUMNS)
         for entry in history.get("eval", []):

@@ -21,22 +21,32 @@ resolves either kind of path to run directories, for ``exonet simulate`` and ``c
 
 Every file here is read back as data: JSON (``read_json``, ``read_metrics``), the trace's JSON
 lines (exonet.trace) and checkpoints through ``torch.load(weights_only=True)``; nothing read
-from a run directory can run code, so a run directory from someone else is safe to open.
+from a run directory can run code. What is read is checked: a file must be a regular file, and
+the metrics' and config's keys are plain identifiers (``SAFE_KEY``) with numbers for values, so a
+crafted key cannot travel on into a CSV, a log or a shell. Nothing is written through a link
+(exonet.files), and a resume refuses a run directory holding links (``check_links``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from exonet.errors import TraceError
-from exonet.files import atomic_file
+from exonet.files import atomic_file, open_regular, read_regular, temp_name
 from exonet.trace import Trace
+
+# A key read back from a run (metrics, evaluations, config): an identifier, nothing a shell or a CSV would act on.
+SAFE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
+# The files a fit writes in a run directory it resumes: never through a link, whatever follow_symlinks says.
+WRITTEN = ("metrics.jsonl", "trace.jsonl", "status.json", "train.csv", "validation.csv", "run.lock",
+           "checkpoints/latest.json")
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -65,8 +75,7 @@ def run_id(path: Path) -> str:
     """The id in a run's config.json, which each of its checkpoints carries: a checkpoint from another run
     is told apart by it. TraceError when config.json has none."""
     file = path / "config.json"
-    config = read_json(file)
-    value = config.get("run_id") if isinstance(config, dict) else None
+    value = read_config(path).get("run_id")
     if not isinstance(value, str) or not value:
         raise TraceError(f"{file}: no run_id: the run was started by an exonet older than checkpoints that load "
                          "without code (or the file was edited), so its checkpoints cannot be resumed")
@@ -133,7 +142,7 @@ class MetricsLog:
             if self._out is None:
                 with atomic_file(self.file) as f:
                     f.write("".join(line + "\n" for line in metric_lines(self.history)).encode())
-                self._out = open(self.file, "a", encoding="utf-8")
+                self._out = os.fdopen(open_regular(self.file, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
             else:
                 self._out.write("".join(line + "\n" for line in metric_lines(self.history, *self._written)))
                 self._out.flush()
@@ -228,9 +237,11 @@ def run_status(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def read_metrics(file: Path) -> dict[str, list]:
+    """metrics.jsonl as a history: each line checked (keys from ``SAFE_KEY``, values numbers); TraceError naming
+    the file and line for anything else."""
     history: dict[str, list] = {"train_loss": [], "eval": []}
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        lines = read_regular(file, TraceError).decode("utf-8").splitlines()
     except FileNotFoundError:
         raise TraceError(f"{file}: missing from the run directory") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -238,34 +249,109 @@ def read_metrics(file: Path) -> dict[str, list]:
     for lineno, line in enumerate(lines, start=1):
         try:
             row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError(f"expected an object, got {type(row).__name__}")
             if row.get("end") is True:
                 if lineno != len(lines) or row.get("lines") != lineno - 1:
                     raise ValueError(f"closing line says {row.get('lines')} lines, the file holds {lineno - 1} "
                                      f"before it and {len(lines) - lineno} after")
                 return history
             if "train_loss" in row:
-                history["train_loss"].append(float(row["train_loss"]))
+                history["train_loss"].append(float(_number(row["train_loss"], "train_loss")))
             else:
-                history["eval"].append(dict(row["eval"]))
-        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+                history["eval"].append(_evaluation(row["eval"]))
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError, RecursionError) as exc:
             raise TraceError(f"{file}:{lineno}: bad metrics line ({exc})") from None
     raise TraceError(f"{file}: truncated (no closing line; read {len(lines)} lines)")
 
 
+def _number(value: Any, key: str) -> int | float | bool:
+    """``value`` if it is a number (a flag counts: an evaluation's ``final``); else ValueError naming ``key``."""
+    if not isinstance(value, (int, float)):
+        raise ValueError(f"{key!r} must be a number, got {value!r:.80}")
+    return value
+
+
+def _evaluation(entry: Any) -> dict[str, Any]:
+    """An evaluation read back: an object with an integer ``step``, identifier keys and number values."""
+    if not isinstance(entry, dict) or type(entry.get("step")) is not int:
+        raise ValueError(f"an evaluation must be an object with an integer 'step', got {entry!r:.80}")
+    for key, value in entry.items():
+        if not SAFE_KEY.fullmatch(key):
+            raise ValueError(f"evaluation key {key!r:.80} is not an identifier ({SAFE_KEY.pattern})")
+        _number(value, key)
+    return dict(entry)
+
+
 def read_config(run: Path) -> dict[str, Any]:
-    """A run's config.json: a JSON object (plain data: it runs no code), or TraceError naming the file."""
+    """A run's config.json: a JSON object (plain data: it runs no code) whose keys are identifiers (``SAFE_KEY``),
+    or TraceError naming the file."""
     file = run / "config.json"
     config = read_json(file)
     if not isinstance(config, dict):
         raise TraceError(f"{file}: expected a JSON object, got {type(config).__name__}")
+    bad = next((key for key in config if not SAFE_KEY.fullmatch(key)), None)
+    if bad is not None:
+        raise TraceError(f"{file}: key {bad!r:.80} is not an identifier ({SAFE_KEY.pattern}); this is not the "
+                         "config.json exonet wrote")
     return config
 
 
 def read_json(file: Path) -> Any:
     """A JSON file of a run directory as data, or TraceError naming it (a ValueError, as every malformed file)."""
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        return json.loads(read_regular(file, TraceError).decode("utf-8"))
     except FileNotFoundError:
         raise TraceError(f"{file}: missing from the run directory") from None
+    except TraceError:
+        raise
     except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON, an integer too long
         raise TraceError(f"{file}: cannot read ({type(exc).__name__}: {exc})") from None
+
+
+def check_links(run: Path, follow_symlinks: bool = False) -> None:
+    """Refuse a run directory to resume that holds a symbolic link, naming it (TraceError).
+
+    A link in a run directory from someone else can point anywhere: a resumed fit would read from there, and
+    write there. Links among the run's top-level entries and anywhere under ``checkpoints/`` are refused;
+    ``follow_symlinks`` lets a trusted run read through them (``checkpoints/`` on another disk, say), but the
+    files a fit writes (``WRITTEN``) are never links.
+    """
+    for path in _entries(run, follow_symlinks):
+        if not path.is_symlink():
+            continue
+        written = path.relative_to(run).as_posix() in WRITTEN
+        if follow_symlinks and not written:
+            continue
+        why = ("a resumed fit writes this file, and exonet never writes through a link (follow_symlinks=True "
+               "reads through links, it does not write through them)" if written else
+               "a resumed fit would read or write where it points; replace it with the file or folder itself, or "
+               "pass follow_symlinks=True if you trust this run directory")
+        raise TraceError(f"resume_from: {path} is a symbolic link (to {os.readlink(path)!r}): {why}")
+
+
+def _entries(run: Path, follow_symlinks: bool) -> Iterator[Path]:
+    """The run's top-level entries and everything under ``checkpoints/`` (through links only when following)."""
+    yield from (Path(entry.path) for entry in os.scandir(run))
+    checkpoints = run / "checkpoints"
+    if checkpoints.is_dir() and (follow_symlinks or not checkpoints.is_symlink()):
+        for folder, dirs, files in os.walk(checkpoints, followlinks=follow_symlinks):
+            yield from (Path(folder) / name for name in [*dirs, *files])
+
+
+def drop_leftovers(run: Path) -> list[Path]:
+    """Remove the temporary files a killed fit left in ``run`` and under ``checkpoints/``; returns them.
+
+    Call only while holding the run's lock (exonet.runtime.runlock): then no other fit is writing them (and
+    after ``check_links``: a linked folder is then one the user trusts).
+    """
+    folders = [run, run / "checkpoints", *sorted((run / "checkpoints").glob("step-*"))]
+    dropped = []
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for entry in os.scandir(folder):
+            if temp_name(entry.name) and not entry.is_dir(follow_symlinks=False):
+                Path(entry.path).unlink(missing_ok=True)
+                dropped.append(Path(entry.path))
+    return dropped

@@ -33,21 +33,26 @@ from __future__ import annotations
 import random
 import re
 import shutil
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from exonet.errors import TraceError
 from exonet.files import atomic_file, plain_name
-from exonet.rundir import read_json, read_metrics, run_id, write_json, write_metrics
+from exonet.rundir import read_config, read_json, read_metrics, run_id, write_json, write_metrics
 from exonet.strategies.base import Strategy
 from exonet.trace import Trace
 
 LATEST = "latest.json"
+# Unfinished checkpoints (written by some nodes, not yet committed by the parent) at once: a node whose next
+# checkpoint would make more waits for the parent to catch up, so a parent that falls behind fills no disk.
+MAX_UNFINISHED = 2
+WAIT_S = 0.01
 FORMAT = 2  # a node file's layout; format 1 pickled numpy's RNG state, and loading it needed code
 _PLAIN = (int, float, bool, str, type(None))
 
@@ -87,6 +92,37 @@ def save_node(root: Path, step: int, rank: int, model: torch.nn.Module, strategy
                         "loading it runs no code: return those from state_dict()")
     with atomic_file(node_file(folder, rank)) as f:
         torch.save(state, f)
+
+
+def wait_for_room(root: Path, step: int, beat: Callable[[], None]) -> None:
+    """Wait until writing ``step``'s checkpoint leaves at most ``MAX_UNFINISHED`` unfinished ones (``beat``: this
+    node's heartbeat, called while it waits: the parent it waits for is alive, it is the one watching).
+
+    A checkpoint whose folder exists already (a faster node made it) never waits: the parent commits in step
+    order, so the slower nodes that complete the waiting ones must pass.
+    """
+    while not step_dir(root, step).exists():
+        committed = _committed_step(root)
+        unfinished = [f for f in root.glob("step-*") if _step_of(f) > committed]
+        if len(unfinished) < MAX_UNFINISHED:
+            return
+        beat()
+        time.sleep(WAIT_S)
+
+
+def _step_of(folder: Path) -> int:
+    number = folder.name.removeprefix("step-")
+    return int(number) if number.isdigit() else -1
+
+
+def _committed_step(root: Path) -> int:
+    """The step latest.json names (0 when there is none yet, or while the parent replaces it)."""
+    try:
+        record = read_json(root / LATEST)
+    except TraceError:
+        return 0
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else 0
 
 
 def _not_plain(value: Any, path: str) -> tuple[str, Any] | None:
@@ -253,8 +289,12 @@ def load_latest(run_path: Path, num_nodes: int) -> Resume:
     docstring); TraceError naming the file if any part is missing, unreadable or from elsewhere."""
     latest = run_path / "checkpoints" / LATEST
     if not latest.exists():
-        raise TraceError(f"resume_from: {latest} is missing: {run_path} holds no complete checkpoint "
-                         "(was it run with checkpoint_interval?)")
+        interval = read_config(run_path).get("checkpoint_interval")
+        why = (f"the run was stopped before its first checkpoint was complete (checkpoint_interval={interval}: the "
+               f"first is committed after step {interval}), so there is nothing to resume: start it again"
+               if isinstance(interval, int) and interval > 0 else
+               "the run was started without checkpoint_interval, so it has no checkpoint to resume from")
+        raise TraceError(f"resume_from: {latest} is missing: {why}")
     record = read_json(latest)
     if (not isinstance(record, dict) or not isinstance(record.get("step"), int) or isinstance(record["step"], bool)
             or record["step"] < 1 or not isinstance(record.get("dir"), str) or not isinstance(record.get("run"), str)):

@@ -173,7 +173,7 @@ def _check_times_and_flags(args: dict[str, Any]) -> None:
     if args["progress_timeout_s"] is not None:
         check_range("fit: progress_timeout_s", args["progress_timeout_s"], low=0, low_open=True)
     check_range("fit: timeout_s", args["timeout_s"], low=0, low_open=True, high=MAX_TIMEOUT_S)
-    for name in ("shuffle", "count_flops", "profile", "progress"):
+    for name in ("shuffle", "count_flops", "profile", "progress", "follow_symlinks"):
         if not isinstance(args[name], bool):  # "no" is truthy: a string would silently mean True
             raise TypeError(f"fit: {name} must be True or False, got {args[name]!r}")
 

@@ -35,7 +35,7 @@ from exonet.runtime.batches import (
     to_device,
     validation_sample,
 )
-from exonet.runtime.checkpoint import load_node, save_node
+from exonet.runtime.checkpoint import load_node, save_node, wait_for_room
 from exonet.runtime.clock import ClockLink
 from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
 from exonet.runtime.rendezvous import join_store
@@ -323,8 +323,10 @@ class TrainNode:
     def _checkpoint(self, step: int) -> None:
         """Write this node's checkpoint and report it; the parent commits it once all K have."""
         assert self.cfg.checkpoint_dir is not None  # called only when checkpoints are asked for
+        root = Path(self.cfg.checkpoint_dir)
+        wait_for_room(root, step, self.heartbeat.beat)
         with self.comm.bookkeeping():
-            save_node(Path(self.cfg.checkpoint_dir), step, self.rank, self.model, self.strategy)
+            save_node(root, step, self.rank, self.model, self.strategy)
         self.send(Checkpointed(self.rank, step))
         self.heartbeat.beat()
 

@@ -37,7 +37,16 @@ import torch.distributed as dist
 
 from exonet.errors import NodeFailure
 from exonet.fit_result import FitResult
-from exonet.rundir import MetricsLog, create_run, read_json, reopen_run, restore_status, write_run
+from exonet.rundir import (
+    MetricsLog,
+    check_links,
+    create_run,
+    drop_leftovers,
+    read_config,
+    reopen_run,
+    restore_status,
+    write_run,
+)
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
 from exonet.runtime.forkserver import context
@@ -279,16 +288,21 @@ class Supervisor:
 
 
 def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | None,
-              resume_from: str | os.PathLike | None) -> tuple[Path | None, Resume | None, tuple | None, RunLock | None]:
+              resume_from: str | os.PathLike | None, follow_symlinks: bool = False,
+              ) -> tuple[Path | None, Resume | None, tuple | None, RunLock | None]:
     """The run folder (created now, or the resumed one reopened), the checkpoint to continue from, what the
-    reopened folder held (its status and steps, see ``reopen_run``) and the folder's lock, held from here on."""
+    reopened folder held (its status and steps, see ``reopen_run``) and the folder's lock, held from here on.
+
+    A resumed folder is checked for links first (``check_links``; ``follow_symlinks`` trusts them), and once
+    locked loses the temporary files its killed fit left."""
     if resume_from is None:
         if run_dir is None:
             return None, None, None, None
         path = create_run(run_dir, label, config)
         return path, None, None, RunLock(path)
     path = Path(resume_from)
-    saved = read_json(path / "config.json")
+    check_links(path, follow_symlinks)
+    saved = read_config(path)
     ours = json.loads(json.dumps(config, default=repr))
     ignore = {"threads", "checkpoint_interval", "scenario", "run_id"}  # a synchronous run's scenario only replays it
     diff = _differences({k: v for k, v in saved.items() if k not in ignore},
@@ -299,6 +313,8 @@ def _open_run(config: dict[str, Any], label: str, run_dir: str | os.PathLike | N
                          "resume with the arguments of the original fit")
     lock = RunLock(path)  # before its checkpoint is read: a fit still writing it refuses us here
     try:
+        for left in drop_leftovers(path):
+            log.info("resume_from: removed %s, left by a fit that was killed while writing it", left)
         return path, load_latest(path, config["num_nodes"]), reopen_run(path), lock
     except BaseException:
         lock.release()
@@ -325,9 +341,10 @@ def launch(job: Job, *, progress: bool, scenario: Any,
            resume_from: str | os.PathLike | None, wandb_project: str | None = None,
            wandb_run_name: str | None = None, run_name: str | None = None,
            upload_to: str | None = None, watch: Any = None, extra_config: dict[str, Any] | None = None,
-           x_axis: str = "step") -> FitResult:
+           x_axis: str = "step", follow_symlinks: bool = False) -> FitResult:
     """Run a validated fit: run directory, rendezvous, nodes, supervision, results (``watch``: a DivergenceWatch;
-    ``extra_config``: the seed gym's ``kwargs``, recorded in the config; ``x_axis``: wandb's, "step" or "examples")."""
+    ``extra_config``: the seed gym's ``kwargs``, recorded in the config; ``x_axis``: wandb's, "step" or "examples";
+    ``follow_symlinks``: a resumed run directory's links are trusted)."""
     strategy, cfg = job.strategy, job.cfg
     if scenario is not None:
         from exonet.scenario import Scenario
@@ -357,24 +374,27 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     with stop_signals():  # SIGTERM and SIGHUP stop the run as Ctrl-C does; then the process ends by that signal
         return _launch_here(job, config, label, meta, scenario, progress=progress, run_dir=run_dir,
                             progress_timeout_s=progress_timeout_s, resume_from=resume_from,
-                            wandb_at=wandb_at, run_name=run_name, upload_to=upload_to, watch=watch)
+                            wandb_at=wandb_at, run_name=run_name, upload_to=upload_to, watch=watch,
+                            follow_symlinks=follow_symlinks)
 
 
 def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, Any], scenario: Any, *,
                  progress: bool, run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
                  resume_from: str | os.PathLike | None, wandb_at: dict[str, Any],
-                 run_name: str | None, upload_to: str | None, watch: Any) -> FitResult:
+                 run_name: str | None, upload_to: str | None, watch: Any, follow_symlinks: bool = False) -> FitResult:
     """``launch`` on this machine: K node processes from the forkserver, a rendezvous on loopback."""
     strategy, cfg = job.strategy, job.cfg
     model_bytes = pickle_model(job.model)
     store = loopback_store(cfg.world)
     cfg = replace(cfg, store_port=store.port)
-    run_path, resume, held, lock = _open_run(config, label, run_dir, resume_from)
+    run_path, resume, held, lock = _open_run(config, label, run_dir, resume_from, follow_symlinks)
     try:
         book = None
         if cfg.checkpoint_interval and run_path is not None:
             book = CheckpointBook(run_path / "checkpoints", cfg.num_nodes)
             cfg = replace(cfg, checkpoint_dir=str(book.root))
+            if resume is not None:
+                book.prune()  # the unfinished checkpoints of the fit that was killed: nodes write theirs afresh
         if resume is not None:
             cfg = replace(cfg, resume_dir=str(resume.folder), start_step=resume.step)
         clock = None

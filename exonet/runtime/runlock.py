@@ -6,7 +6,9 @@ in it, an ``flock`` on that file, for as long as it writes; the file says who ho
 host, since when), so a refusal names the holder. The kernel releases an ``flock`` when its
 holder exits, however it ends (SIGKILL included), so a lock file left by a dead process is
 stale by construction and the next fit takes it over. The fit removes the file when it ends. On a
-file system that cannot lock (some FUSE mounts) the fit warns and goes on without the lock.
+file system that cannot lock (some FUSE mounts) the fit warns and goes on without the lock. The
+file is opened with ``O_NOFOLLOW`` and must be a regular file: a ``run.lock`` planted as a link
+is refused (TraceError naming it), so the holder's line is never written where the link points.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from exonet.errors import TraceError
+from exonet.files import open_regular
 
 LOCK = "run.lock"
 # flock's errors where a file system cannot lock at all (some FUSE mounts): the run goes on unlocked, with a warning
@@ -44,7 +49,7 @@ class RunLock:
     def __init__(self, run: Path) -> None:
         self.file = run / LOCK
         while True:
-            fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_regular(self.file, os.O_RDWR | os.O_CREAT, TraceError)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

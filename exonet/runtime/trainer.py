@@ -85,6 +85,7 @@ class LocalTrainer:
         progress_timeout_s: float | None = 30.0,
         checkpoint_interval: int | None = None,
         resume_from: str | os.PathLike | None = None,
+        follow_symlinks: bool = False,
         run_name: str | None = None,
         upload_to: str | None = None,
         wandb_project: str | None = None,
@@ -132,6 +133,9 @@ class LocalTrainer:
                 directory (needs ``run_dir``); see exonet.runtime.checkpoint for the layout.
             resume_from: a run directory with a checkpoint: continue that run (same arguments as the
                 original fit), writing into that same directory. The result equals an uninterrupted run.
+            follow_symlinks: with ``resume_from``, read through symbolic links in the run directory (a
+                ``checkpoints/`` on another disk) instead of refusing them; only for a run directory you trust.
+                The files a fit writes (metrics, trace, status, CSVs, run.lock, latest.json) are never links.
             run_name: names the run: its folder is ``<time>-<run_name>``, it is the default wandb run
                 name, and the gym's ``train.csv``/``validation.csv`` also go to ``logs/<run_name>/`` (the
                 seed gym's spelling and place).
@@ -160,7 +164,8 @@ class LocalTrainer:
         result = launch(job, progress=progress, scenario=scenario, run_dir=plan.run_dir,
                         progress_timeout_s=progress_timeout_s, resume_from=resume_from,
                         wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
-                        upload_to=upload_to, watch=plan.watch, extra_config=plan.extra_config, x_axis=plan.x_axis)
+                        upload_to=upload_to, watch=plan.watch, extra_config=plan.extra_config, x_axis=plan.x_axis,
+                        follow_symlinks=follow_symlinks)
         if plan.node.profile_dir is not None:
             result.profile = Path(plan.node.profile_dir) / "rank0.json"
         return result
