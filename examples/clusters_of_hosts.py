@@ -4,7 +4,7 @@
 
 Each strategy is estimated (its own step logic on meta tensors, bf16, 1 s of compute per
 step) and replayed in the ``cross-region`` preset twice: as 64 flat nodes, and with
-``--hosts 8`` (NVLink-class fabric inside each host, hierarchical collectives), the same as
+``--hosts 8`` (NVLink-class fabric inside each host; NCCL's rings through every device's NIC), the same as
 ``exonet estimate --model-params 1e9 --strategy S --nodes 64 --hosts 8 --scenario cross-region
 --steps 100 --step-time 1 --dtype bf16``. A strategy ``estimate`` cannot handle yet gets its
 error in the table instead of figures.

@@ -551,9 +551,10 @@ def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
 
     The hosts get an NVLink-class fabric (``HOST_FABRIC``: 450 GB/s per device each way, H100 SXM's
     NVLink 4 being 900 GB/s both ways together; 1 us) and per-device NICs at the scenario's
-    ``network.bandwidth``, and the collectives become hierarchical, as NCCL runs them across hosts
-    (a preset's ``collective = "ring"`` was chosen for flat nodes). A scenario with ``[hosts]``
-    keeps its own table and collective; asking for other ``devices`` than it has is an error.
+    ``network.bandwidth``. With a ``backend`` the library's own algorithms run over the hosts (NCCL's
+    rails and trees, gloo's ring); without one, exonet's phase model runs its hierarchical algorithms
+    (a ``collective`` chosen for flat nodes is replaced). A scenario with ``[hosts]`` keeps its own
+    table and collective; asking for other ``devices`` than it has is an error.
     """
     from exonet.scenario import Scenario
 
@@ -564,7 +565,8 @@ def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
     chosen = Scenario.coerce(scenario)
     own = chosen.to_dict().get("hosts")
     if own is None:
-        return chosen.replace(hosts={"devices": devices, **HOST_FABRIC}, collective="hierarchical")
+        hosted = chosen.replace(hosts={"devices": devices, **HOST_FABRIC})
+        return hosted if "backend" in hosted.to_dict()["network"] else hosted.replace(collective="hierarchical")
     if own.get("devices") != devices:
         raise ValueError(f"--hosts {devices}: scenario {chosen.name!r} already has [hosts] "
                          f"devices = {own.get('devices')}")

@@ -239,10 +239,11 @@ def test_later_node_entries_override_earlier_ones() -> None:
 # ---------------------------------------------------------------- replace
 def test_replace_network_keys_by_name_and_tables_by_dict() -> None:
     base = Scenario.load("cross-region")
-    s = base.replace(bandwidth="100 Mbit/s", latency="3 ms", collective="star", name="slow")
+    s = base.replace(bandwidth="100 Mbit/s", latency="3 ms", collective="star", backend=None, nccl=None, name="slow")
     r = s.resolve(4)
     assert s.name == "slow" and r.uplink[0] == pytest.approx(0.94 * 12.5e6) and r.latency == 0.003
-    assert r.algorithms == FAMILIES["star"] and "replace(bandwidth, latency, collective, name)" in s.source
+    assert r.algorithms == FAMILIES["star"]
+    assert "replace(bandwidth, latency, collective, backend, nccl, name)" in s.source
     assert base.resolve(4).uplink[0] == pytest.approx(0.94 * 12.5e9)  # the original is untouched
     flops = base.replace(compute={"mode": "flops", "tflops": 989.0})
     assert flops.resolve(2).compute_mode == "flops"

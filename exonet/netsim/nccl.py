@@ -49,9 +49,13 @@ not the network's latency, as NCCL does not (the socket plugin reports 0).
 **Into the phase model.** Each NCCL collective is given as phases of messages, as every algorithm
 is, so contention, queues, windows, outages and per-link statistics apply unchanged: the ring as its
 s phases per loop folded into s phases of the whole buffer (the bytes each link carries are exact),
-the tree as one phase of all its edges, broadcast as n−1 hops. Each message carries a latency shift
-(the fourth item of a message) that makes the phases, run alone, take exactly the T above; under
-contention the shift stays what it was alone, an approximation the README states.
+the tree as one phase of all its edges, broadcast as one phase of its n−1 hops, each carrying the whole
+buffer (a pipelined chain keeps every hop busy at once, so each link carries S, for S/R of wire time in
+all). Each message carries a latency shift (the fourth item of a message) that makes the phases, run
+alone, take exactly the T above; a shift is never more negative than the hop's latency (a message
+cannot arrive before it is sent), so a plan must not need more: a chain cut into n−1 whole-buffer
+phases did, and cost (n−1)·S/R. Under contention the shift stays what it was alone, an approximation
+the README states.
 """
 
 from __future__ import annotations
@@ -182,33 +186,111 @@ def _tree_edges(g: Sequence[int], size: float) -> Phase:
     return tuple(msgs)
 
 
+def _host_tree_edges(hosts: Sequence[Sequence[int]], size: float) -> Phase:
+    """NCCL's trees across hosts: a chain through each host's devices, and the double binary tree between hosts,
+    tree A joining hosts through their first device's NIC and its mirror through their last device's."""
+    firsts, lasts = [h[0] for h in hosts], [h[-1] for h in hosts]
+    between = _tree_edges(firsts, size)
+    mirror = _tree_edges(lasts[::-1], size)
+    chains = tuple(m for h in hosts for a, b in zip(h, h[1:]) for m in ((a, b, size), (b, a, size)))
+    return between + mirror + chains + chains  # each tree runs its own chain inside a host
+
+
+def _hosts_of(ring: Sequence[int], topo: Topology) -> list[list[int]] | None:
+    """The ring's members host by host, where ``[hosts]`` gives two or more hosts holding the same number (> 1) of
+    them; else None (NCCL then runs one ring over them, as without hosts)."""
+    if topo.hosts is None:
+        return None
+    by_host: dict[int, list[int]] = {}
+    for r in ring:
+        by_host.setdefault(topo.host(r), []).append(r)
+    hosts = list(by_host.values())
+    size = len(hosts[0])
+    if len(hosts) < 2 or size < 2 or any(len(h) != size for h in hosts):
+        return None
+    return hosts
+
+
+def _rails(hosts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """NCCL's rings through a cluster of hosts: one per local device j, crossing each host's devices over the fabric
+    from its device j round to j − 1, then through that device's NIC to the next host's device j, so with a NIC per
+    device every NIC carries one ring each way (with one NIC per host, the host's rings share it)."""
+    size = len(hosts[0])
+    return [[h[(j + k) % size] for h in hosts for k in range(size)] for j in range(size)]
+
+
+def _equal_share(phase: Phase, topo: Topology) -> float:
+    """The rate every message of a phase of equal messages gets alone: the least of its path's rate and each of its
+    links' capacity over the messages crossing it (max-min sharing, whose slowest messages end the phase)."""
+    paths = [topo.path(m[0], m[1]) for m in phase]
+    crossing: dict[int, int] = {}
+    for p in paths:
+        for link in p.links:
+            crossing[link] = crossing.get(link, 0) + 1
+    return min(min(p.rate, *(topo.capacity[link] / crossing[link] for link in p.links)) for p in paths)
+
+
+def _chain_from(ring: Sequence[int], root: int) -> list[int]:
+    """``ring`` rotated to start at ``root``: the chain a broadcast follows."""
+    i = list(ring).index(root)
+    return [*ring[i:], *ring[:i]]
+
+
 def plan(op: str, g: Sequence[int], nbytes: float, topo: Topology) -> list[Phase]:
-    """``op`` among ``g`` on ``nbytes`` as NCCL runs it, as phases whose idle time is NCCL's (module docstring)."""
+    """``op`` among ``g`` on ``nbytes`` as NCCL runs it, as phases whose idle time is NCCL's (module docstring).
+
+    Under ``[hosts]`` the rings are rails (``_rails``), the buffer split between them, and the tree joins hosts
+    (``_host_tree_edges``); the ring's rate is then all its rails' together.
+    """
     spec = topo.resolved.nccl or NcclSpec()
     n = len(g)
     ring = ordered(g, topo)
-    hops = [topo.path(ring[i], ring[(i + 1) % n]) for i in range(n)]
-    rate = min(p.rate for p in hops)
+    hosts = _hosts_of(ring, topo)
+    rails = [ring] if hosts is None else _rails(hosts)
+    hops = [topo.path(rails[0][i], rails[0][(i + 1) % n]) for i in range(n)]
     alpha = max(p.latency for p in hops)
+    step = tuple(m for rail in rails for m in ring_phases(rail, 1.0, 1)[0])
+    per_message = _equal_share(step, topo)  # a rail's rate
+    rate = per_message * len(rails)
     algorithm, protocol = choose(op, nbytes, n, spec, rate)
-    c = channels_used(nbytes, n, protocol, spec.channels)
+    c = channels_used(nbytes, n, protocol, max(spec.channels, len(rails)))  # a channel per rail at least
     hop = alpha + _HOP[protocol] * 1e-6
     mean = sum(p.latency for p in hops) / n + _HOP[protocol] * 1e-6
     base = _BASE[algorithm, protocol] * 1e-6
     wire = WIRE[protocol]
     if algorithm == "tree":
-        phase = _tree_edges(g, nbytes * wire / 2)
-        # the phase alone takes α + T_bw + shift
-        shift = base + tree_fill(nbytes, n, c, rate, hop, protocol, spec.buffsize) - alpha
-        return [tuple((*m, shift) for m in phase)]
-    if op == "broadcast":
-        phases: list[Phase] = [((ring[h], ring[h + 1], nbytes * wire),) for h in range(n - 1)]
+        return [_tree(g, nbytes, hosts, topo, c, min(p.rate for p in hops), hop, protocol, base, spec.buffsize)]
+    split = nbytes * wire / len(rails)
+    if op == "broadcast":  # the chain's hops all stream at once, as a pipelined chain does in its steady state
+        chains = [_chain_from(rail, g[0]) for rail in rails]
+        phases: list[Phase] = [tuple((ch[h], ch[h + 1], split) for ch in chains for h in range(n - 1))]
         target = base + ring_time(op, nbytes, n, c, rate, mean, protocol, spec.buffsize, hop)
     else:
-        size = nbytes * wire / n if op != "all_gather" else nbytes * wire
-        phases = ring_phases(ring, size, steps(op, n))
+        size = split / n if op != "all_gather" else split
+        phases = [tuple(m for rail in rails for m in ring_phases(rail, size, 1)[0])] * steps(op, n)
         total = nbytes * n if op == "all_gather" else nbytes
         target = base + ring_time(op, total, n, c, rate, mean, protocol, spec.buffsize, hop)
-    ideal = sum(alpha + max(m[2] for m in phase) / rate for phase in phases)
+    ideal = sum(alpha + max(m[2] for m in phase) / per_message for phase in phases)
     shift = (target - ideal) / len(phases)
     return [tuple((*m, shift) for m in phase) for phase in phases]
+
+
+def _tree(g: Sequence[int], nbytes: float, hosts: list[list[int]] | None, topo: Topology, c: int, rate: float,
+          hop: float, protocol: str, base: float, buffsize: float) -> Phase:
+    """The tree all-reduce as one phase of all its edges, shifted so that alone it takes NCCL's time: base, the
+    pipeline's fill down and up its levels (a host's chain adds a level per device after the first), and the
+    edges' bandwidth time, which the network gives."""
+    half = nbytes * WIRE[protocol] / 2
+    if hosts is None:
+        phase = _tree_edges(g, half)
+        fill = tree_fill(nbytes, len(g), c, rate, hop, protocol, buffsize)
+    else:
+        phase = _host_tree_edges(hosts, half)
+        chain = len(hosts[0]) - 1
+        fabric = topo.path(hosts[0][0], hosts[0][1]).latency + _HOP[protocol] * 1e-6
+        chunk = min(TREE_CHUNK * buffsize if protocol == "simple" else LL_STEP * 2, half / c)
+        fill = tree_fill(nbytes, len(hosts), c, rate, hop, protocol, buffsize)
+        fill += 2 * chain * (fabric + chunk / (rate / c))
+    alpha = max(topo.path(m[0], m[1]).latency for m in phase)
+    shift = base + fill - alpha  # the phase alone takes α + T_bw + shift
+    return tuple((*m, shift) for m in phase)

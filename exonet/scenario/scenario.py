@@ -58,6 +58,7 @@ from exonet.scenario.schema import (
     ARRAYS,
     DEFAULT_REGION,
     FAMILIES,
+    NCCL_ALGORITHMS,
     NETWORK,
     TABLES,
     did_you_mean,
@@ -274,7 +275,7 @@ class Scenario:
         )
         compute, strag = p.get("compute", {}), p.get("stragglers", {})
         backend = net.get("backend")
-        nccl = NcclSpec(**net.get("nccl", {})) if backend == "nccl" else None
+        nccl = self._nccl() if backend == "nccl" else None
         tcp = backend is not None and (nccl is None or nccl.transport == "socket")  # verbs bypass TCP
         return Resolved(
             num_nodes=n,
@@ -312,10 +313,20 @@ class Scenario:
         )
 
     def _collective(self) -> str:
-        """``network.collective``; "hierarchical" by default when the scenario has ``[hosts]``, else "ring"."""
+        """The family of algorithms that runs: a backend's own (``collective`` then picks among its algorithms, see
+        ``_nccl``), else ``network.collective``, by default "hierarchical" under ``[hosts]`` and "ring" without."""
         net = self._parsed["network"]
-        default = "hierarchical" if "hosts" in self._parsed else net.get("backend", "ring")
-        return net.get("collective", default)
+        if "backend" in net:
+            return str(net["backend"])
+        return str(net.get("collective", "hierarchical" if "hosts" in self._parsed else "ring"))
+
+    def _nccl(self) -> NcclSpec:
+        """``[network.nccl]``, with ``collective = "ring" | "tree"`` as its algorithm (NCCL_ALGO said once)."""
+        net = self._parsed["network"]
+        spec = dict(net.get("nccl", {}))
+        if net.get("collective") in NCCL_ALGORITHMS:
+            spec["algorithm"] = net["collective"]
+        return NcclSpec(**spec)
 
     def _hosts(self, n: int, region: list[str], efficiency: float) -> HostSpec | None:
         """``[hosts]`` for ``n`` trainer ranks: whole hosts only, each host inside one region.
@@ -389,7 +400,9 @@ class Scenario:
         ranks serving)."""
         p = self._parsed
         lines = [f"{self.name}: {self.description}" if self.description else self.name, f"  source      {self._source}",
-                 *_network_lines(p["network"]), _collective_line(self._collective(), p["network"]), *_host_lines(p),
+                 *_network_lines(p["network"]),
+                 *_collective_lines(self._collective(), p, self._nccl() if self._collective() == "nccl" else None),
+                 *_host_lines(p),
                  _compute_line(p), *_placement_lines(p), *_link_lines(p), *_node_lines(p), *_straggler_lines(p),
                  *_event_lines(p)]
         if "failures" in p:
@@ -472,11 +485,68 @@ def _transport_settings(net: Mapping[str, Any]) -> list[str]:
     return extras
 
 
-def _collective_line(family: str, net: Mapping[str, Any]) -> str:
-    """The collective family and the algorithm each op runs (the family's, unless [network.algorithms] says)."""
-    algos = {**FAMILIES[family], **net.get("algorithms", {})}
-    per_op = ", ".join(f"{op}={algo}" for op, algo in algos.items())
-    return f"  collective  {family}: {per_op}"
+def _collective_lines(family: str, p: Mapping[str, Any], nccl: NcclSpec | None) -> list[str]:
+    """The model that runs each op: the phase family's algorithms, or the backend's, with where each came from."""
+    net = p["network"]
+    overrides = net.get("algorithms", {})
+    if "backend" not in net:
+        algos = {**FAMILIES[family], **overrides}
+        return [f"  collective  {family}: {', '.join(f'{op}={algo}' for op, algo in algos.items())}"]
+    lines = _nccl_lines(net, nccl, "hosts" in p) if nccl is not None else _gloo_lines(net, "hosts" in p)
+    for op, algo in overrides.items():
+        lines.append(f"              {op}: exonet's phase {algo} (set in [network.algorithms]) on {family}'s sockets")
+    return lines
+
+
+def _origin(net: Mapping[str, Any], key: str, default: str = "default") -> str:
+    """Where a backend setting came from: the document, or the library's default."""
+    return "set" if key in net else default
+
+
+def _nccl_lines(net: Mapping[str, Any], spec: NcclSpec, hosts: bool) -> list[str]:
+    """What NCCL runs: algorithm and protocol (the tuner's choice unless set), channels, sockets, buffer, levels."""
+    given = net.get("nccl", {})
+    if "algorithm" in given or net.get("collective") in NCCL_ALGORITHMS:
+        algorithm = f"{spec.algorithm} (set, as NCCL_ALGO)"
+    else:
+        algorithm = "the tuner's choice of ring or tree per call (NCCL's default)"
+    protocol = (f"{spec.protocol} (set)" if "protocol" in given
+                else "the tuner's choice of LL or Simple per call (NCCL's default; LL128 is off over sockets)")
+    socket = "socket_threads" in given or "socks_per_thread" in given
+    wire = ("InfiniBand/RoCE verbs, no TCP" if spec.transport == "ib"
+            else f"TCP: {spec.channels * spec.sockets} streams per pair, {spec.channels} channels x {spec.sockets} "
+                 f"sockets ({'set' if socket else f'the {spec.nic} NIC default'})")
+    lines = [
+        f"  backend     nccl, NIC {spec.nic} ({_origin(given, 'nic')}), transport {spec.transport} "
+        f"({_origin(given, 'transport')})",
+        f"              {wire}",
+        f"              algorithm: {algorithm}",
+        f"              protocol: {protocol}",
+        f"              channels: {spec.channels} ({_origin(given, 'channels', 'NCCL default for one NIC')}), "
+        f"buffer {units.format_bytes(spec.buffsize, binary=True)} ({_origin(given, 'buffsize', 'NCCL default')})",
+        "  ops         all_reduce: ring or tree as above; all_gather, reduce_scatter: NCCL's ring;",
+        "              broadcast: NCCL's ring as a pipelined chain; all_to_all: grouped send/recv to every peer",
+    ]
+    if hosts:
+        lines += ["  levels      inside a host: the rings' and chains' fabric hops (no TCP);",
+                  "              between hosts: a ring per device (rail) through its NIC; the tree between hosts"]
+    return lines
+
+
+def _gloo_lines(net: Mapping[str, Any], hosts: bool) -> list[str]:
+    """What gloo runs: its ring over every rank, one TCP connection per pair, two collectives of a group in flight."""
+    streams = net.get("streams", 1)
+    lines = [
+        f"  backend     gloo over TCP sockets, {streams} connection{'s' if streams > 1 else ''} per pair "
+        f"({_origin(net, 'streams')}), {net.get('group_concurrency', 2)} collectives of a group in flight "
+        f"({_origin(net, 'group_concurrency')})",
+        "  ops         all_reduce: gloo's segmented ring; all_gather: gloo's ring in halves; reduce_scatter: ring;",
+        "              broadcast: binomial tree, a node sending to all its children at once; all_to_all: direct",
+    ]
+    if hosts:
+        lines.append("  levels      one ring over every rank, in rank order: a host's devices talk over the fabric, "
+                     "hosts through their NICs")
+    return lines
 
 
 def _host_lines(p: Mapping[str, Any]) -> list[str]:

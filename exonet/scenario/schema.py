@@ -53,6 +53,10 @@ FAMILIES: dict[str, dict[str, str]] = {
 }
 # What `network.backend` names: the library whose collectives and sockets the scenario's hosts run.
 BACKENDS = ("nccl", "gloo")
+# With a backend, `network.collective` names one of that library's algorithms: its own name (the library as it runs
+# by default: NCCL's tuner, gloo's ring), or NCCL_ALGO's "ring" and "tree", or gloo's "ring". exonet's phase
+# algorithms ("halving_doubling", "hierarchical", ...) need no backend.
+BACKEND_COLLECTIVES: dict[str, tuple[str, ...]] = {"nccl": ("nccl", "ring", "tree"), "gloo": ("gloo", "ring")}
 NCCL_ALGORITHMS = ("auto", "ring", "tree")
 NCCL_PROTOCOLS = ("auto", "simple", "ll", "ll128")
 NCCL_NICS = ("generic", "aws", "gcp")
@@ -338,11 +342,29 @@ def _check_backend(p: Mapping[str, Any], where: str) -> None:
     if net.get("collective") in BACKENDS and net.get("backend") != net["collective"]:
         raise ScenarioError(f'{where} network.collective: "{net["collective"]}" needs network.backend = '
                             f'"{net["collective"]}"')
+    _check_backend_collective(net, where)
     if net.get("streams", 1) > 1 and "tcp_window" not in net and "queue" not in net and "backend" not in net:
         raise ScenarioError(
             f"{where} network.streams: has no effect on its own; streams act through network.tcp_window (a transfer "
             "has N windows) or network.queue (each stream's share of it); set one of them or remove streams"
         )
+
+
+def _check_backend_collective(net: Mapping[str, Any], where: str) -> None:
+    """With a backend, ``collective`` names one of its algorithms, and says it once: an NCCL_ALGO given both as
+    ``collective`` and as ``[network.nccl] algorithm`` must agree."""
+    backend, name = net.get("backend"), net.get("collective")
+    if backend is None or name is None:
+        return
+    runs = BACKEND_COLLECTIVES[backend]
+    if name not in runs:
+        phase = " (exonet's phase model: remove network.backend to run it)" if name in FAMILIES else ""
+        raise ScenarioError(f'{where} network.collective: {backend} does not run "{name}"{phase}; with backend = '
+                            f'"{backend}" choose one of: {", ".join(runs)}')
+    chosen = net.get("nccl", {}).get("algorithm", "auto")
+    if backend == "nccl" and name in NCCL_ALGORITHMS and chosen not in ("auto", name):
+        raise ScenarioError(f'{where} network.collective = "{name}" and network.nccl.algorithm = "{chosen}" '
+                            "name two algorithms; say it once (collective, as NCCL_ALGO)")
 
 
 def _check_compute(p: Mapping[str, Any], where: str) -> None:

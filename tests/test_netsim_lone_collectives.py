@@ -1,0 +1,207 @@
+"""A lone collective under a backend takes its library's closed form, and moves exactly its bytes.
+
+The invariant behind every backend model: each op × backend × algorithm × protocol, alone on a uniform
+network, ends at the time its closed form gives (exonet/netsim/nccl.py and gloo.py state them) and puts
+exactly the bytes its algorithm sends on the wire, on the fast path and on the event path alike. Sizes,
+node counts, rates and latencies are drawn from a grid; the TCP window of the backend's Linux hosts is part
+of the model, so the rate a transfer gets is min(NIC, its windows / RTT). Slow start after idle is off: its
+ramp is the TCP model's term on top (tests/test_netsim_backends.py times it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exonet import Scenario, Trace, simulate
+from exonet.netsim import gloo, nccl
+from exonet.scenario import Resolved
+
+RATES = ("100 Mbit/s", "1 Gbit/s", "10 Gbit/s", "100 Gbit/s")
+LATENCIES = ("0 s", "50 us", "1 ms", "10 ms", "40 ms")
+SIZES = (4096, 100_003, 3 * 2**20 + 17, 64 * 2**20, 300 * 2**20)
+
+
+def lone(op: str, n: int, nbytes: int, network: dict, *, fast_path: bool) -> tuple[float, list[int], Resolved]:
+    """Every rank issues one ``op`` of ``nbytes`` at time 0; (wall-clock, wire bytes per node, the scenario)."""
+    trace = Trace(num_nodes=n)
+    for rank in range(n):
+        trace.add_collective(rank, op, nbytes)
+        trace.add_step(rank)
+    scenario = Scenario.from_dict({"name": "lone", "network": {"slow_start_after_idle": False, **network}})
+    result = simulate(trace, scenario, fast_path=fast_path)
+    return result.wall_clock_s, result.wire_bytes, scenario.resolve(n)
+
+
+def window_rate(r: Resolved) -> float:
+    """The rate one transfer gets alone: the NIC, or its windows per round trip where they bind."""
+    cap = r.inflight / (2 * r.latency) if r.inflight is not None and r.latency > 0 else math.inf
+    return min(r.uplink[0], cap)
+
+
+# ---------------------------------------------------------------- NCCL
+def nccl_closed_form(op: str, n: int, nbytes: int, r: Resolved) -> tuple[float, list[float]]:
+    """NCCL's time for ``op`` alone (nccl.py's docstring) and the bytes each rank puts on the wire."""
+    assert r.nccl is not None
+    rate, spec = window_rate(r), r.nccl
+    algorithm, protocol = nccl.choose(op, nbytes, n, spec, rate)
+    c = nccl.channels_used(nbytes, n, protocol, spec.channels)
+    hop = r.latency + nccl._HOP[protocol] * 1e-6
+    base = nccl._BASE[algorithm, protocol] * 1e-6
+    wire = nccl.WIRE[protocol]
+    if algorithm == "tree":
+        half = nbytes * wire / 2
+        sends = [0] * n  # messages each rank sends, and receives, in the one phase of both trees' edges
+        for i in range(1, n):
+            for a, b in ((i, (i - 1) // 2), (n - 1 - i, n - 1 - (i - 1) // 2)):
+                sends[a] += 1
+                sends[b] += 1
+        # equal messages, each capped by its windows: the busiest NIC direction shares its rate among the most of
+        # them (a rank sends as many as it receives), so they end last
+        slowest = min(rate, r.uplink[0] / max(sends))
+        return base + nccl.tree_fill(nbytes, n, c, rate, hop, protocol, spec.buffsize) + half / slowest, \
+            [s * half for s in sends]
+    total = nbytes * n if op == "all_gather" else nbytes
+    time = base + nccl.ring_time(op, total, n, c, rate, hop, protocol, spec.buffsize, hop)
+    if op == "broadcast":
+        return time, [nbytes * wire] * (n - 1) + [0.0]  # a chain: every rank but the last forwards the buffer
+    per_step = nbytes * wire if op == "all_gather" else nbytes * wire / n
+    return time, [nccl.steps(op, n) * per_step] * n
+
+
+NCCL_CASES = [(op, algorithm, protocol) for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+              for algorithm in ("auto", "ring", "tree") for protocol in ("auto", "simple", "ll", "ll128")
+              if not (algorithm == "tree" and op != "all_reduce")]
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
+@pytest.mark.parametrize(("op", "algorithm", "protocol"), NCCL_CASES)
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 9), nbytes=st.sampled_from(SIZES), rate=st.sampled_from(RATES),
+       latency=st.sampled_from(LATENCIES), nic=st.sampled_from(("generic", "aws")))
+def test_a_lone_nccl_collective_takes_its_closed_form(op: str, algorithm: str, protocol: str, fast_path: bool,
+                                                      n: int, nbytes: int, rate: str, latency: str, nic: str) -> None:
+    spec = {"nic": nic, **({} if algorithm == "auto" else {"algorithm": algorithm}),
+            **({} if protocol == "auto" else {"protocol": protocol})}
+    network = {"bandwidth": rate, "latency": latency, "backend": "nccl", "nccl": spec}
+    wall, sent, r = lone(op, n, nbytes, network, fast_path=fast_path)
+    time, expected = nccl_closed_form(op, n, nbytes, r)
+    assert wall == pytest.approx(time, rel=1e-9, abs=1e-12)
+    assert sent == [round(b) for b in expected] or sent == pytest.approx(expected, abs=1.0)
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_a_lone_nccl_broadcast_is_the_pipelined_chain_not_n_minus_one_buffers(n: int) -> None:
+    """256 MiB at 1 Gbit/s and 10 ms: the chain streams the buffer once (about S/R), where n−1 whole-buffer hops in
+    turn took (n−1)·S/R: 6.44 s at K = 4 and 15.0 s at K = 8 against 2.19 s and 2.27 s."""
+    S = 256 * 2**20
+    wall, _, r = lone("broadcast", n, S, {"bandwidth": "1 Gbit/s", "latency": "10 ms", "backend": "nccl"},
+                      fast_path=True)
+    time, _ = nccl_closed_form("broadcast", n, S, r)
+    assert wall == pytest.approx(time, rel=0.02)
+    assert wall < 1.1 * S / (1e9 / 8) + 0.2
+
+
+# ---------------------------------------------------------------- gloo
+def fanout_broadcast(n: int, nbytes: int, flow: float, nic: float, alpha: float) -> float:
+    """gloo's broadcast: phase d holds the sends of the positions with d bits set, each to all its children at once,
+    so a sender's m transfers share its NIC (each also capped at ``flow`` by its window)."""
+    depth = (n - 1).bit_length()
+    widest = [0] * (depth + 1)
+    for v in range(n):
+        children = sum(1 for i in range(v.bit_length(), depth) if v + (1 << i) < n)
+        widest[v.bit_count()] = max(widest[v.bit_count()], children)
+    return sum(alpha + nbytes / min(flow, nic / m) for m in widest if m)
+
+
+def gloo_closed_form(op: str, n: int, nbytes: int, r: Resolved) -> tuple[float, list[float]]:
+    """gloo's time for ``op`` alone (gloo.py's docstring, the phase forms for what gloo runs as exonet does) and the
+    bytes each rank sends."""
+    rate, alpha = window_rate(r), r.latency
+    if op == "all_reduce":
+        return gloo.all_reduce_time(nbytes, n, rate, alpha), [2 * (n - 1) / n * nbytes] * n
+    if op == "all_gather":
+        return gloo.all_gather_time(nbytes, n, rate, alpha), [(n - 1) * nbytes] * n
+    if op == "reduce_scatter":
+        return (n - 1) * alpha + (n - 1) / n * nbytes / rate, [(n - 1) / n * nbytes] * n
+    if op == "all_to_all":
+        return alpha + nbytes / n / min(rate, r.uplink[0] / (n - 1)), [(n - 1) / n * nbytes] * n  # n−1 at once
+    depth = (n - 1).bit_length()
+    children = [sum(1 for i in range(v.bit_length(), depth) if v + (1 << i) < n) for v in range(n)]
+    return fanout_broadcast(n, nbytes, rate, r.uplink[0], alpha), [c * nbytes for c in children]
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"])
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 9), nbytes=st.sampled_from(SIZES), rate=st.sampled_from(RATES),
+       latency=st.sampled_from(LATENCIES))
+def test_a_lone_gloo_collective_takes_its_closed_form(op: str, fast_path: bool, n: int, nbytes: int, rate: str,
+                                                      latency: str) -> None:
+    wall, sent, r = lone(op, n, nbytes, {"bandwidth": rate, "latency": latency, "backend": "gloo"},
+                         fast_path=fast_path)
+    time, expected = gloo_closed_form(op, n, nbytes, r)
+    assert wall == pytest.approx(time, rel=1e-9, abs=1e-12)
+    assert sent == pytest.approx(expected, abs=1.0)
+
+
+# ---------------------------------------------------------------- one way to say it
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_collective_names_nccls_algorithm_as_nccl_algo_does(algorithm: str) -> None:
+    """``collective = "ring"`` beside ``backend = "nccl"`` is NCCL's ring, not exonet's phase ring: exactly what
+    ``[network.nccl] algorithm = "ring"`` gives."""
+    network = {"bandwidth": "1 Gbit/s", "latency": "5 ms", "backend": "nccl"}
+    said = lone("all_reduce", 4, 64 * 2**20, {**network, "collective": algorithm}, fast_path=True)
+    spelt = lone("all_reduce", 4, 64 * 2**20, {**network, "nccl": {"algorithm": algorithm}}, fast_path=True)
+    assert said[0] == spelt[0] and said[1] == spelt[1]
+    assert said[2].nccl == spelt[2].nccl and said[2].algorithms == spelt[2].algorithms
+
+
+# ---------------------------------------------------------------- NCCL over hosts
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
+@pytest.mark.parametrize(("op", "G", "H"), [("all_reduce", 4, 2), ("all_reduce", 8, 3), ("all_gather", 4, 3),
+                                            ("reduce_scatter", 8, 2), ("broadcast", 4, 2)])
+def test_nccl_over_hosts_runs_a_ring_per_device_through_its_nic(op: str, G: int, H: int, fast_path: bool) -> None:
+    """With a NIC per device, NCCL's rings (rails) cross every host's devices over the fabric and leave each host
+    through a different device's NIC, so the ring runs at G NICs' rate: its closed form with R = G·B, a channel per
+    rail, and the mean of the rail's hops (G − 1 fabric hops and one NIC hop per host) as its latency."""
+    n, S = G * H, 256 * 2**20
+    network = {"bandwidth": "100 Gbit/s", "latency": "20 us", "backend": "nccl", "collective": "ring",
+               "nccl": {"protocol": "simple", "transport": "ib"}}
+    hosts = {"devices": G, "bandwidth": "450 GB/s", "latency": "1 us"}
+    trace = Trace(num_nodes=n)
+    for rank in range(n):
+        trace.add_collective(rank, op, S // n if op == "all_gather" else S)
+        trace.add_step(rank)
+    scenario = Scenario.from_dict({"name": "hosts", "network": network, "hosts": hosts})
+    wall = simulate(trace, scenario, fast_path=fast_path).wall_clock_s
+    r = scenario.resolve(n)
+    assert r.algorithms["all_reduce"] == "nccl"  # [hosts] with a backend runs the library's algorithms
+    hop = nccl._HOP["simple"] * 1e-6
+    mean = (H * r.latency + H * (G - 1) * r.hosts.latency) / n + hop
+    total = (S // n) * n if op == "all_gather" else S
+    c = nccl.channels_used(total, n, "simple", G)
+
+    def closed_form(rate: float) -> float:
+        return nccl._BASE["ring", "simple"] * 1e-6 + nccl.ring_time(op, total, n, c, rate, mean, "simple",
+                                                                    last=r.latency + hop)
+
+    assert wall == pytest.approx(closed_form(G * r.uplink[0]), rel=1e-9)
+    # one NIC per host: the host's G rails share it, so the ring runs at one NIC's rate
+    shared = scenario.replace(hosts={**hosts, "nic": "per-host"})
+    assert simulate(trace, shared, fast_path=fast_path).wall_clock_s == pytest.approx(closed_form(r.uplink[0]),
+                                                                                      rel=1e-9)
+
+
+def test_a_phase_algorithm_beside_a_backend_is_refused_naming_what_the_backend_runs() -> None:
+    from exonet import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r'nccl does not run "hierarchical" .*choose one of: nccl, ring, tree'):
+        Scenario.from_dict({"name": "x", "network": {"bandwidth": "1 Gbit/s", "backend": "nccl",
+                                                     "collective": "hierarchical"}})
+    with pytest.raises(ScenarioError, match=r"say it once"):
+        Scenario.from_dict({"name": "x", "network": {"bandwidth": "1 Gbit/s", "backend": "nccl", "collective": "ring",
+                                                     "nccl": {"algorithm": "tree"}}})
