@@ -67,6 +67,7 @@ SMALL_FORMS: dict[str, list[str]] = {
     "python -m exonet.bench strategies": ["--quick"],
     "python -m exonet.bench memory": ["--nodes", "2", "--gib", "0.01", "--kinds", "tensor", "--steps", "3"],
     "python -m exonet.bench scale": ["--nodes", "2", "--steps", "3", "--models", "mlp", "--startup-nodes", "0"],
+    "python -m exonet.bench fuzz": ["--examples", "40"],
 }
 NOT_HERE: dict[str, str] = {
     "sudo ": "needs root and network namespaces (tests/test_validate.py runs it as root)",
@@ -97,6 +98,8 @@ RUN_BY: dict[str, tuple[str, str, str]] = {  # command: (test file, test, what i
     "python -m exonet.bench communicator": ("test_bench_suite.py",
                                             "test_communicator_bench_returns_both_sides_and_their_ratio_per_size",
                                             "communicator.main(["),
+    "python -m exonet.bench fuzz": ("test_bench_fuzz.py", "test_the_fuzz_bench_prints_its_seed_and_runs_every_property",
+                                    "fuzz.main(["),
 }
 PIP_QUIET = {"--quiet", "-q", "--disable-pip-version-check"}
 

@@ -1,307 +1,66 @@
 """Fuzzing what a resume reads back: node files, latest.json and config.json of a checkpointed run.
 
-As tests/test_fuzz_files.py does for traces and scenarios, Hypothesis damages a valid run directory
-(one made by exonet's own writers, ``exonet.testing.write_checkpoint``): a field of a file changed,
-dropped or given a value that would run code when loaded; a node file's bytes cut or replaced; files
-swapped, copied over each other or removed. Then the parent's checks (``load_latest``) and each node's
-load (``load_node`` into a fresh model and strategy) run in this process, without a fit. Every example
-either resumes, or raises a TraceError (or ValueError) that names a file of the run, the damaged one
-when one file was damaged; no code runs (a payload would create a marker file) and nothing is written
-outside the run directory.
-
-The quick variant runs a few dozen examples per kind; the slow one runs 10,000 in all, in two worker
-processes.
+The strategies and the check are ``exonet.bench._fuzz_checkpoints`` (read there what must hold). Here they
+run a 500-example round from the suite's fixed seed (tests/conftest.py prints it); ``python -m exonet.bench
+fuzz --only checkpoints`` runs the 10,000-example random search. Each damage that ever failed is an
+``@example`` below.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import random
-import shutil
 import tempfile
-import time
-import warnings
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Iterator
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, seed, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, example, given, settings
 
-from exonet import TraceError
-from exonet.communicator import Communicator
-from exonet.runtime.checkpoint import LATEST, load_latest, load_node, node_file
-from exonet.strategies import DDPStrategy, NodeContext
-from exonet.testing import RunsCode, write_checkpoint
-from exonet.toy import tiny_mlp
+from exonet.bench._fuzz_checkpoints import PROPERTIES, Damage, base_run, check, resume_reads, set_in_node
+from exonet.bench.fuzz import counts
 
-K = 2
-DEADLINE = timedelta(seconds=5)  # per example, on a loaded 2-core machine
-QUICK = 30  # examples per kind in the quick loop
-SLOW = {"node state": 4000, "node bytes": 3000, "latest.json": 2000, "config.json": 800, "files": 200}
-
-
-NAMES = st.sampled_from(["../x", "/etc/passwd", "step-00000004/../..", "", ".", "..", "a\\b", "C:x", "x\0y",
-                         "step-00000004", "step-00000005", "latest.json", "node-0.pt"])
-WEIRD = st.one_of(st.none(), st.booleans(), st.integers(-3, 8), st.sampled_from([2**70, -(2**63), 10**400]),
-                  st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6), NAMES,
-                  st.lists(st.integers(-2, 6), max_size=4), st.just({}), st.just({"0": 1.0, "1": "x"}))
-
-
-def _places(value: Any, path: tuple = ()) -> list[tuple]:
-    """Paths to the values inside a node file's state (long sequences: their first two items only)."""
-    out = [path]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += _places(v, (*path, k))
-    elif isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-        for i, v in enumerate(value[:2] if len(value) > 8 else value):
-            out += _places(v, (*path, i))
-    return out
-
-
-def _replace(value: Any, path: tuple, new: Any, drop: bool) -> Any:
-    """``value`` with the item at ``path`` set to ``new`` (or dropped from its dict or list)."""
-    if not path:
-        return new
-    head, rest = path[0], path[1:]
-    if isinstance(value, dict):
-        out = dict(value)
-        if drop and not rest:
-            out.pop(head, None)
-        else:
-            out[head] = _replace(value[head], rest, new, drop)
-        return out
-    items = list(value)
-    if drop and not rest:
-        del items[head]
-    else:
-        items[head] = _replace(items[head], rest, new, drop)
-    return type(value)(items) if isinstance(value, tuple) else items
-
-
-# ------------------------------------------------------------------ damage, one kind per generator
-# Each returns (what it damages, a function applying the damage to a copy of the base run).
-Damage = tuple[str, Callable[[Path, Path], None]]
-
-
-def _node(run: Path, rank: int) -> Path:
-    return node_file(run / "checkpoints" / "step-00000004", rank)
-
-
-@st.composite
-def node_states(draw) -> Damage:
-    """A node file saved again with one to three of its values changed, dropped, or made code."""
-    rank = draw(st.integers(0, K - 1))
-    changes = draw(st.lists(st.tuples(st.integers(0, 10**6), st.booleans(), st.randoms(use_true_random=False)),
-                            min_size=1, max_size=3))
-
-    def damage(run: Path, marker: Path) -> None:
-        file = _node(run, rank)
-        state = torch.load(file, weights_only=True)
-        for pick, drop, rng in changes:
-            places = _places(state)
-            path = places[pick % len(places)]
-            state = _replace(state, path, _value_from(rng, marker), drop and bool(path))
-        torch.save(state, file)
-
-    return f"checkpoints/step-00000004/node-{rank}.pt", damage
-
-
-def _value_from(rng: random.Random, marker: Path) -> Any:
-    """``_value`` drawn from a seeded Random (the state's shape is known only once the file is read)."""
-    kind = rng.choice(["weird", "weird", "tensor", "code"])
-    if kind == "code":
-        return RunsCode(marker)
-    if kind == "tensor":
-        shape = rng.choice([(), (0,), (3,), (2, 2), (64, 8), (625,)])
-        return torch.zeros(shape, dtype=rng.choice([torch.float32, torch.float64, torch.int64, torch.uint8]))
-    return rng.choice([None, True, False, -1, 0, 3, 2**70, -(2**63), 1.5, math.nan, math.inf, "x", "", "../x",
-                       [], [1, 2], {}, {"0": 1.0}, (1,), ("a", None)])
-
-
-@st.composite
-def node_bytes(draw) -> Damage:
-    """A node file's bytes cut short, a byte replaced, a run of bytes overwritten, or a code payload's pickle."""
-    rank = draw(st.integers(0, K - 1))
-    how = draw(st.sampled_from(["cut", "byte", "span", "pickle", "zip with code"]))
-    where, size, fill = draw(st.integers(0, 10**6)), draw(st.integers(1, 64)), draw(st.integers(0, 255))
-
-    def damage(run: Path, marker: Path) -> None:
-        file = _node(run, rank)
-        data = file.read_bytes()
-        i = where % len(data)
-        if how == "cut":
-            data = data[:i]
-        elif how == "byte":
-            data = data[:i] + bytes([fill]) + data[i + 1:]
-        elif how == "span":
-            data = data[:i] + bytes([fill]) * size + data[i + size:]
-        elif how == "pickle":
-            import pickle
-
-            data = pickle.dumps({"format": 2, "model": RunsCode(marker)})
-        if how == "zip with code":
-            torch.save({**torch.load(file, weights_only=True), "rng": {"torch": RunsCode(marker)}}, file)
-        else:
-            file.write_bytes(data)
-
-    return f"checkpoints/step-00000004/node-{rank}.pt", damage
-
-
-def _json_damage(name: str, fields: st.SearchStrategy) -> st.SearchStrategy[Damage]:
-    @st.composite
-    def damaged(draw) -> Damage:
-        how = draw(st.sampled_from(["set", "set", "set", "drop", "add", "text", "not a dict"]))
-        key, value = draw(fields), draw(WEIRD)
-        where, fill = draw(st.integers(0, 10**4)), draw(st.integers(0, 255))
-
-        def damage(run: Path, marker: Path) -> None:
-            file = run / name
-            record = json.loads(file.read_text())
-            if how == "set":
-                record[key] = value
-            elif how == "drop":
-                record.pop(key, None)
-            elif how == "add":
-                record["extra"] = value
-            elif how == "not a dict":
-                record = value
-            text = json.dumps(record).encode()  # allow_nan: NaN and Infinity reach the file as Python writes them
-            if how == "text":
-                i = where % len(text)
-                text = text[:i] + bytes([fill]) + text[i + 1:]
-            file.write_bytes(text)
-
-        return name, damage
-
-    return damaged()
-
-
-@st.composite
-def file_moves(draw) -> Damage:
-    """One or two moves: node files swapped, one copied over the other, or a file of the checkpoint removed."""
-    moves = draw(st.lists(st.tuples(st.sampled_from(["swap", "copy", "remove"]),
-                                    st.sampled_from(["node-0.pt", "node-1.pt", "trace.jsonl", "metrics.jsonl",
-                                                     "../latest.json"])), min_size=1, max_size=2))
-
-    def damage(run: Path, marker: Path) -> None:
-        step = run / "checkpoints" / "step-00000004"
-        a, b = node_file(step, 0), node_file(step, 1)
-        for how, victim in moves:
-            if not (a.exists() and b.exists()) or how == "remove":
-                (step / victim).unlink(missing_ok=True)
-            elif how == "swap":
-                a.rename(step / "x")
-                b.rename(a)
-                (step / "x").rename(b)
-            else:
-                shutil.copy(a, b)
-
-    return "", damage
-
-
-KINDS: dict[str, st.SearchStrategy[Damage]] = {
-    "node state": node_states(),
-    "node bytes": node_bytes(),
-    "latest.json": _json_damage(f"checkpoints/{LATEST}", st.sampled_from(["step", "dir", "run", "references"])),
-    "config.json": _json_damage("config.json", st.sampled_from(["run_id", "num_nodes"])),
-    "files": file_moves(),
-}
-
-
-# ------------------------------------------------------------------ the check
-def _files(folder: Path, leave_out: Path) -> dict[str, bytes]:
-    return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file() and leave_out not in p.parents}
-
-
-def resume_reads(run: Path) -> None:
-    """What a resume reads, as the parent and then each node read it (nodes without a network)."""
-    resume = load_latest(run, K)
-    for rank in range(K):
-        comm = Communicator(rank, K, torch.device("cpu"))
-        model, strategy = tiny_mlp(), DDPStrategy()
-        strategy.setup(model, comm, NodeContext(rank, K, 8, 0, torch.device("cpu")))
-        load_node(resume.folder, rank, model, strategy)
-
-
-def check(base: Path, folder: Path, damaged: Damage) -> None:
-    name, damage = damaged
-    run = shutil.copytree(base, folder / "run")
-    marker = folder / "outside" / "ran"
-    before = _files(folder, run)
-    try:
-        damage(run, marker)
-        try:
-            with warnings.catch_warnings():  # torch's, about the nonsense it is given
-                warnings.simplefilter("ignore")
-                resume_reads(run)
-        except (TraceError, ValueError) as exc:
-            message = str(exc)
-            assert message.startswith((f"{run}/", f"resume_from: {run}/")), message
-            assert Path(name).name in message, message
-        assert not marker.exists(), "loading ran code"
-        assert _files(folder, run) == before, "a file outside the run directory changed"
-    finally:
-        shutil.rmtree(run)
+ROUND = counts(PROPERTIES, 500)  # 200 node states, 150 node bytes, 100 latest.json, 40 config.json, 10 file moves
+SLOW_INPUTS = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    return write_checkpoint(tmp_path_factory.mktemp("base"), num_nodes=K, steps=4)
-
-
-@pytest.fixture(autouse=True)
-def _keep_rng():
-    """load_node sets the process's RNG states from the file: put this process's back afterwards."""
-    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
-    yield
-    torch.set_rng_state(saved[0])
-    random.setstate(saved[1])
-    np.random.set_state(saved[2])
-
-
-def fuzz(base: Path | str, kind: str, examples: int, worker: int = 0) -> int:
-    """Run ``examples`` examples of one kind of damage to the run ``base``, drawn from ``worker``'s seed;
-    returns how many ran."""
-    ran = 0
+def folder() -> Iterator[Path]:
+    """One scratch folder per module: its base run is written once, and each example damages a copy."""
     with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "outside").mkdir()
-        (Path(d) / "outside" / "keep.txt").write_text("a file outside the run directory")
-
-        @settings(max_examples=examples, deadline=DEADLINE, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-        @seed(worker)
-        @given(KINDS[kind])
-        def run(damaged: Damage) -> None:
-            nonlocal ran
-            ran += 1
-            check(Path(base), Path(d), damaged)
-
-        run()
-    return ran
+        yield Path(d)
 
 
-def test_the_base_run_resumes(base):
-    resume_reads(base)
+def test_the_base_run_resumes(folder):
+    resume_reads(base_run(folder))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_fuzz_quick(base, kind):
-    assert fuzz(base, kind, QUICK) >= QUICK
+# 1d59667: a node file whose format was a tensor raised "Boolean value of Tensor ... is ambiguous".
+@example(set_in_node(0, ("format",), torch.zeros(3)))
+@settings(max_examples=ROUND["node state"], suppress_health_check=SLOW_INPUTS)
+@given(PROPERTIES["node state"].strategy)
+def test_a_node_file_with_values_changed_resumes_or_names_it(folder, damaged: Damage) -> None:
+    check(damaged, folder)
 
 
-@pytest.mark.slow
-def test_fuzz_ten_thousand_checkpoints(base, fuzz_in_processes):
-    """Two workers, each half of every kind's examples from its own seed."""
-    start = time.perf_counter()
-    jobs = [[(str(base), kind, examples // 2, worker) for kind, examples in SLOW.items()] for worker in (1, 2)]
-    ran = fuzz_in_processes(Path(__file__), jobs)
-    for (_, kind, half, _), count in zip([*jobs[0], *jobs[1]], ran):
-        assert count >= half, kind
-    print(f"fuzzed {sum(ran)} checkpoints in {time.perf_counter() - start:.1f} s")
-    assert sum(ran) >= 10_000
+@settings(max_examples=ROUND["node bytes"], suppress_health_check=SLOW_INPUTS)
+@given(PROPERTIES["node bytes"].strategy)
+def test_a_node_file_with_bytes_damaged_resumes_or_names_it(folder, damaged: Damage) -> None:
+    check(damaged, folder)
+
+
+@settings(max_examples=ROUND["latest.json"], suppress_health_check=SLOW_INPUTS)
+@given(PROPERTIES["latest.json"].strategy)
+def test_a_damaged_latest_json_resumes_or_is_named(folder, damaged: Damage) -> None:
+    check(damaged, folder)
+
+
+@settings(max_examples=ROUND["config.json"], suppress_health_check=SLOW_INPUTS)
+@given(PROPERTIES["config.json"].strategy)
+def test_a_damaged_config_json_resumes_or_is_named(folder, damaged: Damage) -> None:
+    check(damaged, folder)
+
+
+@settings(max_examples=ROUND["files"], suppress_health_check=SLOW_INPUTS)
+@given(PROPERTIES["files"].strategy)
+def test_node_files_swapped_copied_or_removed_resume_or_are_named(folder, damaged: Damage) -> None:
+    check(damaged, folder)

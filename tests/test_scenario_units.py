@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from exonet.errors import ScenarioError
@@ -159,6 +159,7 @@ def test_non_strings_are_scenario_errors(value) -> None:
             parse(value, "x")
 
 
+@example(5e-324, "b/s")  # 4b6b10e: the rate underflowed to 0 bytes/s and was called "not positive"
 @given(
     st.floats(min_value=0, max_value=1e15, allow_nan=False),
     st.sampled_from(sorted({**RATE_UNITS, **SIZE_UNITS, **TIME_UNITS})),
