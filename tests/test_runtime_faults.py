@@ -44,10 +44,10 @@ def fail(model, strategy=None, **kwargs) -> tuple[NodeFailure, float]:
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_node_raising_names_its_rank_and_traceback(rank, node_pids, tmp_path):
+def test_a_node_raising_names_its_rank_and_traceback(rank, node_pids, tmp_path, ceiling_s):
     shm = shm_entries()
     err, took = fail(FailingModel(fail_rank=rank, fail_step=4, message=f"raised on {rank}"), run_dir=tmp_path)
-    assert took < 10 and err.rank == rank
+    assert took < ceiling_s and err.rank == rank
     assert f"raised on {rank}" in str(err) and "Traceback" in str(err)
     assert_clean(node_pids, tmp_path, shm)
     (run,) = tmp_path.iterdir()
@@ -56,33 +56,33 @@ def test_a_node_raising_names_its_rank_and_traceback(rank, node_pids, tmp_path):
     assert all(trace.num_steps(r) == len(history["train_loss"]) for r in range(2))
 
 
-def test_sigkill_in_the_middle_of_a_collective_names_the_rank_and_signal(node_pids, tmp_path):
+def test_sigkill_in_the_middle_of_a_collective_names_the_rank_and_signal(node_pids, tmp_path, ceiling_s):
     shm = shm_entries()
     err, took = fail(tiny_mlp(), DyingStrategy(kill_rank=1, kill_step=3), run_dir=tmp_path)
-    assert took < 10 and err.rank == 1
+    assert took < ceiling_s and err.rank == 1
     assert "SIGKILL" in str(err)
     assert_clean(node_pids, tmp_path, shm)
 
 
-def test_sigkill_of_a_computing_node_is_blamed_not_its_waiting_peer(node_pids):
+def test_sigkill_of_a_computing_node_is_blamed_not_its_waiting_peer(node_pids, ceiling_s):
     err, took = fail(FailingModel(fail_rank=0, fail_step=4, how="kill"))
-    assert took < 10 and err.rank == 0 and "SIGKILL" in str(err)
+    assert took < ceiling_s and err.rank == 0 and "SIGKILL" in str(err)
     assert node_pids() == []
 
 
-def test_a_node_that_exits_without_a_word_is_blamed_not_its_peer_whose_connection_reset(node_pids):
+def test_a_node_that_exits_without_a_word_is_blamed_not_its_peer_whose_connection_reset(node_pids, ceiling_s):
     """os._exit(3) on rank 1 was reported as rank 0's "Connection reset by peer"; rank 1 was never named."""
     err, took = fail(FailingModel(fail_rank=1, fail_step=4, how="exit"))
-    assert took < 10 and err.rank == 1 and "exited with code 3 without reporting an error" in str(err)
+    assert took < ceiling_s and err.rank == 1 and "exited with code 3 without reporting an error" in str(err)
     assert node_pids() == []
 
 
-def test_a_hung_node_is_named_within_the_progress_timeout(node_pids, tmp_path):
+def test_a_hung_node_is_named_within_the_progress_timeout(node_pids, tmp_path, ceiling_s):
     shm = shm_entries()
     err, took = fail(FailingModel(fail_rank=1, fail_step=4, how="hang"), progress_timeout_s=2.0, run_dir=tmp_path)
     assert err.rank == 1
     assert "no progress for" in str(err) and "progress_timeout_s" in str(err)
-    assert took < 15  # start-up (~1-3 s on a busy machine) + 2 s + stopping
+    assert took < ceiling_s  # named by the 2 s progress timeout, not fit's default of 30 minutes
     assert_clean(node_pids, tmp_path, shm)
 
 
@@ -96,12 +96,12 @@ class _SendsAlone(Strategy):
 
 
 @pytest.mark.slow
-def test_a_stall_says_where_each_node_waits_and_names_the_odd_one_out(node_pids, tmp_path):
+def test_a_stall_says_where_each_node_waits_and_names_the_odd_one_out(node_pids, tmp_path, ceiling_s):
     """An unmatched send named an innocent rank with "mismatched collectives?" and nothing of where
     anyone waited; now each node's call is in the message and the odd one out is named."""
     shm = shm_entries()
     err, took = fail(tiny_mlp(), _SendsAlone(), num_nodes=3, max_steps=2, progress_timeout_s=2.0, run_dir=tmp_path)
-    assert err.rank == 0 and took < 20
+    assert err.rank == 0 and took < ceiling_s
     assert ("every node is blocked: rank 0 in send to 1 (call #0); ranks 1, 2 in all_reduce (evaluation or the "
             "final averaging); mismatched calls? rank 0 is the odd one out") in str(err)
     assert_clean(node_pids, tmp_path, shm)
@@ -166,17 +166,18 @@ class TestBlameRule:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, *(pytest.param(s, marks=pytest.mark.slow)
                                                 for s in (signal.SIGINT, signal.SIGHUP))], ids=lambda s: s.name)
-def test_a_signal_stops_every_node_and_saves_an_incomplete_run(sig, running_fit, descendants, left_running):
-    """Ctrl-C, ``docker stop``/``timeout`` (SIGTERM) and a closed terminal (SIGHUP) all keep the run so far."""
+def test_a_signal_stops_every_node_and_saves_an_incomplete_run(sig, running_fit, descendants, left_running,
+                                                               ceiling_s):
+    """Ctrl-C, ``docker stop``/``timeout`` (SIGTERM) and a closed terminal (SIGHUP) all keep the run so far.
+
+    The test waits for the fit's exit, not for a time: a loaded machine took more than 5 s to get there."""
     proc, run = running_fit
     streamed = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
     assert len(streamed) >= 20, "metrics.jsonl is not written as the run goes"
     family = descendants(proc.pid)
     assert len(family) >= 3  # the forkserver and two nodes (and multiprocessing's resource tracker)
-    t0 = time.monotonic()
     proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=5)
-    assert time.monotonic() - t0 < 5
+    _, stderr = proc.communicate(timeout=ceiling_s)
     assert proc.returncode in (-sig, 128 + sig), stderr
     if sig == signal.SIGINT:
         assert "KeyboardInterrupt" in stderr

@@ -108,13 +108,13 @@ def test_dataset_factory_builds_one_shard_per_node():
     assert all(e["drift"] < 1e-6 and abs(e["correlation"] - 1) < 1e-4 for e in result.history["eval"])
 
 
-def test_node_raising_fails_fast_with_rank_and_traceback_and_leaves_nothing(node_pids):
+def test_node_raising_fails_fast_with_rank_and_traceback_and_leaves_nothing(node_pids, ceiling_s):
     model = FailingModel(fail_rank=1, fail_step=3, message="deliberate failure at step 3")
     t0 = time.monotonic()
     with pytest.raises(NodeFailure) as info:
         LocalTrainer(model, synthetic_classification(256, dim=8, classes=4)).fit(
             DDPStrategy(), num_nodes=2, max_steps=20, batch_size=8, progress=False)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < ceiling_s  # promptly: not at fit's 30-minute progress timeout
     assert info.value.rank == 1
     assert "deliberate failure at step 3" in str(info.value) and "Traceback" in str(info.value)
     assert node_pids() == []

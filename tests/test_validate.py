@@ -208,20 +208,20 @@ def _ours(pid: int) -> list[tuple[str, str]]:
 
 @needs_netns
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_run_tears_its_network_down(sig):
+def test_interrupted_run_tears_its_network_down(sig, ceiling_s):
     proc = _hold_network()
     made = _ours(proc.pid)
     assert {k for k, _ in made} == {"netns", "link"} and len([k for k, _ in made if k == "netns"]) == 2
     proc.send_signal(sig)
-    proc.wait(30)
+    proc.wait(ceiling_s)
     assert _ours(proc.pid) == []
 
 
 @needs_netns
-def test_leftovers_of_a_crashed_run_are_found_and_removed():
+def test_leftovers_of_a_crashed_run_are_found_and_removed(ceiling_s):
     proc = _hold_network()
     proc.kill()  # no chance to clean up
-    proc.wait(30)
+    proc.wait(ceiling_s)
     assert _ours(proc.pid) and all(x in leftovers() for x in _ours(proc.pid))
     removed = remove_leftovers()
     assert _ours(proc.pid) == [] and removed

@@ -138,7 +138,7 @@ with DelayLine(2, DelayLink(0.01, 50e6 / 8)) as net:
 
 @needs_netns
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_stopped_run_leaves_no_forwarder_tun_device_or_namespace(sig):
+def test_a_stopped_run_leaves_no_forwarder_tun_device_or_namespace(sig, ceiling_s):
     """SIGTERM: the run tears its line down itself. SIGKILL: the forwarder sees its parent's pipe close and exits,
     which removes the TUN devices; the namespaces are a dead process's leftovers, which the next run removes."""
     proc = subprocess.Popen([sys.executable, "-c", _HOLD], stdout=subprocess.PIPE, text=True)
@@ -146,8 +146,8 @@ def test_a_stopped_run_leaves_no_forwarder_tun_device_or_namespace(sig):
     ns, tun = f"exv{proc.pid:x}-n0", f"exv{proc.pid:x}-t0"
     assert ns in _mine(proc.pid) and tun in _links(ns)
     proc.send_signal(sig)
-    proc.wait(30)
-    deadline = time.monotonic() + 10
+    proc.wait(ceiling_s)
+    deadline = time.monotonic() + ceiling_s
     while time.monotonic() < deadline and _forwarder_alive(forwarder):
         time.sleep(0.1)
     assert not _forwarder_alive(forwarder)
