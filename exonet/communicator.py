@@ -442,6 +442,72 @@ class Communicator:
         return self._run("broadcast", tensor, group, async_op,
                          lambda a: dist.broadcast(buf, src, group=pg, async_op=a), finish)
 
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum", group: GroupArg = None,
+               async_op: bool = False) -> Any:
+        """Reduce ``tensor`` across the group into global rank ``dst``'s copy, in place; ``op`` as for all_reduce.
+
+        Only ``dst``'s tensor holds the result afterwards (the others' hold partial sums, as torch's). Returns the
+        tensor, or a Handle. The simulator roots every rooted op at the group's lowest rank (the trace keeps no
+        root): on nodes alike the time is the same, and ``dst`` = the lowest rank keeps each node's bytes exact.
+        """
+        if op not in REDUCE_OPS:
+            raise ValueError(f"reduce: op must be one of {', '.join(map(repr, REDUCE_OPS))}, got {op!r}")
+        self._check_root("reduce", dst, group)
+        buf, copy_back = self._staged(tensor)
+        pg, n = self.group_of(group), self.group_size(group)
+        reduce_op = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(op, dist.ReduceOp.SUM)
+
+        def finish() -> torch.Tensor:
+            if op in ("mean", "avg") and self.rank == dst:
+                buf.div_(n)
+            copy_back(buf)
+            return tensor
+
+        return self._run("reduce", tensor, group, async_op,
+                         lambda a: dist.reduce(buf, dst, reduce_op, group=pg, async_op=a), finish)
+
+    def gather(self, tensor: torch.Tensor, dst: int, group: GroupArg = None, async_op: bool = False) -> Any:
+        """Gather every member's ``tensor`` (same shape on all) on global rank ``dst``.
+
+        Returns, on ``dst``, a tensor of shape (n, *tensor.shape) in member order, and None elsewhere (or a
+        Handle whose ``wait()`` does).
+        """
+        self._check_root("gather", dst, group)
+        buf, _ = self._staged(tensor)
+        buf = buf.contiguous()
+        pg, n = self.group_of(group), self.group_size(group)
+        out = buf.new_empty((n, *buf.shape)) if self.rank == dst else None
+        parts = list(out.unbind(0)) if out is not None else None
+        return self._run("gather", tensor, group, async_op,
+                         lambda a: dist.gather(buf, parts, dst=dst, group=pg, async_op=a),
+                         lambda: out.to(tensor.device) if out is not None else None)
+
+    def scatter(self, tensor: torch.Tensor, src: int, group: GroupArg = None, async_op: bool = False) -> Any:
+        """Split global rank ``src``'s ``tensor`` along dim 0 into n equal chunks; member j receives chunk j.
+
+        Every member passes a tensor of the full shape (only ``src``'s contents are read), so each records the
+        full input, as for reduce_scatter. Returns this member's chunk (or a Handle whose ``wait()`` does).
+        """
+        self._check_root("scatter", src, group)
+        buf, pg, n = self._chunked("scatter", tensor, group)
+        out = buf.new_empty((buf.shape[0] // n, *buf.shape[1:]))
+        parts = list(buf.chunk(n)) if self.rank == src else None
+        return self._run("scatter", tensor, group, async_op,
+                         lambda a: dist.scatter(out, parts, src=src, group=pg, async_op=a),
+                         lambda: out.to(tensor.device))
+
+    def barrier(self, group: GroupArg = None, async_op: bool = False) -> Any:
+        """Wait until every member of the group has called it; no payload (gloo: a dissemination barrier;
+        NCCL: an all-reduce of one float). Returns None, or a Handle."""
+        pg = self.group_of(group)
+        return self._run("barrier", torch.empty(0), group, async_op,
+                         lambda a: dist.barrier(group=pg, async_op=a), lambda: None)
+
+    def _check_root(self, op: str, root: int, group: GroupArg) -> None:
+        members = range(self.world_size) if group is None else self._key(group)
+        if isinstance(root, bool) or not isinstance(root, int) or root not in members:
+            raise ValueError(f"{op}: the root must be a global rank in the group {list(members)}, got {root!r}")
+
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False) -> Any:
         """Send ``tensor`` to global rank ``dst``, which must ``recv`` it (the k-th send to dst, its k-th recv).
 

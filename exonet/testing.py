@@ -70,6 +70,15 @@ class ProbeStrategy(Strategy):
         _expect("reduce_scatter", rs, torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) * n + world)
         a2a = self.comm.all_to_all(torch.arange(n, dtype=torch.float32) + 10 * r)
         _expect("all_to_all", a2a, torch.arange(n, dtype=torch.float32) * 10 + r)
+        reduced = self.comm.reduce(x.clone(), dst=n - 1)
+        if r == n - 1:
+            _expect("reduce", reduced, torch.full((n * 2,), world))
+        on_root = self.comm.gather(torch.full((3,), float(r)), dst=0)
+        if r == 0:
+            _expect("gather", on_root, torch.arange(n, dtype=torch.float32)[:, None].expand(n, 3))
+        part = self.comm.scatter(torch.arange(n * 2, dtype=torch.float32) * (1 if r == 1 else -1), src=1)
+        _expect("scatter", part, torch.arange(2 * r, 2 * r + 2, dtype=torch.float32))
+        self.comm.barrier()
         handle = self.comm.all_reduce(torch.ones(4), async_op=True)
         _expect("async all_reduce", handle.wait(), torch.full((4,), float(n)))
         self.comm.declare_groups([[0, 1]])

@@ -49,7 +49,8 @@ from typing import Any, Iterator, Union
 from exonet.errors import TraceError
 from exonet.files import atomic_file
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "reduce", "gather", "scatter",
+       "barrier")
 P2P_OPS = ("send", "recv")
 FORMAT = "exonet-trace"
 VERSION = 1

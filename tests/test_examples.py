@@ -32,6 +32,23 @@ def test_custom_int8_strategy_sends_P_plus_4_bytes_and_learns():
 
 
 @pytest.mark.slow
+def test_parameter_server_example_reduces_and_broadcasts_as_ddp_learns():
+    """reduce + broadcast through rank 0 trains the model DDP trains, with twice its payload; through a hub both are
+    the same messages, so the same simulated time, and the server sends n − 1 times what a node does."""
+    out = run_example("parameter_server.py", "--steps", "20", "--nodes", "3")
+    rows = {(m.group(1), m.group(4)): m.groups() for m in re.finditer(
+        r"^\| (parameter server|DDP) \| ([\d.]+) \| ([\d,]+) \| (\w+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", out, re.M)}
+    assert len(rows) == 6, out
+    ps, ddp = rows["parameter server", "star"], rows["DDP", "star"]
+    assert float(ps[1]) < 2.2 and abs(float(ps[1]) - float(ddp[1])) < 1e-3  # learns (chance: ln 10 = 2.3), as DDP
+    assert int(ps[2].replace(",", "")) == 2 * int(ddp[2].replace(",", ""))  # a reduce and a broadcast of P floats
+    assert ps[4] == ddp[4]  # through the hub: the same messages
+    params = int(re.search(r"parameters: (\d+)", out).group(1))
+    server, node = (float(x.split()[0]) * {"kB": 1e3, "MB": 1e6}[x.split()[1]] for x in ps[5:7])
+    assert server == pytest.approx(2 * 4 * params * 20, rel=5e-3) and node == pytest.approx(4 * params * 20, rel=5e-3)
+
+
+@pytest.mark.slow
 def test_compare_strategies_example_runs(tmp_path):
     out = run_example("compare_strategies.py", "--steps", "20", "--nodes", "2", "--out", str(tmp_path / "cs.png"))
     assert "DiLoCo" in out and "DeMo" in out and (tmp_path / "cs.png").exists()

@@ -1,5 +1,7 @@
 """A lone collective under a backend takes its library's closed form, and moves exactly its bytes.
 
+Rooted ops (broadcast, reduce, gather, scatter) root at the group's lowest rank, as the simulator does.
+
 The invariant behind every backend model: each op × backend × algorithm × protocol, alone on a uniform
 network, ends at the time its closed form gives (exonet/netsim/nccl.py and gloo.py state them) and puts
 exactly the bytes its algorithm sends on the wire, on the fast path and on the event path alike. Sizes,
@@ -47,11 +49,17 @@ def nccl_closed_form(op: str, n: int, nbytes: int, r: Resolved) -> tuple[float, 
     """NCCL's time for ``op`` alone (nccl.py's docstring) and the bytes each rank puts on the wire."""
     assert r.nccl is not None
     rate, spec = window_rate(r), r.nccl
-    algorithm, protocol = nccl.choose(op, nbytes, n, spec, rate)
+    algorithm, protocol = nccl.choose("broadcast" if op == "reduce" else op, nbytes, n, spec, rate)
     c = nccl.channels_used(nbytes, n, protocol, spec.channels)
     hop = r.latency + nccl._HOP[protocol] * 1e-6
     base = nccl._BASE[algorithm, protocol] * 1e-6
     wire = nccl.WIRE[protocol]
+    if op in ("gather", "scatter"):  # grouped send/recv: the root's NIC carries the n − 1 transfers at once
+        each = nbytes if op == "gather" else nbytes / n
+        sent = [0.0] + [each] * (n - 1) if op == "gather" else [each * (n - 1)] + [0.0] * (n - 1)
+        return r.latency + each / min(rate, r.uplink[0] / (n - 1)), sent
+    if op == "barrier":  # torch's barrier on NCCL: an all-reduce of one float
+        return nccl_closed_form("all_reduce", n, 4, r)
     if algorithm == "tree":
         half = nbytes * wire / 2
         sends = [0] * n  # messages each rank sends, and receives, in the one phase of both trees' edges
@@ -65,16 +73,20 @@ def nccl_closed_form(op: str, n: int, nbytes: int, r: Resolved) -> tuple[float, 
         return base + nccl.tree_fill(nbytes, n, c, rate, hop, protocol, spec.buffsize) + half / slowest, \
             [s * half for s in sends]
     total = nbytes * n if op == "all_gather" else nbytes
-    time = base + nccl.ring_time(op, total, n, c, rate, hop, protocol, spec.buffsize, hop)
+    chain = "broadcast" if op == "reduce" else op  # a reduce is the broadcast's chain run towards the root
+    time = base + nccl.ring_time(chain, total, n, c, rate, hop, protocol, spec.buffsize, hop)
     if op == "broadcast":
         return time, [nbytes * wire] * (n - 1) + [0.0]  # a chain: every rank but the last forwards the buffer
+    if op == "reduce":
+        return time, [0.0] + [nbytes * wire] * (n - 1)  # every rank but the root forwards its partial sum
     per_step = nbytes * wire if op == "all_gather" else nbytes * wire / n
     return time, [nccl.steps(op, n) * per_step] * n
 
 
-NCCL_CASES = [(op, algorithm, protocol) for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+NCCL_CASES = [(op, algorithm, protocol) for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
               for algorithm in ("auto", "ring", "tree") for protocol in ("auto", "simple", "ll", "ll128")
               if not (algorithm == "tree" and op != "all_reduce")]
+NCCL_CASES += [(op, "auto", "auto") for op in ("gather", "scatter", "barrier")]
 
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
@@ -129,13 +141,24 @@ def gloo_closed_form(op: str, n: int, nbytes: int, r: Resolved) -> tuple[float, 
         return (n - 1) * alpha + (n - 1) / n * nbytes / rate, [(n - 1) / n * nbytes] * n
     if op == "all_to_all":
         return alpha + nbytes / n / min(rate, r.uplink[0] / (n - 1)), [(n - 1) / n * nbytes] * n  # n−1 at once
+    if op == "reduce":  # gloo/reduce.cc: the all-reduce's first half, then every rank's S/n to the root at once
+        half = gloo.all_reduce_time(nbytes, n, rate, alpha) / 2
+        to_root = alpha + nbytes / n / min(rate, r.uplink[0] / (n - 1))
+        return half + to_root, [(n - 1) / n * nbytes] + [n / n * nbytes] * (n - 1)
+    if op == "gather":
+        return alpha + nbytes / min(rate, r.uplink[0] / (n - 1)), [0.0] + [float(nbytes)] * (n - 1)
+    if op == "scatter":
+        return alpha + nbytes / n / min(rate, r.uplink[0] / (n - 1)), [(n - 1) / n * nbytes] + [0.0] * (n - 1)
+    if op == "barrier":  # gloo/barrier.cc: a dissemination barrier, ⌈log2 n⌉ rounds of empty messages
+        return (n - 1).bit_length() * alpha, [0.0] * n
     depth = (n - 1).bit_length()
     children = [sum(1 for i in range(v.bit_length(), depth) if v + (1 << i) < n) for v in range(n)]
     return fanout_broadcast(n, nbytes, rate, r.uplink[0], alpha), [c * nbytes for c in children]
 
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"])
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "reduce",
+                                "gather", "scatter", "barrier"])
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(2, 9), nbytes=st.sampled_from(SIZES), rate=st.sampled_from(RATES),
        latency=st.sampled_from(LATENCIES))

@@ -62,6 +62,18 @@ def _hd(n: int) -> float:
     return fold + 2 * math.log2(p) * A + 2 * (p - 1) / p * S / B
 
 
+def _chain(n: int) -> float:
+    """A pipelined chain of c chunks over n − 1 hops: c = round(√((n−2)·S/(α·B))) in [1, 64] (1 for n ≤ 2)."""
+    c = 1 if n <= 2 else max(1, min(64, round(math.sqrt((n - 2) * S / (A * B)))))
+    return (c + n - 2) * (A + S / (c * B))
+
+
+def _binomial_gather(n: int, s: float) -> float:
+    """Round j: ranks at odd multiples of 2^j send their blocks (up to 2^j ranks' s) 2^j down; the largest ends it."""
+    return sum(A + max(min(1 << j, n - i) for i in range(1 << j, n, 2 << j)) * s / B
+               for j in range((n - 1).bit_length()))
+
+
 CLOSED_FORMS = {
     ("all_reduce", "ring"): lambda n: 2 * (n - 1) * A + 2 * (n - 1) / n * S / B,
     ("all_reduce", "halving_doubling"): _hd,
@@ -78,6 +90,18 @@ CLOSED_FORMS = {
     ("broadcast", "direct"): lambda n: 2 * A + 2 * (n - 1) / n * S / B,
     ("all_to_all", "direct"): lambda n: A + (n - 1) / n * S / B,
     ("all_to_all", "star"): lambda n: 2 * A + 2 * (n - 1) ** 2 / n * S / B,
+    # rooted at the group's lowest rank; a reduce is its broadcast mirrored, so it takes the broadcast's time
+    ("reduce", "chain"): lambda n: _chain(n),
+    ("reduce", "binomial"): lambda n: math.ceil(math.log2(n)) * (A + S / B),
+    ("reduce", "star"): lambda n: A + (n - 1) * S / B,
+    ("reduce", "direct"): lambda n: 2 * A + 2 * (n - 1) / n * S / B,
+    ("gather", "direct"): lambda n: A + (n - 1) * S / B,
+    ("gather", "binomial"): lambda n: _binomial_gather(n, S),
+    ("scatter", "direct"): lambda n: A + (n - 1) / n * S / B,
+    ("scatter", "binomial"): lambda n: _binomial_gather(n, S / n),
+    ("barrier", "dissemination"): lambda n: math.ceil(math.log2(n)) * A,
+    ("barrier", "star"): lambda n: 2 * A,
+    ("barrier", "direct"): lambda n: A,
 }
 
 

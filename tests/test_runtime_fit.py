@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from exonet import LocalTrainer, NodeFailure, Trainer
+from exonet import LocalTrainer, NodeFailure, Trainer, simulate
 from exonet.rundir import load_run
 from exonet.strategies import AllReduceStrategy, DDPStrategy, OptimSpec
 from exonet.testing import FailingModel, ProbeStrategy
@@ -88,13 +88,15 @@ def test_every_communicator_op_gives_the_right_answer_and_is_traced():
     result = LocalTrainer(tiny_mlp(), synthetic_classification(96, dim=8, classes=4)).fit(
         ProbeStrategy(OptimSpec("sgd", lr=0.01)), num_nodes=3, max_steps=2, batch_size=4, progress=False)
     ops0 = [c.op for c in result.trace.collectives(0)]
-    assert ops0[:8] == ["all_reduce", "all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all",
-                        "all_reduce", "all_reduce"]
-    assert [c.group for c in result.trace.collectives(0)][7] == (0, 1)
-    assert len(list(result.trace.collectives(2))) == 2 * 7  # rank 2 is outside the subgroup
-    # payload is what each rank passes in: 2n + 2n floats, 3 (own part), 5, 2n, n, 4, 2 (subgroup)
+    assert ops0[:12] == ["all_reduce", "all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all",
+                         "reduce", "gather", "scatter", "barrier", "all_reduce", "all_reduce"]
+    assert [c.group for c in result.trace.collectives(0)][11] == (0, 1)
+    assert len(list(result.trace.collectives(2))) == 2 * 11  # rank 2 is outside the subgroup
+    # payload is what each rank passes in: 2n + 2n floats, 3 (own part), 5, 2n, n, then reduce 2n, gather 3 (own
+    # part), scatter 2n (the full input), barrier 0, then 4 and 2 (subgroup)
     n = 3
-    assert result.payload_bytes_per_step(0) == [4 * (2 * n + 2 * n + 3 + 5 + 2 * n + n + 4 + 2)] * 2
+    assert result.payload_bytes_per_step(0) == [4 * (2 * n + 2 * n + 3 + 5 + 2 * n + n + 2 * n + 3 + 2 * n + 4 + 2)] * 2
+    assert simulate(result.trace, "datacenter").wall_clock_s > 0  # every op replays
     asyncs = [c for c in result.trace.collectives(1) if c.async_op]
     assert len(asyncs) == 2
     result.trace.validate()

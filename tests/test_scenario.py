@@ -162,9 +162,12 @@ def test_collective_family_and_per_op_override(family: str) -> None:
 
 
 def test_family_table() -> None:
-    assert FAMILIES["ring"] == dict(zip(OPS, ("ring", "ring", "ring", "chain", "direct")))
+    assert FAMILIES["ring"] == dict(zip(OPS, ("ring", "ring", "ring", "chain", "direct", "chain", "direct", "direct",
+                                              "dissemination")))
     assert FAMILIES["halving_doubling"]["broadcast"] == "binomial"
-    assert FAMILIES["tree"] == dict(zip(OPS, ("tree", "ring", "ring", "binomial", "direct")))
+    assert FAMILIES["tree"] == dict(zip(OPS, ("tree", "ring", "ring", "binomial", "direct", "binomial", "binomial",
+                                              "binomial", "dissemination")))
+    assert FAMILIES["gloo"]["barrier"] == "dissemination" and FAMILIES["nccl"]["reduce"] == "nccl"
 
 
 def test_compute_stragglers_and_events_resolve() -> None:

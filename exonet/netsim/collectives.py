@@ -83,6 +83,28 @@ all_to_all (S full input; each rank sends S/n to each other member)
   star              everyone sends the hub the (n−1)·S/n meant for others, the hub
                     forwards to each the (n−1)·S/n meant for it:  2α + 2(n−1)²/n·S/B
 
+reduce (S, to g[0]): each algorithm is its broadcast mirrored (phases backwards, every
+message reversed), so it takes the broadcast's time:
+  chain             (c + n − 2)·(α + S/(c·B)), c as for the broadcast chain
+  binomial          ⌈log2 n⌉·(α + S/B)
+  star              everyone sends S to the hub at once:  α + (n−1)·S/B
+  direct            direct reduce-scatter, then every rank sends its S/n to the hub:
+                    2α + 2(n−1)/n·S/B
+  hierarchical      binomial trees level by level, innermost first, towards g[0]
+
+gather (s per rank, to g[0]) and scatter (S full input, S/n to each, from g[0])
+  direct            every rank sends s to the hub at once (NCCL's and gloo's grouped sends):
+                    α + (n−1)·s/B; scatter: the hub sends each its S/n:  α + (n−1)/n·S/B
+  binomial          round j: the holders at odd multiples of 2^j send their blocks of up to
+                    2^j ranks 2^j down. n = 2^k:  k·α + (n−1)·s/B; scatter mirrors it
+                    (s = S/n)
+
+barrier (no payload)
+  dissemination     ⌈log2 n⌉ rounds; in round d every member sends an empty message 2^d
+                    ahead (gloo's barrier):  ⌈log2 n⌉·α
+  star              everyone to the hub, the hub to everyone:  2α
+  direct            everyone to everyone:  α
+
 Rings follow regions: the ring algorithms (and chain) order the members region by region
 (regions in the order their lowest member comes, ranks ascending within), so a ring
 crosses each inter-region link once each way; with contiguous regions that is rank order.
@@ -122,7 +144,7 @@ from collections.abc import Callable, Sequence
 
 from exonet.errors import ScenarioError
 from exonet.netsim import gloo, nccl
-from exonet.netsim.rings import ordered, ring_phases
+from exonet.netsim.rings import mirrored, ordered, ring_phases
 from exonet.netsim.topology import Phase, Topology
 from exonet.scenario import FAMILIES
 
@@ -332,6 +354,21 @@ def _broadcast_direct(g: Members, S: float) -> list[Phase]:
     return [_from_hub(g, S / n), rest]
 
 
+def _gather_binomial(g: Members, s: float) -> list[Phase]:
+    """Round j: each holder at an odd multiple of 2^j sends what it holds (its block of up to 2^j ranks) 2^j down."""
+    n = len(g)
+    return [
+        tuple((g[i], g[i - (1 << j)], min(1 << j, n - i) * s) for i in range(1 << j, n, 2 << j))
+        for j in range((n - 1).bit_length())
+    ]
+
+
+def _barrier_dissemination(g: Members) -> list[Phase]:
+    """Round d: every member sends an empty message 2^d ahead (gloo's barrier: Hensgen, Finkel and Manber 1988)."""
+    n = len(g)
+    return [tuple((g[i], g[(i + (1 << d)) % n], 0.0) for i in range(n)) for d in range((n - 1).bit_length())]
+
+
 Builder = Callable[[Members, float, Topology], list[Phase]]
 
 BUILDERS: dict[str, dict[str, Builder]] = {
@@ -374,6 +411,29 @@ BUILDERS: dict[str, dict[str, Builder]] = {
     "all_to_all": {
         "direct": lambda g, S, t: [_pairs(g, S / len(g))],
         "star": lambda g, S, t: [_to_hub(g, (len(g) - 1) * S / len(g)), _from_hub(g, (len(g) - 1) * S / len(g))],
+    },
+    "reduce": {  # each the mirror of its broadcast, towards g[0]; gloo's and NCCL's from their sources
+        "chain": lambda g, S, t: mirrored(_broadcast_chain(ordered(g, t), S, t)),
+        "binomial": lambda g, S, t: mirrored(_broadcast_binomial(g, S)),
+        "star": lambda g, S, t: [_to_hub(g, S)],
+        "direct": lambda g, S, t: mirrored(_broadcast_direct(g, S)),
+        "hierarchical": lambda g, S, t: mirrored(_broadcast_hier(g, S, t)),
+        "nccl": lambda g, S, t: nccl.plan("reduce", g, S, t),
+        "gloo": lambda g, S, t: gloo.plan("reduce", g, S, t),
+    },
+    "gather": {
+        "direct": lambda g, s, t: [_to_hub(g, s)],
+        "binomial": lambda g, s, t: _gather_binomial(g, s),
+    },
+    "scatter": {
+        "direct": lambda g, S, t: [_from_hub(g, S / len(g))],
+        "binomial": lambda g, S, t: mirrored(_gather_binomial(g, S / len(g))),
+    },
+    "barrier": {
+        "dissemination": lambda g, S, t: _barrier_dissemination(g),
+        "star": lambda g, S, t: [_to_hub(g, 0.0), _from_hub(g, 0.0)],
+        "direct": lambda g, S, t: [_pairs(g, 0.0)],
+        "nccl": lambda g, S, t: nccl.plan("all_reduce", g, 4.0, t),  # torch's NCCL barrier: a one-float all-reduce
     },
 }
 

@@ -67,7 +67,11 @@ def all_gather_time(nbytes: float, n: int, rate: float, latency: float) -> float
 
 
 def plan(op: str, g: Sequence[int], nbytes: float, topo: Topology) -> list[Phase]:
-    """``op`` (all_reduce or all_gather) among ``g`` as gloo runs it, as ring phases timed as gloo's ring."""
+    """``op`` (all_reduce, all_gather or reduce) among ``g`` as gloo runs it, as ring phases timed as gloo's ring.
+
+    gloo's reduce (``gloo/reduce.cc``) is the first half of its all-reduce, the segmented ring reduce-scatter with
+    two segments in flight (so half the all-reduce's time), then every rank sends its reduced S/n to the root at once.
+    """
     n = len(g)
     ring = ordered(g, topo)
     hops = [topo.path(ring[i], ring[(i + 1) % n]) for i in range(n)]
@@ -75,8 +79,13 @@ def plan(op: str, g: Sequence[int], nbytes: float, topo: Topology) -> list[Phase
     alpha = max(p.latency for p in hops)
     if op == "all_reduce":
         phases, target = ring_phases(ring, nbytes / n, 2 * (n - 1)), all_reduce_time(nbytes, n, rate, alpha)
+    elif op == "reduce":
+        phases, target = ring_phases(ring, nbytes / n, n - 1), all_reduce_time(nbytes, n, rate, alpha) / 2
     else:
         phases, target = ring_phases(ring, nbytes, n - 1), all_gather_time(nbytes, n, rate, alpha)
     ideal = sum(alpha + phase[0][2] / rate for phase in phases)
     shift = (target - ideal) / len(phases)
-    return [tuple((*m, shift) for m in phase) for phase in phases]
+    shifted = [tuple((*m, shift) for m in phase) for phase in phases]
+    if op == "reduce":
+        shifted.append(tuple((r, g[0], nbytes / n) for r in g[1:]))
+    return shifted

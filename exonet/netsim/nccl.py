@@ -26,7 +26,10 @@ the hop before it, so the waits go round the ring) and the last term the slowest
 
 where the phase model pays s·(α + τ) per loop. All-gather and reduce-scatter have the same loop of
 n−1 steps. Broadcast is a chain (root first) in 512 KiB chunks, one slice each:
-T = base + (n−2)·(τ_c + a) + S_ch / b + a, τ_c the chunk's time.
+T = base + (n−2)·(τ_c + a) + S_ch / b + a, τ_c the chunk's time. Reduce is the same chain run towards
+the root (each rank adds what arrives to its own and forwards it): the broadcast mirrored, the same T.
+Gather and scatter are grouped send/recv (the phase model's direct algorithm), and torch's barrier on
+NCCL is an all-reduce of one float.
 
 **The tree (all-reduce).** Two binary trees over the ranks, each carrying half of the buffer (one
 leaf where the other is interior); every chunk (512 KiB) goes up D = ⌊log2 n⌋ levels, reduced on
@@ -63,7 +66,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from exonet.netsim.rings import ordered, ring_phases
+from exonet.netsim.rings import mirrored, ordered, ring_phases
 from exonet.netsim.topology import Phase, Topology
 from exonet.scenario.resolved import NcclSpec
 
@@ -242,6 +245,8 @@ def plan(op: str, g: Sequence[int], nbytes: float, topo: Topology) -> list[Phase
     Under ``[hosts]`` the rings are rails (``_rails``), the buffer split between them, and the tree joins hosts
     (``_host_tree_edges``); the ring's rate is then all its rails' together.
     """
+    if op == "reduce":  # a chain towards the root: the broadcast's, backwards (reduce.h runs the ring's chain)
+        return mirrored(plan("broadcast", g, nbytes, topo))
     spec = topo.resolved.nccl or NcclSpec()
     n = len(g)
     ring = ordered(g, topo)

@@ -1,4 +1,5 @@
-"""Rings: the member order a ring follows and its phases, shared by the phase model and the libraries' models."""
+"""Rings: the member order a ring follows and its phases, and the mirror of a plan, shared by the phase model and
+the libraries' models."""
 
 from __future__ import annotations
 
@@ -21,3 +22,9 @@ def ordered(g: Sequence[int], topo: Topology) -> list[int]:
     for r in g:
         first.setdefault(topo.region(r), len(first))
     return sorted(g, key=lambda r: (first[topo.region(r)], r))
+
+
+def mirrored(phases: Sequence[Phase]) -> list[Phase]:
+    """``phases`` run backwards with every message reversed: a broadcast's tree becomes the reduce towards its root
+    (the same links carry the same bytes the other way, so alone it takes the same time)."""
+    return [tuple((m[1], m[0], *m[2:]) for m in phase) for phase in reversed(phases)]

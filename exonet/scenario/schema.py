@@ -37,18 +37,25 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("ring", "halving_doubling", "star", "direct", "hierarchical", "nccl"),
     "broadcast": ("chain", "binomial", "binomial_fanout", "star", "direct", "hierarchical", "nccl"),
     "all_to_all": ("direct", "star"),
+    "reduce": ("chain", "binomial", "star", "direct", "hierarchical", "nccl", "gloo"),
+    "gather": ("direct", "binomial"),
+    "scatter": ("direct", "binomial"),
+    "barrier": ("dissemination", "star", "direct", "nccl"),
 }
+# Each family's algorithm per op, in the order of OPS. Rooted ops (broadcast, reduce, gather, scatter) root at
+# the group's lowest rank; NCCL's and gloo's gather and scatter are their grouped sends, the direct algorithm.
 FAMILIES: dict[str, dict[str, str]] = {
     name: dict(zip(OPS, algos))
     for name, algos in {
-        "ring": ("ring", "ring", "ring", "chain", "direct"),
-        "halving_doubling": ("halving_doubling", "halving_doubling", "halving_doubling", "binomial", "direct"),
-        "tree": ("tree", "ring", "ring", "binomial", "direct"),
-        "star": ("star",) * 5,
-        "direct": ("direct",) * 5,
-        "hierarchical": ("hierarchical",) * 4 + ("direct",),
-        "nccl": ("nccl",) * 4 + ("direct",),
-        "gloo": ("gloo", "gloo", "ring", "binomial_fanout", "direct"),
+        "ring": ("ring", "ring", "ring", "chain", "direct", "chain", "direct", "direct", "dissemination"),
+        "halving_doubling": ("halving_doubling", "halving_doubling", "halving_doubling", "binomial", "direct",
+                             "binomial", "binomial", "binomial", "dissemination"),
+        "tree": ("tree", "ring", "ring", "binomial", "direct", "binomial", "binomial", "binomial", "dissemination"),
+        "star": ("star",) * 6 + ("direct", "direct", "star"),
+        "direct": ("direct",) * 9,
+        "hierarchical": ("hierarchical",) * 4 + ("direct", "hierarchical", "direct", "direct", "dissemination"),
+        "nccl": ("nccl",) * 4 + ("direct", "nccl", "direct", "direct", "nccl"),
+        "gloo": ("gloo", "gloo", "ring", "binomial_fanout", "direct", "gloo", "direct", "direct", "dissemination"),
     }.items()
 }
 # What `network.backend` names: the library whose collectives and sockets the scenario's hosts run.
