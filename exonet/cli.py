@@ -36,7 +36,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     scenarios = [Scenario.coerce(name) for name in args.scenario]
     for run in loaded.values():  # every scenario must fit every run before any result is printed
         for scenario in scenarios:
-            scenario.resolve(run.trace.num_nodes, servers=run.trace.meta.get("servers", 0))
+            scenario.resolve(run.trace.num_ranks, servers=run.trace.meta.get("servers", 0))
     for run_name, run in loaded.items():
         for scenario in scenarios:
             sim = simulate(run.trace, scenario, history=run.history.get("train_loss"))
@@ -137,7 +137,7 @@ def _estimate_scenarios(args: argparse.Namespace) -> dict:
     scenarios = {}
     for name in args.scenario:
         scenario = with_hosts(name, args.hosts, args.nodes) if args.hosts is not None else Scenario.coerce(name)
-        scenario.resolve(args.nodes, servers=servers)
+        scenario.resolve(args.nodes + servers, servers=servers)
         scenarios[name] = scenario
     return scenarios
 

@@ -312,9 +312,9 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 if text not in cautioned.setdefault(label, set()):  # once per scenario, whichever runs reach it
                     cautioned[label].add(text)
                     warnings.warn(f"compare: scenario {label}: {text}", stacklevel=2)
-            k = run.trace.num_nodes
+            k = run.trace.num_ranks
             servers = run.trace.meta.get("servers", 0)
-            trainers = k - servers
+            trainers = run.trace.num_nodes
             evals = run.history.get("eval") or []
             losses = run.history.get("train_loss") or []
             # the same quantity as "to target" and the curves for every row: one column never mixes the two
@@ -340,7 +340,7 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "utilization": sim.utilization,
                 "drift": evals[-1].get("drift", evals[-1].get("divergence")) if evals else None,  # older runs
                 "correlation": evals[-1].get("correlation") if evals else None,
-                **({"goodput": sim.goodput} if scen.resolve(k).failures is not None else {}),
+                **({"goodput": sim.goodput} if scen.resolve(k, servers).failures is not None else {}),
                 **trained(sim, run.trace),
             })
     table = Comparison(rows, results, loaded, target_loss, loss)

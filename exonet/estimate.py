@@ -303,7 +303,7 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
             "decided_in": {"scenario": chosen.name, "fingerprint": chosen.fingerprint}}
     if elastic:
         meta["elastic"] = True
-    return Trace(world, meta=meta, events=hub.events)
+    return Trace(meta=meta, events=hub.events, num_ranks=world)
 
 
 def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes: int | None = None,
@@ -369,7 +369,7 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
     if scenario is not None:  # a scenario that cannot hold the nodes fails now, not after the trace is built
         from exonet.scenario import Scenario
 
-        Scenario.coerce(scenario).resolve(nodes, servers=strategy.servers)
+        Scenario.coerce(scenario).resolve(nodes + strategy.servers, servers=strategy.servers)
     tokens_per_step, ratios = node_tokens(tokens_per_step, nodes)
     flops = 6.0 * params * (tokens_per_step or 0.0)
     step_time, tflops, mfu, device = (

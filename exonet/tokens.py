@@ -24,7 +24,7 @@ def tokens_per_step(trace: Trace) -> list[float] | None:
     given = trace.meta.get("tokens_per_step")
     if given is None:
         return None
-    trainers = trace.num_nodes - trace.meta.get("servers", 0)
+    trainers = trace.num_nodes
     return [float(given)] * trainers if isinstance(given, (int, float)) else [float(t) for t in given]
 
 

@@ -19,7 +19,7 @@ payload (the receiver passes in a buffer, not data).
 
 File format (line-oriented JSON, one value per line, UTF-8)::
 
-    {"format": "exonet-trace", "version": 1, "num_nodes": K, "meta": {...}}
+    {"format": "exonet-trace", "version": 1, "num_ranks": K, "meta": {...}}   # K: trainers + servers
     ["c", rank, wall_s, cpu_s, flops]                                   # Compute
     ["x", rank, cid, op, nbytes, group|null, async 0|1, dtype, start_s|null, end_s|null]
     ["w", rank, cid]                                                    # Wait
@@ -42,7 +42,7 @@ import json
 import math
 import numbers
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Union
 
@@ -110,35 +110,58 @@ _STEP = Step()
 _DISCARD = Discard()
 
 
-@dataclass
+@dataclass(init=False)
 class Trace:
-    """Per-node ordered events of a run (recorded or built by hand).
+    """Per-rank ordered events of a run (recorded or built by hand): its trainers, then its servers.
 
     Args:
-        num_nodes: how many ranks the trace covers.
+        num_nodes: the trainers (``num_nodes`` means trainers everywhere in exonet); the trace covers them and
+            the ``meta["servers"]`` server ranks after them.
         meta: free-form facts about the run (strategy, parameter count, ...); an estimate's holds the compute
             it was given (``"compute"``: step_time_s, tflops, mfu), which ``simulate`` times its spans by.
+        events: one list per rank (default: empty lists).
+        num_ranks: every rank, trainers and servers, given instead of ``num_nodes`` (as a trace file's header does).
     """
 
-    num_nodes: int
-    meta: dict[str, Any] = field(default_factory=dict)
-    events: list[list[Event]] = field(default_factory=list)
+    num_ranks: int
+    meta: dict[str, Any]
+    events: list[list[Event]]
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.num_nodes, int) or isinstance(self.num_nodes, bool) or self.num_nodes < 1:
-            raise ValueError(f"Trace: num_nodes must be an integer >= 1, got {self.num_nodes!r}")
-        if not self.events:
-            self.events = [[] for _ in range(self.num_nodes)]
-        elif len(self.events) != self.num_nodes:
-            raise ValueError(f"Trace: events has {len(self.events)} node lists, expected num_nodes={self.num_nodes}")
+    def __init__(self, num_nodes: int | None = None, meta: dict[str, Any] | None = None,
+                 events: list[list[Event]] | None = None, *, num_ranks: int | None = None) -> None:
+        self.meta = {} if meta is None else meta
+        servers = self.meta.get("servers", 0)
+        if isinstance(servers, bool) or not isinstance(servers, int) or servers < 0:
+            raise ValueError(f"Trace: meta['servers'] must be a non-negative integer, got {servers!r}")
+        for name, value in (("num_nodes", num_nodes), ("num_ranks", num_ranks)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"Trace: {name} must be an integer >= 1, got {value!r}")
+        if num_ranks is None:
+            if num_nodes is None:
+                raise TypeError("Trace: give num_nodes (the trainers) or num_ranks (every rank)")
+            num_ranks = num_nodes + servers
+        elif num_nodes is not None and num_nodes + servers != num_ranks:
+            raise ValueError(f"Trace: num_nodes={num_nodes} trainers and {servers} servers are not "
+                             f"num_ranks={num_ranks}")
+        if servers >= num_ranks:
+            raise ValueError(f"Trace: {servers} servers leave no trainer among num_ranks={num_ranks}")
+        self.num_ranks = num_ranks
+        self.events = events or [[] for _ in range(num_ranks)]
+        if len(self.events) != num_ranks:
+            raise ValueError(f"Trace: events has {len(self.events)} rank lists, expected num_ranks={num_ranks}")
         self._next_cid = [
             1 + max((e.cid for e in evs if isinstance(e, Collective)), default=-1) for evs in self.events
         ]
 
+    @property
+    def num_nodes(self) -> int:
+        """The trainers: every rank but the ``meta["servers"]`` servers after them."""
+        return self.num_ranks - self.meta.get("servers", 0)
+
     # ----------------------------------------------------------------- builder
     def _rank(self, rank: int) -> list[Event]:
-        if not isinstance(rank, int) or not 0 <= rank < self.num_nodes:
-            raise ValueError(f"Trace: rank must be in [0, {self.num_nodes}), got {rank!r}")
+        if not isinstance(rank, int) or not 0 <= rank < self.num_ranks:
+            raise ValueError(f"Trace: rank must be in [0, {self.num_ranks}), got {rank!r}")
         return self.events[rank]
 
     def add_compute(self, rank: int, seconds: float, *, cpu_s: float | None = None, flops: float = 0.0) -> None:
@@ -168,7 +191,7 @@ class Trace:
         evs = self._rank(rank)
         cid = self._next_cid[rank]
         try:
-            event = _collective(rank, self.num_nodes, cid, op, nbytes, group, bool(async_op), dtype, start_s, end_s)
+            event = _collective(rank, self.num_ranks, cid, op, nbytes, group, bool(async_op), dtype, start_s, end_s)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"Trace.add_collective: {exc}") from None
         self._next_cid[rank] += 1
@@ -215,19 +238,18 @@ class Trace:
 
         The one "payload per node" that compare, ``exonet estimate`` and the projection report.
         """
-        trainers = self.num_nodes - self.meta.get("servers", 0)
+        trainers = self.num_nodes
         return sum(self.payload_bytes(r) for r in range(trainers)) / trainers
 
     def payload_per_server(self) -> float | None:
         """Payload bytes per serving rank (the last ``meta["servers"]``); None without servers."""
         servers = self.meta.get("servers", 0)
-        trainers = self.num_nodes - servers
-        return sum(self.payload_bytes(r) for r in range(trainers, self.num_nodes)) / servers if servers else None
+        return sum(self.payload_bytes(r) for r in range(self.num_nodes, self.num_ranks)) / servers if servers else None
 
     def _sends(self, e: Collective) -> bool:
         """Whether the payload of ``e`` goes to another node: not a receive, nor a group of one (a K = 1
         run's all-reduce sends nothing, as DiLoCo and SPARTA, which skip it there, already counted)."""
-        return e.op != "recv" and (self.num_nodes if e.group is None else len(e.group)) > 1
+        return e.op != "recv" and (self.num_ranks if e.group is None else len(e.group)) > 1
 
     def collectives(self, rank: int) -> Iterator[Collective]:
         return (e for e in self._rank(rank) if isinstance(e, Collective))
@@ -268,7 +290,7 @@ class Trace:
             given = meta["compute"]
             meta["compute"] = dict(given, step_time_s=given.get("step_time_s", 0.0) * compute,
                                    tflops=given["tflops"] / compute if given.get("tflops") else None)
-        return Trace(self.num_nodes, meta, new_events)
+        return Trace(meta=meta, events=new_events, num_ranks=self.num_ranks)
 
     def _bucketed(self) -> bool:
         """Whether some rank's step holds more than one all-reduce (bucketed gradients, whose count depends on size)."""
@@ -286,12 +308,12 @@ class Trace:
     def validate(self) -> None:
         """Check that collectives match across group members; raise TraceError if not."""
         counts: dict[tuple[int, ...], list[list[str]]] = {}
-        everyone = tuple(range(self.num_nodes))
+        everyone = tuple(range(self.num_ranks))
         for rank, evs in enumerate(self.events):
             for e in evs:
                 if isinstance(e, Collective):
                     grp = e.group or everyone
-                    per_rank = counts.setdefault(grp, [[] for _ in range(self.num_nodes)])
+                    per_rank = counts.setdefault(grp, [[] for _ in range(self.num_ranks)])
                     per_rank[rank].append(e.op)
         for grp, per_rank in counts.items():
             seqs = {r: per_rank[r] for r in grp}
@@ -312,7 +334,7 @@ class Trace:
         """Write the trace atomically (a temporary file renamed into place)."""
         n = 0
         with atomic_file(path, "w") as f:
-            f.write(json.dumps({"format": FORMAT, "version": VERSION, "num_nodes": self.num_nodes,
+            f.write(json.dumps({"format": FORMAT, "version": VERSION, "num_ranks": self.num_ranks,
                                 "meta": self.meta}) + "\n")
             for rank, evs in enumerate(self.events):
                 for e in evs:
@@ -329,8 +351,12 @@ class Trace:
             path = path / "trace.jsonl"
         text = _read_text(path)
         lines = text.splitlines()
-        num_nodes, meta = _read_header(path, text, lines)
-        return cls(num_nodes, meta, _read_events(path, lines, num_nodes))
+        num_ranks, meta = _read_header(path, text, lines)
+        events = _read_events(path, lines, num_ranks)
+        try:
+            return cls(meta=meta, events=events, num_ranks=num_ranks)
+        except ValueError as err:  # the header's meta does not fit its ranks (servers)
+            raise TraceError(f"{path}:1: {err}") from None
 
 
 # ---------------------------------------------------------------------- reading a file
@@ -358,13 +384,14 @@ def _read_header(path: Path, text: str, lines: list[str]) -> tuple[int, dict[str
         raise TraceError(f"{path}:1: not an exonet trace (expected a header with format={FORMAT!r})")
     if header.get("version") != VERSION:
         raise TraceError(f"{path}:1: unsupported trace version {header.get('version')!r}, expected {VERSION}")
-    num_nodes = header.get("num_nodes")
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or not 1 <= num_nodes <= MAX_NODES:
-        raise TraceError(f"{path}:1: num_nodes must be an integer in [1, {MAX_NODES}], got {num_nodes!r}")
+    key = "num_ranks" if "num_ranks" in header else "num_nodes"  # files before 0.1.0's rename said num_nodes
+    num_ranks = header.get(key)
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or not 1 <= num_ranks <= MAX_NODES:
+        raise TraceError(f"{path}:1: {key} must be an integer in [1, {MAX_NODES}], got {num_ranks!r}")
     meta = header.get("meta")
     if meta is not None and not isinstance(meta, dict):
         raise TraceError(f"{path}:1: meta must be an object, got {type(meta).__name__}")
-    return num_nodes, dict(meta or {})
+    return num_ranks, dict(meta or {})
 
 
 def _read_events(path: Path, lines: list[str], num_nodes: int) -> list[list[Event]]:

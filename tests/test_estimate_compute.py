@@ -82,7 +82,8 @@ def test_estimate_json_carries_one_nodes_compute_per_step(capsys, compute):
 
 def test_payload_and_wire_per_trainer_have_one_definition(monkeypatch):
     """The projection took the max over ranks where compare and the CLI took the mean over trainers."""
-    trace = Trace(3, meta={"servers": 1}, events=[[], [], []])
+    trace = Trace(2, meta={"servers": 1}, events=[[], [], []])  # two trainers, then the server
+    assert (trace.num_nodes, trace.num_ranks) == (2, 3)
     for rank, nbytes in enumerate((100, 300, 5000)):
         trace.add_collective(rank, "send", nbytes, group=(rank, 2) if rank < 2 else (0, 2))
     assert (trace.payload_per_trainer(), trace.payload_per_server()) == (200, 5000)

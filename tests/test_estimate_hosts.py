@@ -66,3 +66,34 @@ def test_the_cli_answers_hosts_across_two_regions_in_one_command(capsys):
     assert "K=16 (2 hosts of 8)" in capsys.readouterr().out
     assert main(argv[:8] + ["3"] + argv[9:]) == 2
     assert "--hosts 3 does not divide --nodes 16" in capsys.readouterr().err
+
+
+
+THREE_SITES = """name = "three-sites"
+[network]
+bandwidth = "100 Gbit/s"
+latency = "50 us"
+backend = "nccl"
+[hosts]
+devices = 8
+bandwidth = "450 GB/s"
+latency = "1 us"
+""" + "".join(f'[[regions]]\nname = "{site}"\nshare = 0.3333333333333333\n' for site in ("us", "eu", "asia")) + "".join(
+    f'[[links]]\nbetween = ["{a}", "{b}"]\nbandwidth = "10 Gbit/s"\nlatency = "40 ms"\n'
+    for a, b in (("us", "eu"), ("eu", "asia"), ("us", "asia")))
+
+
+@pytest.mark.parametrize("strategy", ["async_diloco:H=2", "decoupled_diloco:H=2,num_fragments=2,replica_size=8"])
+def test_a_strategy_with_servers_estimates_on_hosts_with_num_nodes_its_trainers(strategy, tmp_path, capsys):
+    """--nodes 24 on three sites of 8-GPU hosts: 24 trainers plus the server, in estimate() and the CLI alike (the
+    early check counted the server among the nodes: "does not divide --nodes 23")."""
+    path = tmp_path / "three-sites.toml"
+    path.write_text(THREE_SITES)
+    est = estimate(strategy, params=1e6, num_nodes=24, max_steps=4, step_time=0.1, layers=2, scenario=path)
+    servers = est.trace.meta["servers"]
+    assert servers >= 1 and est.trace.num_nodes == 24 and est.trace.num_ranks == 24 + servers
+    assert simulate_estimate(est.trace, path).wall_clock_s > 0
+    argv = ["estimate", "--model-params", "1e6", "--strategy", strategy, "--nodes", "24", "--scenario", str(path),
+            "--steps", "4", "--step-time", "0.1", "--layers", "2", "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["wall_clock_s"] > 0

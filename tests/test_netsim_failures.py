@@ -402,7 +402,7 @@ def test_utilisation_goodput_and_lost_time_count_the_trainers_not_the_server():
     only receives: they never wait (a message flows as its sender issues it), so utilisation is 1, where
     counting the server would cap it at 2/3, and the trainers' machine time is all accounted for."""
     steps, c, nbytes = 5, 1.0, 1_000_000
-    t = Trace(num_nodes=3, meta={"servers": 1})
+    t = Trace(num_nodes=2, meta={"servers": 1})  # two trainers, then the server
     for _ in range(steps):
         for r in (0, 1):
             t.add_compute(r, c)

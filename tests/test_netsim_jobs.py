@@ -70,7 +70,7 @@ def test_the_default_placement_is_consecutive_blocks():
 @pytest.mark.parametrize("placement,message", [
     ([[0, 1], [1, 2]], r"placement\[1\] and placement\[0\] both hold rank 1"),
     ([[0, 1]], r"placement has 1 entries for 2 traces"),
-    ([[0, 1], [2]], r"placement\[1\] gives 1 ranks but trace 1 has 2 nodes"),
+    ([[0, 1], [2]], r"placement\[1\] gives 1 ranks but trace 1 has 2 ranks"),
     ([[0, 1], [2, -3]], r"placement\[1\] must hold non-negative integer ranks"),
     ([[0, 1], {"host": [1]}], r"placement\[1\] must be a list of ranks or \{'hosts'"),
     ([[0, 1], {"hosts": ["a"]}], r"placement\[1\] must be a list of ranks or \{'hosts': \[host indices\]\}"),

@@ -448,7 +448,7 @@ def test_the_clock_waits_for_a_rank_that_has_not_been_fed(net):
 
 
 def test_node_count_mismatch_is_a_clear_error(net):
-    with pytest.raises(ScenarioError, match="trace has 3 nodes but the scenario was resolved for 2"):
+    with pytest.raises(ScenarioError, match="trace has 3 ranks but the scenario was resolved for 2"):
         simulate(Trace(3), net(2))
 
 

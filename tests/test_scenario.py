@@ -461,8 +461,16 @@ def test_missing_link_is_only_needed_when_both_regions_hold_nodes() -> None:
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "4"])
 def test_resolve_rejects_bad_node_counts(bad: Any) -> None:
-    with pytest.raises(ValueError, match="num_nodes"):
+    with pytest.raises(ValueError, match="num_ranks"):
         Scenario.from_dict(minimal()).resolve(bad)
+
+
+def test_resolve_takes_every_rank_and_the_old_keyword_warns() -> None:
+    """``num_nodes`` means trainers everywhere; resolve's world of ranks is ``num_ranks`` (trainers + servers)."""
+    scenario = Scenario.from_dict(minimal())
+    assert scenario.resolve(num_ranks=5, servers=1).num_nodes == 5
+    with pytest.warns(DeprecationWarning, match=r"num_ranks="):
+        assert scenario.resolve(num_nodes=5, servers=1).num_nodes == 5
 
 
 @pytest.mark.parametrize("value", [None, [], "name", 3])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from exonet import Trace, TraceError, simulate
@@ -78,3 +80,24 @@ def test_mismatched_collectives_and_misuse_are_errors():
         t.add_wait(0, 0)
     with pytest.raises(ValueError, match="not a member"):
         Trace(3).add_collective(2, "all_reduce", 8, group=(0, 1))
+
+
+def test_num_nodes_counts_the_trainers_and_num_ranks_every_rank(tmp_path) -> None:
+    """``num_nodes`` means trainers everywhere: a trace of 4 trainers and a server has 5 ranks; its file says
+    num_ranks, and a file from before the rename (num_nodes = every rank) still loads as the same trace."""
+    t = Trace(num_nodes=4, meta={"servers": 1})
+    assert (t.num_nodes, t.num_ranks, len(t.events)) == (4, 5, 5)
+    assert Trace(num_ranks=5, meta={"servers": 1}) == t
+    t.add_collective(4, "send", 8, group=(0, 4))
+    path = tmp_path / "t.jsonl"
+    t.save(path)
+    header = json.loads(path.read_text().splitlines()[0])
+    assert header["num_ranks"] == 5 and "num_nodes" not in header
+    assert Trace.load(path) == t
+    old = path.read_text().replace('"num_ranks": 5', '"num_nodes": 5', 1)
+    (tmp_path / "old.jsonl").write_text(old)
+    assert Trace.load(tmp_path / "old.jsonl") == t
+    with pytest.raises(ValueError, match=r"num_nodes=4 trainers and 1 servers are not num_ranks=4"):
+        Trace(num_nodes=4, meta={"servers": 1}, num_ranks=4)
+    with pytest.raises(ValueError, match=r"1 servers leave no trainer"):
+        Trace(num_ranks=1, meta={"servers": 1})

@@ -173,7 +173,7 @@ def check_trace_file(data: bytes, folder: Path) -> None:
         if line:
             assert 1 <= int(line.group(1)) <= max(1, len(data.splitlines())), message
         return
-    everyone = range(trace.num_nodes)
+    everyone = range(trace.num_ranks)
     for rank, events in enumerate(trace.events):
         for e in events:
             if isinstance(e, Compute):

@@ -183,9 +183,9 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
         plain compute speed), only rank 0 is replayed and the others mirror it: the same
         numbers, n times fewer events (an ``estimate`` of 64 nodes is one rank's work).
         """
-        if trace.num_nodes != len(self._ranks):
+        if trace.num_ranks != len(self._ranks):
             raise ScenarioError(
-                f"simulate: the trace has {trace.num_nodes} nodes but the scenario was resolved for {len(self._ranks)}"
+                f"simulate: the trace has {trace.num_ranks} ranks but the scenario was resolved for {len(self._ranks)}"
             )
         if self._mirrorable(trace):
             self._mirror = True

@@ -55,7 +55,7 @@ def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, 
             resolved, name = scenario, scenario.name
         else:
             chosen = Scenario.coerce(scenario)
-            resolved, name = chosen.resolve(trace.num_nodes, servers=trace.meta.get("servers", 0)), chosen.name
+            resolved, name = chosen.resolve(trace.num_ranks, servers=trace.meta.get("servers", 0)), chosen.name
             given = given_compute and isinstance(trace.meta.get("compute"), dict)
             _warn_if_decided_elsewhere(trace, with_given_compute(chosen) if given else chosen)
         resolved, caution = _given_timing(trace, resolved, name, given_compute)
@@ -119,8 +119,8 @@ def _place(traces: list[Trace], placement: Sequence[Any] | None, devices: int) -
     if placement is None:
         jobs, start = [], 0
         for t in traces:
-            jobs.append(list(range(start, start + t.num_nodes)))
-            start += t.num_nodes + -t.num_nodes % devices
+            jobs.append(list(range(start, start + t.num_ranks)))
+            start += t.num_ranks + -t.num_ranks % devices
         return jobs
     if len(placement) != len(traces):
         raise ValueError(f"simulate: placement has {len(placement)} entries for {len(traces)} traces; give one per job")
@@ -137,8 +137,8 @@ def _place(traces: list[Trace], placement: Sequence[Any] | None, devices: int) -
             ranks = list(entry)
         if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
             raise ValueError(f"simulate: placement[{j}] must hold non-negative integer ranks (or hosts), got {entry!r}")
-        if len(ranks) != t.num_nodes:
-            raise ValueError(f"simulate: placement[{j}] gives {len(ranks)} ranks but trace {j} has {t.num_nodes} nodes")
+        if len(ranks) != t.num_ranks:
+            raise ValueError(f"simulate: placement[{j}] gives {len(ranks)} ranks but trace {j} has {t.num_ranks} ranks")
         for r in ranks:
             if r in owner:
                 raise ValueError(f"simulate: placement[{j}] and placement[{owner[r]}] both hold rank {r}; "

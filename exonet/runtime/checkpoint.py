@@ -311,8 +311,8 @@ def load_latest(run_path: Path, num_nodes: int) -> Resume:
             raise TraceError(f"resume_from: {node_file(folder, rank)} is missing (the checkpoint needs one file "
                              f"per node, num_nodes={num_nodes})")
     trace = Trace.load(folder / "trace.jsonl")
-    if trace.num_nodes != num_nodes:
-        raise ValueError(f"resume_from: {folder / 'trace.jsonl'} holds {trace.num_nodes} nodes, "
+    if trace.num_ranks != num_nodes:
+        raise ValueError(f"resume_from: {folder / 'trace.jsonl'} holds {trace.num_ranks} ranks, "
                          f"this fit has num_nodes={num_nodes}")
     history = read_metrics(folder / "metrics.jsonl")
     held = {len(history["train_loss"]), *(trace.num_steps(r) for r in range(num_nodes))}

@@ -105,13 +105,13 @@ class RunRecord:
             self.metrics.sync()
 
     def trace(self) -> Trace:
-        return Trace(self.num_nodes, meta=dict(self.meta), events=self.events)
+        return Trace(meta=dict(self.meta), events=self.events, num_ranks=self.num_nodes)
 
     def snapshot(self, steps: int) -> tuple[dict[str, list], Trace]:
         """History and trace of the first ``steps`` steps (nodes may already be further on)."""
         history = {"train_loss": self.history["train_loss"][:steps],
                    "eval": [e for e in self.history["eval"] if e["step"] <= steps]}
-        trace = Trace(self.num_nodes, meta=dict(self.meta), events=[_upto(evs, steps) for evs in self.events])
+        trace = Trace(meta=dict(self.meta), events=[_upto(evs, steps) for evs in self.events], num_ranks=self.num_nodes)
         return history, trace
 
     def close(self) -> None:

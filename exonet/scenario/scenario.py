@@ -42,6 +42,7 @@ import hashlib
 import json
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from fractions import Fraction
 from importlib import resources
@@ -226,18 +227,25 @@ class Scenario:
             data["name"] = f"{self.name} ({', '.join(_change_label(k, v) for k, v in changes.items())})"
         return Scenario(data, f"{self._source} + replace({', '.join(changes)})")
 
-    def resolve(self, num_nodes: int, servers: int = 0) -> Resolved:
-        """The scenario made concrete for ``num_nodes`` ranks, in SI base units, for the simulator.
+    def resolve(self, num_ranks: int | None = None, servers: int = 0, *, num_nodes: int | None = None) -> Resolved:
+        """The scenario made concrete for ``num_ranks`` ranks (trainers, then servers), in SI base units.
 
         The last ``servers`` ranks serve (a parameter server): every ``share`` counts the trainers only,
         so a server never moves a trainer to another region; a server lives in ``[server] region``
-        (default: rank 0's region), unless explicit ``ranks`` name it.
+        (default: rank 0's region), unless explicit ``ranks`` name it. ``num_nodes=`` is the old keyword
+        for ``num_ranks`` (it warns: ``num_nodes`` means the trainers everywhere else).
         """
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-            raise ValueError(f"Scenario.resolve: num_nodes must be an integer >= 1, got {num_nodes!r}")
-        if isinstance(servers, bool) or not isinstance(servers, int) or not 0 <= servers < num_nodes:
-            raise ValueError(f"Scenario.resolve: servers must be an integer in [0, num_nodes), got {servers!r}")
-        p, n, where = self._parsed, num_nodes, f"{self._source}:"
+        if num_nodes is not None:
+            if num_ranks is not None:
+                raise TypeError("Scenario.resolve: give num_ranks (every rank), not num_nodes as well")
+            warnings.warn("Scenario.resolve(num_nodes=...) is now num_ranks= (every rank, trainers and servers)",
+                          DeprecationWarning, stacklevel=2)
+            num_ranks = num_nodes
+        if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
+            raise ValueError(f"Scenario.resolve: num_ranks must be an integer >= 1, got {num_ranks!r}")
+        if isinstance(servers, bool) or not isinstance(servers, int) or not 0 <= servers < num_ranks:
+            raise ValueError(f"Scenario.resolve: servers must be an integer in [0, num_ranks), got {servers!r}")
+        p, n, where = self._parsed, num_ranks, f"{self._source}:"
         trainers = n - servers
         net = p["network"]
         efficiency = net.get("efficiency", 1.0)
@@ -396,8 +404,8 @@ class Scenario:
         return [home if r >= trainers and r not in owner else name for r, name in enumerate(names)]
 
     def describe(self, num_nodes: int | None = None, servers: int = 0) -> str:
-        """A readable summary; with ``num_nodes``, also the per-rank layout it resolves to (the last ``servers``
-        ranks serving)."""
+        """A readable summary; with ``num_nodes`` (trainers), also the per-rank layout it resolves to, with
+        ``servers`` serving ranks after them."""
         p = self._parsed
         lines = [f"{self.name}: {self.description}" if self.description else self.name, f"  source      {self._source}",
                  *_network_lines(p["network"]),
@@ -410,7 +418,7 @@ class Scenario:
         if num_nodes is not None:
             serving = f" ({servers} serving)" if servers else ""
             lines.append(f"  resolved for {units.plural(num_nodes, 'node')}{serving}:")
-            lines.extend(_layout(self.resolve(num_nodes, servers)))
+            lines.extend(_layout(self.resolve(num_nodes + servers, servers)))
         return "\n".join(lines)
 
     def __repr__(self) -> str:

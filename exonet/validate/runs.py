@@ -32,7 +32,7 @@ def timed_collectives(trace: Trace) -> dict[tuple[str, int, int, bool], list[flo
     A collective counts once every member recorded both ends of it; its time is the shortest member's span.
     """
     spans: dict[tuple[tuple[int, ...], int], list[Any]] = {}  # (members, k-th on them) -> [op, nbytes, spans]
-    everyone = tuple(range(trace.num_nodes))
+    everyone = tuple(range(trace.num_ranks))
     for rank, events in enumerate(trace.events):
         counts: dict[tuple[int, ...], int] = {}
         for e in events:
