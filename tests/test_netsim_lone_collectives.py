@@ -39,9 +39,10 @@ def lone(op: str, n: int, nbytes: int, network: dict, *, fast_path: bool) -> tup
 
 
 def window_rate(r: Resolved) -> float:
-    """The rate one transfer gets alone: the NIC, or its windows per round trip where they bind."""
+    """The rate one transfer gets alone: the NIC, or its windows per round trip, or its flows' limit, where they
+    bind."""
     cap = r.inflight / (2 * r.latency) if r.inflight is not None and r.latency > 0 else math.inf
-    return min(r.uplink[0], cap)
+    return min(r.uplink[0], cap, r.flow_cap)
 
 
 # ---------------------------------------------------------------- NCCL
@@ -228,3 +229,22 @@ def test_a_phase_algorithm_beside_a_backend_is_refused_naming_what_the_backend_r
     with pytest.raises(ScenarioError, match=r"say it once"):
         Scenario.from_dict({"name": "x", "network": {"bandwidth": "1 Gbit/s", "backend": "nccl", "collective": "ring",
                                                      "nccl": {"algorithm": "tree"}}})
+
+
+# ---------------------------------------------------------------- a cloud's per-flow limit
+def test_a_per_flow_limit_caps_each_connection_whatever_the_latency() -> None:
+    """AWS lets one TCP flow carry at most 5 Gbit/s outside a placement group: gloo's one connection per pair on a
+    10 Gbit/s NIC runs at 5, where NCCL's 32 sockets per pair (nic = "aws") are capped at 32 × 5 Gbit/s."""
+    S = 256 * 2**20
+    network = {"bandwidth": "10 Gbit/s", "latency": "0 s", "backend": "gloo"}
+    free, _, r = lone("all_reduce", 2, S, network, fast_path=True)
+    capped, _, rc = lone("all_reduce", 2, S, {**network, "flow_rate": "5 Gbit/s"}, fast_path=False)
+    assert r.flow_rate is None and rc.flow_cap == 5e9 / 8
+    assert free == pytest.approx(gloo.all_reduce_time(S, 2, 10e9 / 8, 0.0), rel=1e-9)
+    assert capped == pytest.approx(gloo.all_reduce_time(S, 2, 5e9 / 8, 0.0), rel=1e-9)
+    aws = {"bandwidth": "400 Gbit/s", "latency": "0 s", "backend": "nccl", "nccl": {"nic": "aws", "algorithm": "ring"}}
+    _, _, ra = lone("all_reduce", 2, S, aws, fast_path=True)
+    assert ra.flow_rate == 5e9 / 8 and ra.flow_cap == 32 * 5e9 / 8  # 2 channels x 16 sockets
+    wall, _, _ = lone("all_reduce", 2, S, aws, fast_path=True)
+    time, _ = nccl_closed_form("all_reduce", 2, S, ra)  # its rate: min(NIC, flows), as window_rate gives
+    assert wall == pytest.approx(time, rel=1e-9)

@@ -9,7 +9,9 @@ times when the n nodes share ``host_cores`` CPU cores (every member of a phase d
 host work at once, so one machine's cores serve them in turn). With ``mss`` set,
 a message of s payload bytes puts s + ⌈s/mss⌉·header_bytes on its links (the packets'
 headers, counted as a shaper or NIC counts them); without it, s.
-A TCP window W caps a flow at W / (2α) on its path; on a path with α = 0 the round
+A TCP window W caps a flow at W / (2α) on its path, and ``flow_rate`` (a cloud's per-flow
+limit, AWS's 5 Gbit/s by default under NCCL with ``nic = "aws"``) caps it at that whatever
+the latency, ``streams`` times over for a transfer split over connections; on a path with α = 0 the round
 trip is 0 and the window never binds (the scenario schema refuses a window when
 every latency is 0, since it would then do nothing at all). A transfer split over
 ``streams`` = N TCP connections has N windows: its cap is N·W / RTT (``Resolved.inflight``).
@@ -182,6 +184,7 @@ class Topology:
         latency = r.path_latency(src, dst)
         inflight = r.inflight
         cap = inflight / (2.0 * latency) if inflight is not None and latency > 0 else math.inf
+        cap = min(cap, r.flow_cap)  # a cloud's per-flow limit, whatever the latency
         rate = min(cap, *(self.capacity[i] for i in links))
         return Path(links, latency + r.message_overhead * share, cap, rate)
 
@@ -271,7 +274,7 @@ class Topology:
         for (src, dst), p, cap, size in zip(pairs, paths, caps, sizes):
             if inflight is not None:
                 rtt = 2.0 * r.path_latency(src, dst) + sum(waits.get(link, 0.0) for link in self.path(dst, src).links)
-                cap = inflight / rtt if rtt > 0 else cap
+                cap = min(inflight / rtt, r.flow_cap) if rtt > 0 else cap
             for link in p.links:
                 keep = self._recovery(link, int(crossing[link]), float(through[link])) if full[link] else 1.0
                 if keep < 1.0:  # its share of what the direction keeps

@@ -7,6 +7,7 @@ inter-region links, the transient events and the failure process, and ``Resolved
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -80,6 +81,12 @@ def linux_window(tcp_wmem_max: float, tcp_rmem_max: float) -> float:
 # hosts, so this is its `tcp_window` unless it gives one.
 LINUX_WINDOW = linux_window(4 * 1024 * 1024, 6 * 1024 * 1024)
 
+# The most one TCP flow may carry on a cloud's VMs, by the vendor's documentation, where it states one: AWS limits a
+# single flow (one 5-tuple) to 5 Gbit/s between instances outside one cluster placement group (10 Gbit/s inside
+# one; "Amazon EC2 instance network bandwidth", EC2 User Guide). GCP's and Azure's bandwidth pages state no per-flow
+# limit, so none is assumed there. With NCCL each socket is a flow; set network.flow_rate for other cases.
+FLOW_RATE = {"aws": 5e9 / 8}
+
 
 @dataclass(frozen=True)
 class NcclSpec:
@@ -134,6 +141,8 @@ class Resolved:
         nccl: how NCCL runs (with backend "nccl"), else None.
         slow_start: whether a connection idle longer than its RTO restarts from the initial window.
         inflight: bytes a transfer between two ranks may have in flight (its TCP windows), or None: no cap.
+        flow_rate: the most one TCP connection may carry, bytes/s (a cloud's per-flow limit), or None: no limit;
+            a transfer over ``streams`` connections gets ``streams`` times it (``flow_cap``).
         compute_mode: "measured" | "wall" | "flops"; tflops and mfu serve "flops".
         jitter: "none" | "lognormal" | "normal" | "exponential"; sigma its spread; seed its RNG seed.
         events: transient slowdowns and outages.
@@ -176,11 +185,17 @@ class Resolved:
     nccl: NcclSpec | None = None
     slow_start: bool = False
     recovery: float = 1.0  # multiplies the loss-recovery cost per stream (netsim's RECOVERY_BYTES): its draw
+    flow_rate: float | None = None
 
     @property
     def inflight(self) -> float | None:
         """Bytes a transfer may have in flight: ``streams`` TCP windows."""
         return None if self.tcp_window is None else self.streams * self.tcp_window
+
+    @property
+    def flow_cap(self) -> float:
+        """The most a transfer between two ranks may carry by the per-flow limit: ``streams`` flows' worth."""
+        return math.inf if self.flow_rate is None else self.streams * self.flow_rate
 
     def path_latency(self, src: int, dst: int) -> float:
         """One-way latency between two ranks (the fabric's within a host, the inter-region link's across regions)."""

@@ -53,7 +53,16 @@ from typing import Any
 from exonet import units
 from exonet.errors import ScenarioError
 from exonet.scenario.lines import with_line
-from exonet.scenario.resolved import LINUX_WINDOW, EventSpec, FailureSpec, HostSpec, LinkSpec, NcclSpec, Resolved
+from exonet.scenario.resolved import (
+    FLOW_RATE,
+    LINUX_WINDOW,
+    EventSpec,
+    FailureSpec,
+    HostSpec,
+    LinkSpec,
+    NcclSpec,
+    Resolved,
+)
 from exonet.scenario.schema import (
     ALGORITHMS,
     ARRAYS,
@@ -318,6 +327,7 @@ class Scenario:
             backend=backend,
             nccl=nccl,
             slow_start=net.get("slow_start_after_idle", tcp),
+            flow_rate=net.get("flow_rate", FLOW_RATE.get(nccl.nic) if nccl is not None and tcp else None),
         )
 
     def _collective(self) -> str:
@@ -490,6 +500,8 @@ def _transport_settings(net: Mapping[str, Any]) -> list[str]:
         extras.append(f"{net['streams']} TCP stream{'s' if net['streams'] > 1 else ''} per transfer")
     if "setup" in net:
         extras.append(f"set-up {secs(net['setup'])} per group")
+    if "flow_rate" in net:
+        extras.append(f"at most {units.format_rate(net['flow_rate'])} per TCP flow")
     return extras
 
 
@@ -523,7 +535,7 @@ def _nccl_lines(net: Mapping[str, Any], spec: NcclSpec, hosts: bool) -> list[str
     socket = "socket_threads" in given or "socks_per_thread" in given
     wire = ("InfiniBand/RoCE verbs, no TCP" if spec.transport == "ib"
             else f"TCP: {spec.channels * spec.sockets} streams per pair, {spec.channels} channels x {spec.sockets} "
-                 f"sockets ({'set' if socket else f'the {spec.nic} NIC default'})")
+                 f"sockets ({'set' if socket else f'the {spec.nic} NIC default'})" + _flow_limit(net, spec))
     lines = [
         f"  backend     nccl, NIC {spec.nic} ({_origin(given, 'nic')}), transport {spec.transport} "
         f"({_origin(given, 'transport')})",
@@ -539,6 +551,15 @@ def _nccl_lines(net: Mapping[str, Any], spec: NcclSpec, hosts: bool) -> list[str
         lines += ["  levels      inside a host: the rings' and chains' fabric hops (no TCP);",
                   "              between hosts: a ring per device (rail) through its NIC; the tree between hosts"]
     return lines
+
+
+def _flow_limit(net: Mapping[str, Any], spec: NcclSpec) -> str:
+    """The per-flow limit NCCL's sockets get: set, the NIC vendor's documented one, or none."""
+    if "flow_rate" in net:
+        return f", at most {units.format_rate(net['flow_rate'])} per flow (set)"
+    if spec.nic in FLOW_RATE:
+        return f", at most {units.format_rate(FLOW_RATE[spec.nic])} per flow ({spec.nic}'s documented limit)"
+    return ""
 
 
 def _gloo_lines(net: Mapping[str, Any], hosts: bool) -> list[str]:

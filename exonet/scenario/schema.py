@@ -239,7 +239,7 @@ NETWORK = {
     "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
     "mss": _number(64, 1e9, closed=True), "header_bytes": _number(0, 1e6, closed=True), "message_overhead": _time,
     "host_cores": _number(1e-3, 1e6, closed=True), "queue": _queue,
-    "streams": _at_most(1024, "TCP connections per pair of nodes"), "setup": _time,
+    "streams": _at_most(1024, "TCP connections per pair of nodes"), "setup": _time, "flow_rate": _rate,
     "backend": _enum(BACKENDS), "slow_start_after_idle": _flag,
     "nccl": _table({"algorithm": _enum(NCCL_ALGORITHMS), "protocol": _enum(NCCL_PROTOCOLS),
                     "channels": _at_most(64, "NCCL runs at most 64 channels"), "nic": _enum(NCCL_NICS),
