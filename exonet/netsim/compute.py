@@ -28,22 +28,30 @@ Events (``[[events]]``), each for some ranks:
 Failures (``[failures]``, drawn per rank by exonet.netsim.failures) are outages like
 ``down`` in seconds, with one difference: a failure that strikes while the rank computes
 throws away its compute since its last sync (the end of its latest blocking collective or
-wait), and after the outage the rank redoes that work before going on. A failure while the
-rank is blocked in a collective only delays the collective (what it contributes is kept).
+wait), and after the outage the rank redoes that work before going on. A failure strikes
+whatever its length: one of ``repair`` 0 and ``restart`` 0 is a zero-length outage, which
+pauses nothing but still throws the work away. A failure while the rank is blocked in a
+collective only delays the collective (what it contributes is kept).
+
+Outages are kept per rank in order (the failure process draws them disjoint and in time order;
+``down`` events and gated steps are few), so the questions a replay asks of them (is a rank down
+at t, what overlaps [a, b), when are all of a group up again) are bisections, not rescans of every
+outage drawn so far; ``up_time`` merges the members' outages in start order, drawing as it goes.
 
 Slowdowns affect compute only; links are the scenario's ``[network]``.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from operator import attrgetter
 
 import numpy as np
 
 from exonet.errors import ScenarioError
-from exonet.netsim.failures import FailureBudget, FailureProcess
+from exonet.netsim.failures import MAX_FAILURES, FailureBudget, FailureProcess, all_up_wait
 from exonet.scenario import EventSpec, Resolved
 from exonet.trace import Compute, Step
 
@@ -74,7 +82,8 @@ class ComputeModel:
         self._rngs = [np.random.default_rng([resolved.seed, r]) for r in range(n)] if self._jitter else []
         self._step_slow: list[list[tuple[int, float, float]]] = [[] for _ in range(n)]
         self._timed: list[list[_Window]] = [[] for _ in range(n)]
-        self.down: list[list[tuple[float, float]]] = [[] for _ in range(n)]
+        self.down: list[list[tuple[float, float]]] = [[] for _ in range(n)]  # every outage: events, failures
+        self._event_down: list[list[tuple[float, float]]] = [[] for _ in range(n)]  # outages not failures: few
         self._gated: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self.windowed = [False] * n
         for i, e in enumerate(resolved.events):
@@ -84,6 +93,7 @@ class ComputeModel:
         self.failures = ([FailureProcess(spec, r) if spec.servers or r < n - resolved.servers else None
                           for r in range(n)] if spec is not None else None)
         self._failed = [0] * n  # failures of each rank recorded as outages so far
+        self._recorded = 0  # their sum
         self._budget = FailureBudget(spec) if spec is not None else None
         self._fail_starts: list[set[float]] = [set() for _ in range(n)]
         self.windowed = [bool(w) or spec is not None for w in self._timed]
@@ -163,27 +173,29 @@ class ComputeModel:
     def _run(self, rank: int, step: int, start: float, work: float,
              since: float | None) -> tuple[float, list[tuple[float, float, int]]]:
         live = [(t0, t1, f) for lo, hi, t0, t1, f in self._timed[rank] if lo <= step < hi and t1 > start]
-        if not live:
+        fails = self._failures_from(rank, start)
+        if not live and (not fails or fails[0][0] >= start + work):  # (a failure at the end strikes the next span)
             return start + work, [(start, start + work, UP)]
+        live += [(t0, t1, math.inf) for t0, t1 in fails]
+        strikes = {t0 for t0, _ in fails} if since is not None else set()
         edges = sorted({x for t0, t1, _ in live for x in (t0, t1) if start < x < math.inf})
         pieces: list[tuple[float, float, int]] = []
-        t, left, fails = start, work, self._fail_starts[rank]
+        t, left = start, work
         for edge in [*edges, math.inf]:
-            slow = 1.0
-            for t0, t1, f in live:
-                if t0 <= t < t1:
-                    slow *= f
+            struck = t in strikes  # (a zero-length failure too: it contains no t, but it strikes)
+            if struck:
+                assert since is not None  # strikes are only kept when the work since sync is lost
+                left = since + work  # the work since the last sync is lost: redo it all
+            slow = _slowdown(live, t)
             if math.isinf(slow):
-                failed = since is not None and t in fails
-                if failed:
-                    assert since is not None  # failed implies it
-                    left = since + work  # the work since the last sync is lost: redo it all
-                pieces.append((t, edge, FAILED if failed else DOWN))
-            elif t + left * slow <= edge:
-                end = t + left * slow
-                pieces.append((t, end, UP))
-                return end, pieces
+                pieces.append((t, edge, FAILED if struck else DOWN))
             else:
+                if struck:
+                    pieces.append((t, t, FAILED))
+                if t + left * slow <= edge:
+                    end = t + left * slow
+                    pieces.append((t, end, UP))
+                    return end, pieces
                 left -= (edge - t) / slow
                 pieces.append((t, edge, UP))
             t = edge
@@ -191,8 +203,9 @@ class ComputeModel:
 
     # --------------------------------------------------------------- outages
     def add_down(self, rank: int, t0: float, t1: float) -> None:
-        """Record an outage of ``rank`` over [t0, t1)."""
+        """Record an outage of ``rank`` over [t0, t1) (a ``down`` event or a gated step's, not a failure)."""
         self.down[rank].append((t0, t1))
+        self._event_down[rank].append((t0, t1))
         self._timed[rank].append((0, math.inf, t0, t1, math.inf))
         self.windowed[rank] = True
 
@@ -206,13 +219,39 @@ class ComputeModel:
         if process is None:
             return []
         outages = process.through(t)
-        for t0, t1 in outages[self._failed[rank]:]:
-            self.add_down(rank, t0, t1)
-            self._fail_starts[rank].add(t0)
-        self._failed[rank] = len(outages)
-        assert self._budget is not None  # set with self.failures
-        self._budget.drawn(sum(self._failed), t)
+        if len(outages) > self._failed[rank]:
+            new = outages[self._failed[rank]:]
+            self.down[rank].extend(new)
+            self._fail_starts[rank].update(t0 for t0, _ in new)
+            self._failed[rank] = len(outages)
+            self._recorded += len(new)
+            assert self._budget is not None  # set with self.failures
+            self._budget.drawn(self._recorded, t)
         return outages
+
+    def _failures_from(self, rank: int, t: float) -> list[tuple[float, float]]:
+        """``rank``'s failures recorded so far that end after ``t`` (or are zero-length at ``t``), in order."""
+        process = self.process(rank)
+        if process is None:
+            return []
+        drawn = self._failed[rank]
+        return process.outages[process.first_ending(t, drawn):drawn]
+
+    def outages_between(self, rank: int, a: float, b: float) -> list[tuple[float, float]]:
+        """``rank``'s outages recorded so far that overlap (a, b): t0 < b and t1 > a (events first, then failures)."""
+        out = [(t0, t1) for t0, t1 in self._event_down[rank] if t0 < b and t1 > a]
+        for t0, t1 in self._failures_from(rank, a):
+            if t0 >= b:
+                break
+            if t1 > a:
+                out.append((t0, t1))
+        return out
+
+    def down_at(self, rank: int, t: float) -> bool:
+        """Whether ``rank`` is down (failed, or a ``down`` event) at ``t`` seconds, drawing failures through ``t``."""
+        self.failures_through(rank, t)
+        return any(t0 <= t < t1 for t0, t1 in self._event_down[rank]) or any(
+            t0 <= t < t1 for t0, t1 in self._failures_from(rank, t)[:1])
 
     def fail_starts(self, rank: int) -> set[float]:
         """When ``rank``'s failures drawn so far struck."""
@@ -246,16 +285,63 @@ class ComputeModel:
         return out
 
     def up_time(self, members: Iterable[int], t: float) -> float:
-        """The earliest time >= ``t`` at which every one of ``members`` is up."""
-        moved = True
-        while moved:
-            moved = False
-            for r in members:
-                self.failures_through(r, t)
-                for t0, t1 in self.down[r]:
-                    if t0 <= t < t1:
-                        t, moved = t1, True
-        return t
+        """The earliest time >= ``t`` at which every one of ``members`` is up.
+
+        The members' outages are merged in start order (failures drawn as the merge needs them): the first
+        time no outage begun by then covers is the answer. A wait that could only end after more failures
+        than the replay allows is refused at once, naming ``failures.repair`` (failures.all_up_wait).
+        """
+        members = list(members)
+        heap = []
+        for r in members:
+            stream = self._outages_after(r, t)
+            first = next(stream, None)
+            if first is not None:
+                heap.append((first, r, stream))
+        heapq.heapify(heap)
+        if self._budget is not None and any(t0 <= t < t1 for (t0, t1), _, _ in heap):  # a wait: can it end?
+            all_up_wait(self._budget.spec, sum(self.process(r) is not None for r in members))
+        reach, merged = t, 0
+        while heap and heap[0][0][0] <= reach:
+            (_, t1), r, stream = heap[0]
+            reach = max(reach, t1)
+            nxt = next(stream, None)
+            if nxt is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, (nxt, r, stream))
+            merged += 1
+            if merged > MAX_FAILURES:
+                assert self._budget is not None  # only failures go on without end
+                self._budget.drawn(self._recorded + merged, reach)
+        for r in members:
+            self.failures_through(r, reach)
+        return reach
+
+    def _outages_after(self, rank: int, t: float) -> Iterator[tuple[float, float]]:
+        """``rank``'s outages that end after ``t``, in start order: its events, and its failures for ever."""
+        events = sorted(w for w in self._event_down[rank] if w[1] > t)
+        process = self.process(rank)
+        if process is None:
+            return iter(events)
+        process.through(t)
+        return heapq.merge(events, _drawn_from(process, process.first_ending(t)))
+
+
+def _drawn_from(process: FailureProcess, k: int) -> Iterator[tuple[float, float]]:
+    """``process``'s outages from the k-th on, drawn as they are asked for."""
+    while True:
+        yield process.outage(k)
+        k += 1
+
+
+def _slowdown(live: list[tuple[float, float, float]], t: float) -> float:
+    """The product of the factors of the windows that contain ``t`` (inf: down)."""
+    slow = 1.0
+    for t0, t1, f in live:
+        if t0 <= t < t1:
+            slow *= f
+    return slow
 
 
 def _base(resolved: Resolved):

@@ -17,6 +17,13 @@ between syncs ("1 ms" for steps of a second) is work without bound. ``FailureBud
 expectation up span by span, and the failures drawn, and refuses the replay, naming
 ``failures.mtbf``, once either passes ``MAX_FAILURES`` over the run.
 
+A blocking collective waits until all its m failing members are up at once. A rank is up a share
+p = mtbf / (mtbf + E[repair] + restart) of the time, so all m are up only p^m of it, and they come up
+together at the rate m·p^(m−1) / (mtbf + E[D]): waiting for that from a moment some are down draws
+(1 − p^m) / p^(m−1) failures on average. ``all_up_wait`` refuses, naming ``failures.repair``, where
+that alone passes ``MAX_FAILURES`` (mtbf 1 h, repair 10 h, 8 ranks: 2·10^7 failures per wait, an endless
+replay); mtbf 50 h, repair 2 h, 256 ranks expects 2·10^4 and is replayed.
+
 ``UnitFailures`` is the same process for a unit of many devices that is one thing to the model (a
 learner of N/M chips, exonet.netsim.learners): its devices fail independently with mean ``mtbf`` each,
 so the unit's failures arrive at the summed rate, live devices / ``mtbf``, with no object per device.
@@ -25,6 +32,9 @@ so the unit's failures arrive at the summed rate, live devices / ``mtbf``, with 
 from __future__ import annotations
 
 import math
+import warnings
+from bisect import bisect_right
+from operator import itemgetter
 
 import numpy as np
 
@@ -73,6 +83,33 @@ class FailureBudget:
                 f"{MAX_FAILURES:,} failures by {format_time(t)} of simulated time; raise failures.mtbf")
 
 
+def all_up_wait(spec: FailureSpec, members: int) -> float:
+    """Failures drawn, on average, while waiting for ``members`` failing ranks to be up at once; ScenarioError
+    naming ``failures.repair`` where that passes ``MAX_FAILURES`` (the replay would never end)."""
+    down = spec.repair + spec.restart
+    p = spec.mtbf / (spec.mtbf + down)
+    wait = (1.0 - p**members) / p ** (members - 1) if p > 0 else math.inf
+    if not wait <= MAX_FAILURES:
+        raise ScenarioError(
+            f"scenario: failures.repair: {format_time(spec.repair)} (plus restart {format_time(spec.restart)}) "
+            f"against mtbf {format_time(spec.mtbf)} keeps a rank up {p:.3g} of the time, so the {members} ranks "
+            f"of a collective are all up at once only p^{members} = {p**members:.3g} of it: waiting for that draws "
+            f"about {wait:.3g} failures each time, more than {MAX_FAILURES:,}, a replay without end; shorten "
+            f"failures.repair, raise failures.mtbf, or let the run go on without failed nodes (an elastic strategy)")
+    return wait
+
+
+def warn_default_restart(failures: dict | None, elastic: bool = False) -> None:
+    """Warn that a ``[failures]`` table (as written) gives no ``restart``, naming the default taken: a failure
+    then costs its repair and the work thrown away, but no reload (an elastic learner stalls ``pause`` instead)."""
+    if failures is None or "restart" in failures or elastic:
+        return
+    warnings.warn(f"scenario: [failures] gives no restart: took the default restart = \"{format_time(0.0)}\", so a "
+                  f"failure costs only its repair and the work since the last sync; a synchronous job's reload and "
+                  f"rejoin takes minutes (scenarios/README.md, \"[failures] defaults\"): set failures.restart",
+                  UserWarning, stacklevel=3)
+
+
 def _tries(x: float) -> float:
     """e^x − 1, and inf where it passes what a float holds."""
     return math.expm1(x) if x < 700 else math.inf
@@ -89,8 +126,17 @@ class FailureProcess:
     def __init__(self, spec: FailureSpec, rank: int) -> None:
         self.spec = spec
         self._rng = np.random.default_rng([spec.seed, rank, _STREAM])
-        self.outages: list[tuple[float, float]] = []  # drawn so far, in order
+        self.outages: list[tuple[float, float]] = []  # drawn so far, in order, disjoint: starts and ends both sorted
         self._t = 0.0  # the end of the latest outage drawn
+
+    def first_ending(self, t: float, drawn: int | None = None) -> int:
+        """The index of the first outage among the first ``drawn`` (default: all drawn) that ends after ``t``
+        (or is a zero-length one at ``t``): a bisection, since outages are disjoint and in order."""
+        hi = len(self.outages) if drawn is None else drawn
+        i = bisect_right(self.outages, t, hi=hi, key=itemgetter(1))
+        while i > 0 and self.outages[i - 1][0] == self.outages[i - 1][1] == t:
+            i -= 1
+        return i
 
     def outage(self, k: int) -> tuple[float, float]:
         """The k-th outage (from 0): [start, end) in seconds."""

@@ -8,13 +8,17 @@ and seeded per learner (``UnitFailures``). The cost is one event per failure, wh
 
 What a failure costs its learner (``learner_goodput``):
 
-* not elastic: the learner stalls ``restart`` (a synchronous job re-forms on spare chips and
-  reloads its state), then goes on whole;
+* not elastic: the learner throws away its training since its last sync (``sync_s``: a Decoupled
+  DiLoCo learner's outer step; 0 syncs continuously and loses nothing) and stalls ``restart`` (a
+  synchronous job re-forms on spare chips and reloads its state), then goes on whole. A failure
+  strikes whatever its length: ``restart`` 0 still throws the work away;
 * elastic: the learner stalls ``pause`` (its quorum re-forms without the failed chips), then trains
   without the ``slice`` chips the failure took down until ``repair`` after the failure.
 
 No failure arrives during a stall (the alternating renewal of exonet.netsim.failures), so one
-learner of n chips that stalls d per failure and never misses a slice keeps g = 1 / (1 + d·n/mtbf).
+learner of n chips that stalls d per failure and never misses a slice keeps g = 1 / (1 + d·n/mtbf);
+with syncs every S seconds of training, λ = n/mtbf, g = λS / ((e^(λS) − 1)(1 + λd)) (a round of S
+is started again after every failure within it).
 Learners are independent: Decoupled DiLoCo with a quorum of 1, where a failure stalls only its
 learner. One learner of all the chips is data-parallel training (elastic or not). Goodput is the
 share of the machine's chip-time that trains the model.
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from exonet.netsim.failures import UnitFailures
+from exonet.netsim.failures import MAX_FAILURES, UnitFailures, warn_default_restart
 from exonet.scenario import FailureSpec, Scenario
 
 _QUORUM_STREAM = 0x0A0F  # the speed noise of quorum_goodput, apart from every failure stream
@@ -42,8 +46,9 @@ _QUORUM_STREAM = 0x0A0F  # the speed noise of quorum_goodput, apart from every f
 class LearnerGoodput:
     """What ``learner_goodput`` found, in chip-seconds over ``chips`` × ``horizon_s``.
 
-    ``goodput + stalled + missing == 1``: trained, stalled (a whole learner waiting out a pause or
-    restart) and missing (a slice out for repair while its learner trains on).
+    ``goodput + stalled + missing + lost == 1``: trained, stalled (a whole learner waiting out a pause or
+    restart), missing (a slice out for repair while its learner trains on) and lost (trained since the
+    learner's last sync, then thrown away by a failure).
     """
 
     chips: int
@@ -54,10 +59,11 @@ class LearnerGoodput:
     goodput: float
     stalled: float
     missing: float
+    lost: float = 0.0
 
 
 def learner_goodput(scenario: Scenario, chips: int, learners: int = 1, *, elastic: bool = True,
-                    horizon_s: float = 86400.0) -> LearnerGoodput:
+                    horizon_s: float = 86400.0, sync_s: float = 0.0) -> LearnerGoodput:
     """Goodput of ``chips`` chips in ``learners`` independent learners under ``scenario``'s ``[failures]``.
 
     Args:
@@ -66,46 +72,68 @@ def learner_goodput(scenario: Scenario, chips: int, learners: int = 1, *, elasti
         chips: the machine's chips, split as evenly as can be.
         learners: M; 1 is data-parallel training.
         elastic: whether a failure costs ``pause`` and a missing slice (True) or a ``restart``.
-        horizon_s: simulated seconds of training.
+        horizon_s: simulated seconds of training; its expected failures (chips × horizon_s / mtbf, one event
+            each) must stay within ``MAX_FAILURES``.
+        sync_s: training seconds between a learner's syncs, whose work a failure throws away when not elastic
+            (0: none is lost).
     """
     spec = scenario.failures
     if spec is None:
         raise scenario.key_error("failures", "learner_goodput needs a [failures] table (e.g. mtbf = \"8766 h\")")
     if not 1 <= learners <= chips:
         raise ValueError(f"learner_goodput: learners must be in [1, chips = {chips:,}], got {learners}")
-    if not horizon_s > 0:
-        raise ValueError(f"learner_goodput: horizon_s must be > 0, got {horizon_s!r}")
+    _check_horizon(horizon_s, chips * horizon_s / spec.mtbf if math.isfinite(horizon_s) else math.inf)
+    if not 0 <= sync_s < math.inf:
+        raise ValueError(f"learner_goodput: sync_s must be a finite number of seconds >= 0, got {sync_s!r}")
+    warn_default_restart(scenario.to_dict().get("failures"), elastic)
     smallest = chips // learners
     if spec.slice > smallest:
         raise scenario.key_error("failures.slice", f"{spec.slice:,} devices is larger than a learner "
                                  f"({chips:,} chips / {learners} learners = {smallest:,} devices); a failure takes "
                                  f"down at most its learner")
     sizes = [smallest + (i < chips % learners) for i in range(learners)]
-    runs = [_learner(spec, UnitFailures(spec, i), n, elastic, horizon_s) for i, n in enumerate(sizes)]
+    sync = 0.0 if elastic else sync_s
+    runs = [_learner(spec, UnitFailures(spec, i), n, elastic, horizon_s, sync) for i, n in enumerate(sizes)]
     total = chips * horizon_s
     return LearnerGoodput(chips=chips, learners=learners, elastic=elastic, horizon_s=horizon_s,
                           failures=sum(r[0] for r in runs), goodput=sum(r[1] for r in runs) / total,
-                          stalled=sum(r[2] for r in runs) / total, missing=sum(r[3] for r in runs) / total)
+                          stalled=sum(r[2] for r in runs) / total, missing=sum(r[3] for r in runs) / total,
+                          lost=sum(r[4] for r in runs) / total)
 
 
-def _learner(spec: FailureSpec, failures: UnitFailures, n: int, elastic: bool,
-             horizon: float) -> tuple[int, float, float, float]:
-    """One learner of ``n`` chips over ``horizon`` seconds: (failures, trained, stalled, missing chip-seconds), which
-    add up to n · horizon."""
+def _check_horizon(horizon_s: float, expected: float) -> None:
+    """ValueError naming ``horizon_s`` unless it is finite, > 0, and expects at most ``MAX_FAILURES`` failures (each
+    one event: a horizon of 1e300 s would never end)."""
+    if not 0 < horizon_s < math.inf:
+        raise ValueError(f"learner_goodput: horizon_s must be a finite number of seconds > 0, got {horizon_s!r}")
+    if not expected <= MAX_FAILURES:
+        raise ValueError(f"learner_goodput: horizon_s = {horizon_s:.4g} s expects about {expected:.3g} failures "
+                         f"(chips × horizon_s / mtbf), more than {MAX_FAILURES:,}, one event each: shorten horizon_s "
+                         f"(the goodput of a shorter one is the same within its sampling error)")
+
+
+def _learner(spec: FailureSpec, failures: UnitFailures, n: int, elastic: bool, horizon: float,
+             sync: float) -> tuple[int, float, float, float, float]:
+    """One learner of ``n`` chips over ``horizon`` seconds: (failures, trained, stalled, missing, lost chip-seconds),
+    which add up to n · horizon; a failure throws away the training since its last sync, every ``sync`` (0: none)."""
     stall = spec.pause if elastic else spec.restart
     out: list[tuple[float, int]] = []  # (back at, chips) of the slices out for repair
-    t, live, count, trained, stalled, missing = 0.0, n, 0, 0.0, 0.0, 0.0
+    t, live, count, trained, stalled, missing, lost = 0.0, n, 0, 0.0, 0.0, 0.0, 0.0
+    since = 0.0  # seconds trained since the last sync (with ``sync``, when not elastic: live is n throughout)
     while t < horizon:
         back = out[0][0] if out else math.inf
         strike = t + failures.gap(live)
         end = min(strike, back, horizon)
         trained += live * (end - t)
         missing += (n - live) * (end - t)
+        if sync > 0:
+            since = math.fmod(since + (end - t), sync)
         t = end
         if end == back:  # a slice is repaired (the exponential is memoryless: the next gap is drawn afresh)
             live += heapq.heappop(out)[1]
         elif end == strike:
             count += 1
+            trained, lost, since = trained - live * since, lost + live * since, 0.0  # back to the last sync
             if elastic:
                 down = min(spec.slice, live)
                 live -= down
@@ -118,7 +146,7 @@ def _learner(spec: FailureSpec, failures: UnitFailures, n: int, elastic: bool,
                 t = step
                 while out and out[0][0] <= t:
                     live += heapq.heappop(out)[1]
-    return count, trained, stalled, missing
+    return count, trained, stalled, missing, lost
 
 def quorum_goodput(speeds: Sequence[float], quorum: int, *, sigma: float = 0.0, rounds: int = 2000,
                    seed: int = 0) -> float:

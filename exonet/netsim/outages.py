@@ -16,6 +16,10 @@ discards its work and receives the state.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
+from operator import itemgetter
+
 from exonet.netsim.agenda import OUTAGE, START, seconds, ticks
 from exonet.netsim.simstate import SimState
 from exonet.netsim.spans import COMM, IDLE
@@ -46,21 +50,31 @@ class Outages(SimState):
         return True
 
     def _members_down(self, c: Instance, end: int) -> list[tuple[float, float]]:
-        """The outages of ``c``'s members up to tick ``end``, sorted: while one is down, the others wait for it
-        (idle), whether the outage began before the collective or inside it."""
-        if c.down is None:
-            windows: list[tuple[float, float]] = []
+        """The outages of ``c``'s members up to tick ``end``, as disjoint sorted tick intervals (their union): while
+        one is down, the others wait for it (idle), whether the outage began before the collective or inside it."""
+        if c.down is None:  # only outages that end after the earliest tick booked here: [c.start - c.setup, end)
+            lo, ticked = seconds(min(c.start - c.setup, end)), []
             for r in c.members:
                 self._cm.failures_through(r, seconds(end))
-                windows += self._cm.down[r]
-            c.down = sorted(windows)
+                ticked += [(ticks(t0), ticks(t1)) for t0, t1 in self._cm.outages_between(r, lo, math.inf)]
+            union: list[tuple[float, float]] = []
+            for a, b in sorted(ticked):
+                if union and a <= union[-1][1]:
+                    union[-1] = (union[-1][0], max(union[-1][1], b))
+                elif b > a:
+                    union.append((a, b))
+            c.down = union
         return c.down
 
     def _spend_comm(self, rk: RankState, c: Instance, start: int, end: int) -> None:
         """Book ``rk``'s ticks [start, end) in the collective ``c``: comm, but idle while a member is down."""
+        union = self._members_down(c, end)
         cursor = start
-        for t0, t1 in self._members_down(c, end):
-            lo, hi = max(ticks(t0), cursor), min(ticks(t1), end)
+        for i in range(bisect_right(union, start, key=itemgetter(1)), len(union)):
+            a, b = union[i]
+            if a >= end:
+                break  # (sorted: the rest begin later still)
+            lo, hi = max(int(a), cursor), min(int(b), end)
             if hi > lo:
                 self._spend(rk, cursor, lo, COMM)
                 self._spend(rk, lo, hi, IDLE)
@@ -157,7 +171,9 @@ class Outages(SimState):
         """The first tick in [lo, hi) at which every one of ``ranks`` is down, or None."""
         for r in ranks:
             self._cm.failures_through(r, seconds(hi))
-        starts = sorted({lo} | {ticks(t0) for r in ranks for t0, _ in self._cm.down[r] if lo < ticks(t0) < hi})
+        a, b = seconds(lo), seconds(hi)
+        starts = sorted({lo} | {ticks(t0) for r in ranks for t0, _ in self._cm.outages_between(r, a, b)
+                                if lo < ticks(t0) < hi})
         return next((t for t in starts if all(self.down_at(r, seconds(t)) for r in ranks)), None)
 
     def _issue_late(self, rk: RankState, e: Collective, key: tuple) -> None:

@@ -55,13 +55,12 @@ class ClockQueries(SimState):
 
     def down_at(self, rank: int, t: float) -> bool:
         """Whether ``rank`` is down (failed, or a ``down`` event) at ``t`` seconds."""
-        self._cm.failures_through(rank, t)
-        return any(t0 <= t < t1 for t0, t1 in self._cm.down[rank])
+        return self._cm.down_at(rank, t)
 
     def was_down(self, rank: int, a: float, b: float) -> bool:
         """Whether ``rank`` was down (failed, or a ``down`` event) at any time in (a, b) seconds."""
         self._cm.failures_through(rank, b)
-        return any(t0 < b and t1 > a for t0, t1 in self._cm.down[rank])
+        return bool(self._cm.outages_between(rank, a, b))
 
     def is_open(self, rank: int) -> bool:
         """Whether ``rank`` may still be fed."""

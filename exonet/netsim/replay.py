@@ -18,6 +18,7 @@ from typing import Any
 
 from exonet.errors import ScenarioError
 from exonet.netsim.engine import Simulation
+from exonet.netsim.failures import warn_default_restart
 from exonet.netsim.result import SimResult
 from exonet.netsim.spread import with_range
 from exonet.scenario import Resolved, Scenario
@@ -56,6 +57,7 @@ def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, 
         else:
             chosen = Scenario.coerce(scenario)
             resolved, name = chosen.resolve(trace.num_ranks, servers=trace.meta.get("servers", 0)), chosen.name
+            warn_default_restart(chosen.to_dict().get("failures"))
             given = given_compute and isinstance(trace.meta.get("compute"), dict)
             _warn_if_decided_elsewhere(trace, with_given_compute(chosen) if given else chosen)
         resolved, caution = _given_timing(trace, resolved, name, given_compute)
@@ -97,6 +99,7 @@ def _simulate_jobs(traces: list[Trace], scenario: Resolved | ScenarioLike, histo
     else:
         assert chosen is not None  # coerced above: the scenario is not Resolved
         resolved, name = chosen.resolve(n), chosen.name
+        warn_default_restart(chosen.to_dict().get("failures"))
         for t in traces:
             _warn_if_decided_elsewhere(t, chosen)
     resolved, caution = _compute_timing(resolved, name, traces)
