@@ -171,6 +171,11 @@ def _estimate(args: argparse.Namespace) -> int:
         raise ValueError(f"--solve-for {args.solve_for}: says what --solve-utilization varies; give that too")
     args.solve_for = args.solve_for or "nic"
     scenarios = _estimate_scenarios(args)
+    profile = args.profile
+    if profile is not None:  # read once, within its ceiling, for every scenario
+        from exonet.profile.kineto import MAX_BYTES, read_profile
+
+        profile = read_profile(profile, args.profile_max_size or MAX_BYTES)
     # --tokens-per-step without --tflops times compute on each scenario's own device: one estimate per scenario
     own_device = args.step_time is None and args.tflops is None
     estimates = {}
@@ -179,7 +184,7 @@ def _estimate(args: argparse.Namespace) -> int:
             args.strategy, params=args.model_params, num_nodes=args.nodes, max_steps=args.steps,
             step_time=args.step_time,
             tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu, dtype=args.dtype,
-            layers=args.layers, model=args.model, scenario=name, profile=args.profile, scale_layers=args.scale_layers,
+            layers=args.layers, model=args.model, scenario=name, profile=profile, scale_layers=args.scale_layers,
             devices=tuple(args.devices.split(":", 1)) if args.devices else None)
     est = next(iter(estimates.values()))
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
@@ -286,6 +291,16 @@ def _tokens(text: str) -> float | list[float]:
     return values[0] if len(values) == 1 else values
 
 
+def _size(text: str) -> int:
+    """``--profile-max-size``: a size such as "4 GiB"."""
+    from exonet.units import parse_size
+
+    try:
+        return int(parse_size(text, "--profile-max-size", allow_zero=False))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from exonet.validate.command import run
 
@@ -337,7 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("estimate", help="estimate a run's time without training (strategy logic on meta tensors)")
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--model-params", type=float, help="parameter count of a transformer-like stack, e.g. 7e9")
-    model.add_argument("--model", help="module:factory returning an nn.Module (built on the meta device)")
+    model.add_argument("--model", metavar="MOD:FN",
+                       help="module:factory returning an nn.Module (built on the meta device). This imports MOD and "
+                            "calls FN: it runs that code with your rights, so name only code you trust. MOD is found "
+                            "on the import path: PYTHONPATH=. or python -m exonet for a module in this folder")
     p.add_argument("--layers", type=int, help="blocks in the --model-params stack (default 24)")
     p.add_argument("--strategy", required=True, help="e.g. ddp, diloco:H=500, sparta:p_sparta=0.005")
     p.add_argument("--nodes", type=int, required=True)
@@ -362,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "link alike")
     p.add_argument("--profile", metavar="TRACE.json",
                    help="a torch.profiler trace (Kineto JSON) of --model's training steps: replay its measured step")
+    p.add_argument("--profile-max-size", type=_size, metavar="SIZE",
+                   help="with --profile: the largest trace read, on disk and decompressed (default 1 GiB)")
     p.add_argument("--scale-layers", type=int, metavar="N",
                    help="with --profile: the trace profiled N blocks of --model's stack; time the rest as those")
     p.add_argument("--devices", metavar="FROM:TO",
@@ -386,6 +406,27 @@ def main(argv: list[str] | None = None) -> int:
     except (ScenarioError, TraceError, NodeFailure, ValueError, TypeError, ImportError) as exc:
         print(f"exonet {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file the command reads or writes: name it, and why, on one line
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"exonet {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except (OverflowError, RecursionError, MemoryError) as exc:
+        kind = ("a number too large to compute with" if isinstance(exc, OverflowError) else
+                "nesting too deep to follow" if isinstance(exc, RecursionError) else "more memory than there is")
+        print(f"exonet {args.command}: error: {_inputs(args)} needs {kind}" + (f": {exc}" if str(exc) else ""),
+              file=sys.stderr)
+        return 2
+
+
+def _inputs(args: argparse.Namespace) -> str:
+    """The inputs the command was given, for an error that no reader of one of them could pin on it."""
+    given = []
+    for key in ("run", "runs", "scenario", "profile", "model", "model_params"):
+        value = getattr(args, key, None)
+        if value:
+            text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+            given.append(text if key in ("run", "runs") else f"--{key.replace('_', '-')} {text}")
+    return "an input (" + ", ".join(given) + ")" if given else "the command line"
 
 
 if __name__ == "__main__":

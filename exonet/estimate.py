@@ -144,7 +144,10 @@ def load_model(spec: str, dtype: torch.dtype) -> torch.nn.Module:
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except ImportError as exc:
-        raise ValueError(f"model={spec!r}: cannot import {module_name!r}: {exc}") from None
+        hint = ("; it is looked for on the import path, which holds the current folder under python -m exonet (or "
+                "PYTHONPATH=. exonet ...) but not under the bare exonet command"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0] else "")
+        raise ValueError(f"model={spec!r}: cannot import {module_name!r}: {exc}{hint}") from None
     except AttributeError:
         raise ValueError(f"model={spec!r}: module {module_name!r} has no attribute {attr!r}") from None
     if not callable(factory):

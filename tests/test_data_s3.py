@@ -276,3 +276,17 @@ def test_eviction_deletes_only_what_it_downloaded_even_if_the_index_changes_afte
         ds[8]
     assert victim.read_bytes() == b"precious" and ds.fetched == [0]
     assert list(ds._cache_folder().iterdir()) == []  # shard 0 was evicted, and only it
+
+
+def test_a_shard_larger_than_its_index_declares_is_refused_before_it_is_downloaded(s3, tmp_path):
+    """An object swapped for a larger one after the index was written: its length is checked against the index's
+    ``bytes`` from the response's headers, and not one chunk of it reaches the cache (it was fetched whole)."""
+    write_shards(DATA, "s3://exo/swapped", shard_size=8)
+    s3.client.put_object(Bucket="exo", Key="swapped/" + json.loads(s3.client.get_object(
+        Bucket="exo", Key="swapped/index.json")["Body"].read())["shards"][1]["file"], Body=b"\0" * (4 << 20))
+    ds = S3Dataset("s3://exo/swapped", cache_dir=str(tmp_path / "cache"))
+    assert _same(ds[0], DATA[0])
+    with pytest.raises(ValueError, match=r"^s3://exo/swapped/.*: 4,194,304 bytes, but the index declares 320: "
+                                         r"not downloaded"):
+        ds[8]
+    assert [p.name for p in ds._cache_folder().iterdir()] == [ds.index["shards"][0]["file"]]

@@ -120,7 +120,7 @@ class S3Dataset(Dataset):
             if not path.exists():
                 raise FileNotFoundError(f"{path}: listed in {self.store.url}/{INDEX} but missing")
         else:
-            path = self.store.download(entry["file"], self._cache_folder())
+            path = self.store.download(entry["file"], self._cache_folder(), entry["bytes"])
         self._open[s] = shard = OpenShard(path, entry, self.index["fields"])
         self.fetched.append(s)
         return shard

@@ -111,16 +111,30 @@ class S3Store:
         return self._retry(name,
                            lambda: self.client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"].read())
 
-    def download(self, name: str, folder: Path) -> Path:
+    def download(self, name: str, folder: Path, size: int | None = None) -> Path:
         """Stream the object ``name`` to the file of that name in ``folder`` (through a temporary file: a broken
-        transfer leaves nothing); ``name`` must be a plain file name, so the file stays in ``folder``."""
+        transfer leaves nothing); ``name`` must be a plain file name, so the file stays in ``folder``.
+
+        ``size``, the bytes an index declares, is checked against the object's length before a byte is
+        fetched, and against what arrives (an oversized object is never downloaded whole).
+        """
         dest = folder / plain_name(name, f"{self.url}: object name")
         tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+        where = f"s3://{self.bucket}/{self.key(name)}"
 
         def fetch() -> None:
-            body = self.client().get_object(Bucket=self.bucket, Key=self.key(name))["Body"]
+            response = self.client().get_object(Bucket=self.bucket, Key=self.key(name))
+            body, length = response["Body"], response.get("ContentLength")
+            if size is not None and length is not None and length != size:
+                body.close()
+                raise ValueError(f"{where}: {length:,} bytes, but the index declares {size:,}: not downloaded")
+            got = 0
             with open(tmp, "wb") as f:
                 for chunk in body.iter_chunks(CHUNK):
+                    got += len(chunk)
+                    if size is not None and got > size:
+                        body.close()
+                        raise ValueError(f"{where}: more than the {size:,} bytes the index declares: download stopped")
                     f.write(chunk)
             os.replace(tmp, dest)
 

@@ -28,11 +28,16 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import itertools
 import json
+import math
+import os
+import stat
 import statistics
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from exonet.errors import TraceError
 
@@ -46,6 +51,11 @@ KERNELS = ("kernel", "gpu_memcpy", "gpu_memset")
 COLLECTIVES = ("c10d::", "gloo:", "nccl:", "ncclDevKernel", "ncclKernel")  # a collective's issue, wait and run
 LAUNCHES = ("cuda_runtime", "cuda_driver")
 NOT_MODULES = (STEP, "Optimizer.", "PyTorch Profiler")  # annotations the profiler writes itself
+# The largest trace read, on disk and decompressed: 1 GiB, five times the 198 MB of `python -m exonet.bench profile`
+# (0.5 GiB of memory above the imports to read); a larger genuine trace raises it.
+MAX_BYTES = 1 << 30
+CEILING_FLAG = "--profile-max-size"
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)
@@ -83,15 +93,19 @@ def _slim(d: dict) -> Any:
         if "traceEvents" in d:
             return d
         if "External id" in d or "correlation" in d or "Input Dims" in d:
-            dims = d.get("Input Dims")
-            return (d.get("correlation"), tuple(dims[0]) if dims and isinstance(dims[0], list) else None)
+            dims, corr = d.get("Input Dims"), d.get("correlation")
+            return (corr if _is_int(corr) else None, _shape(dims[0]) if isinstance(dims, list) and dims else None)
         return d
     if ph != "X":
         return None
     name, cat, args = d.get("name", ""), d.get("cat", ""), d.get("args")
+    if not isinstance(name, str) or not isinstance(cat, str):
+        return None  # (a wrongly typed event is not one the profiler wrote: skipped, as an unknown one is)
     try:
         ts, end = float(d["ts"]), float(d["ts"]) + float(d.get("dur", 0.0))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    if not math.isfinite(end) or end < ts:
         return None
     kind = _kind(name, cat)
     if kind is None:
@@ -103,6 +117,15 @@ def _slim(d: dict) -> Any:
     else:
         extra = name.removeprefix(MODULE) if kind in ("module", "step") else None
     return (kind, ts, end, extra)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _shape(dims: object) -> tuple[int, ...] | None:
+    """A tensor's shape from ``Input Dims``: a list of integers, else None."""
+    return tuple(dims) if isinstance(dims, list) and all(_is_int(x) for x in dims) else None  # type: ignore[arg-type]
 
 
 def _kind(name: str, cat: str) -> str | None:
@@ -121,14 +144,14 @@ def _kind(name: str, cat: str) -> str | None:
     return "cpu" if cat == "cpu_op" else None
 
 
-def _load(path: Path) -> dict:
-    """The trace's JSON with slimmed events (gzip when the name ends in .gz)."""
-    try:
-        raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read the profiler trace: {exc}") from None
+def _load(path: Path, max_bytes: int) -> dict:
+    """The trace's JSON with slimmed events (gzip when its first bytes say so), read within ``max_bytes``."""
+    raw = _read(path, max_bytes)
     try:
         data = json.loads(raw, object_hook=_slim)
+    except RecursionError:
+        raise TraceError(f"{path}: not Kineto's Chrome-trace JSON: nested too deeply (a trace's events are objects "
+                         "in one list)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: not Kineto's Chrome-trace JSON (torch.profiler's export_chrome_trace): "
                          f"{exc}") from None
@@ -136,6 +159,67 @@ def _load(path: Path) -> dict:
         raise TraceError(f"{path}: not Kineto's Chrome-trace JSON: expected an object with a 'traceEvents' list "
                          "(as torch.profiler's export_chrome_trace writes)")
     return data
+
+
+def _read(path: Path, max_bytes: int) -> bytes:
+    """The file's bytes, decompressed if gzip: a regular file, at most ``max_bytes`` on disk and decompressed, that
+    begins as JSON does. Opened without blocking, so a FIFO or a device is refused at once, not read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the profiler trace: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd)
+        if not stat.S_ISREG(size.st_mode):
+            raise TraceError(f"{path}: not a regular file: a profiler trace is a .json or .json.gz file")
+        if size.st_size > max_bytes:
+            raise TraceError(f"{path}: {size.st_size:,} bytes is more than the profile ceiling of {max_bytes:,} "
+                             f"bytes; raise it if the trace is genuine ({CEILING_FLAG} in the CLI, max_bytes=)")
+        try:
+            if f.read(2) == GZIP_MAGIC:
+                return _gunzip(path, f, max_bytes)
+            if path.suffix == ".gz":
+                raise TraceError(f"{path}: named .gz but not gzip (its first bytes are not 1f 8b)")
+            f.seek(0)
+            raw = f.read(size.st_size + 1)
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read the profiler trace: {exc.strerror or exc}") from None
+    if len(raw) > max_bytes:
+        raise TraceError(f"{path}: grew past the profile ceiling of {max_bytes:,} bytes while read")
+    _check_start(path, raw[:64])
+    return raw
+
+
+def _gunzip(path: Path, f: BinaryIO, max_bytes: int) -> bytes:
+    """A gzip file's contents, refused once they pass ``max_bytes``: a first pass counts them in chunks (a bomb
+    costs time to the ceiling, not memory), a second reads what it counted."""
+    total = 0
+    try:
+        f.seek(0)
+        with gzip.GzipFile(fileobj=f) as z:
+            while chunk := z.read(1 << 20):
+                if not total:
+                    _check_start(path, chunk[:64])
+                total += len(chunk)
+                if total > max_bytes:
+                    raise TraceError(f"{path}: decompresses to more than the profile ceiling of {max_bytes:,} bytes; "
+                                     f"raise it if the trace is genuine ({CEILING_FLAG} in the CLI, max_bytes=)")
+        f.seek(0)
+        with gzip.GzipFile(fileobj=f) as z:
+            raw = z.read(total + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: not a readable gzip file: {exc}") from None
+    if len(raw) != total:
+        raise TraceError(f"{path}: changed while read")
+    return raw
+
+
+def _check_start(path: Path, head: bytes) -> None:
+    """TraceError unless ``head``, the first bytes, could begin a JSON object (blank: cannot tell yet)."""
+    text = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    if text and not text.startswith(b"{"):
+        raise TraceError(f"{path}: not Kineto's Chrome-trace JSON: it begins {head[:16]!r}, not '{{' (as "
+                         "torch.profiler's export_chrome_trace writes)")
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -169,15 +253,28 @@ class _DeviceClock:
         return self.done[i - 1] if self.gpu and i else t
 
 
-def read_profile(path: str | Path) -> StepProfile:
+def read_profile(path: str | Path, max_bytes: int = MAX_BYTES) -> StepProfile:
     """A profiler trace's training step: medians over its ``ProfilerStep`` spans, the first dropped as warm-up.
 
+    Args:
+        path: the trace, ``.json`` or gzip (``.json.gz``): a regular file.
+        max_bytes: the largest trace read, on disk and decompressed (``MAX_BYTES``, 1 GiB, by default).
+
     Raises:
-        TraceError: the file is not Kineto JSON, has no ``ProfilerStep`` span, or a step has no backward
-            (naming the file and what is missing).
+        TraceError: the file is not a regular file, is larger than ``max_bytes``, is not Kineto JSON, has fields
+            of the wrong type, has no ``ProfilerStep`` span, or a step has no backward (naming the file and what).
     """
     path = Path(path)
-    data = _load(path)
+    data = _load(path, max_bytes)
+    try:
+        return _step_profile(path, data)
+    except (TypeError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        raise TraceError(f"{path}: not Kineto's Chrome-trace JSON: a field has an unexpected type or value "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def _step_profile(path: Path, data: dict) -> StepProfile:
+    """``read_profile`` of the parsed ``data``."""
     events = [e for e in data["traceEvents"] if isinstance(e, tuple)]
     steps = sorted((e for e in events if e[0] == "step"), key=lambda e: e[1])
     if not steps:
@@ -213,8 +310,9 @@ def read_profile(path: str | Path) -> StepProfile:
         notes.append(f"{comm * 1e3:.3g} ms per step of exposed communication (gloo/NCCL) left out: the simulator "
                      "times its own")
     names = {n for p in parts for n in p["modules"]}
-    device = next((d.get("name", "GPU") for d in data.get("deviceProperties") or [] if isinstance(d, dict)),
-                  "GPU") if clock.gpu else "CPU"
+    props = data.get("deviceProperties")
+    device = next((d["name"] for d in (props if isinstance(props, list) else [])
+                   if isinstance(d, dict) and isinstance(d.get("name"), str)), "GPU") if clock.gpu else "CPU"
     return StepProfile(
         path=str(path), step_s=step_s, forward_s=forward * scale, backward_s=tuple(b * scale for b in backward),
         grad_shapes=parts[0]["shapes"], tail_s=tail * scale, optimizer_s=med(p["optimizer"] for p in parts),
@@ -273,17 +371,26 @@ def _compute_clock(inside: list[tuple], start: float, end: float) -> Any:
         return i >= 0 and e[2] <= comm[i][1]
 
     busy = _merged([(e[1], e[2]) for e in inside if e[0] in ("kernel", "cpu") and not within(e)])
-    blocked = []
-    for a, b in comm:
-        for x, y in busy:
-            if y <= a or x >= b:
-                continue
+    blocked, j = [], 0
+    for a, b in comm:  # both sorted and disjoint: one pass over each (a busy span may reach into the next comm)
+        while j < len(busy) and busy[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(busy) and busy[k][0] < b:
+            x, y = busy[k]
             if x > a:
                 blocked.append((a, x))
-            a = max(a, y)
+            a, k = max(a, y), k + 1
         if a < b:
             blocked.append((a, b))
-    return lambda t: t - sum(min(b, t) - a for a, b in blocked if a < t)
+    begins = [a for a, _ in blocked]
+    before = list(itertools.accumulate((b - a for a, b in blocked), initial=0.0))  # blocked time before each
+
+    def clock(t: float) -> float:
+        i = bisect.bisect_left(begins, t)  # the blocked spans that begin before t, all but the last ended by then
+        return t if i == 0 else t - before[i - 1] - (min(blocked[i - 1][1], t) - begins[i - 1])
+
+    return clock
 
 
 def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
