@@ -198,7 +198,9 @@ def _estimate(args: argparse.Namespace) -> int:
         est = estimates.get(name, est)
         sim = simulate_estimate(est, scenario)
         row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s,
-               "wall_clock_range": list(sim.wall_clock_range), "utilization": sim.utilization,
+               "wall_clock_range": list(sim.wall_clock_range), "expected_range": list(sim.expected_range),
+               "regime": sim.regime, "time_per_1000_steps_s": 1000 * sim.wall_clock_s / max(1, sim.num_steps),
+               "utilization": sim.utilization,
                "compute_s_per_step": compute_per_step(sim), "wire_bytes_per_node": sim.wire_per_trainer(),
                **trained(sim, est.trace)}  # what it trained beside its time: an elastic run may drop work
         failing = "failures" in scenario.to_dict()
@@ -240,9 +242,14 @@ def _print_estimate(args: argparse.Namespace, report: dict) -> None:
         print(f"{row['scenario']}: simulated wall-clock {format_time(row['wall_clock_s'])}, "
               f"compute utilisation {row['utilization']:.1%}, "
               f"wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
+        print(f"  {format_time(row['time_per_1000_steps_s'])} per 1,000 steps")
         low, high = row["wall_clock_range"]
         if high > low:
             print(f"  range (p10-p90): {format_time(low)} to {format_time(high)}: losses in an overflowing queue")
+        low, high = row["expected_range"]
+        if high > low:
+            print(f"  a real run (p10-p90): {format_time(low)} to {format_time(high)}, by the model's errors measured "
+                  f"in the {row['regime']} regime")
         for a in row.get("assumptions", ()):
             if a not in report["assumptions"]:
                 print(f"  - {a}")

@@ -131,6 +131,7 @@ class Comparison:
         ("scenario", "scenario", "{}"),
         ("wall_clock_s", "sim time", "{}"),
         ("wall_clock_range", "p10-p90", "{}"),
+        ("expected_range", "real run p10-p90", "{}"),
         ("tokens", "tokens", "{:.4g}"),
         ("time_per_token_s", "time/token", "{:.4g} s"),
         ("steps_trained", "steps kept", "{}"),
@@ -153,7 +154,7 @@ class Comparison:
                 return "not reached" if key == "time_to_target_s" and value is None else "—"
             if key in ("wall_clock_s", "time_to_target_s", "time_per_step_s"):
                 return format_time(value)
-            if key == "wall_clock_range":
+            if key in ("wall_clock_range", "expected_range"):
                 return f"{format_time(value[0])} – {format_time(value[1])}"
             if "_bytes_per_" in key:
                 return format_bytes(value)
@@ -168,8 +169,8 @@ class Comparison:
                 and (c[0] != "goodput" or any("goodput" in row for row in self.rows))
                 and (c[0] not in ("tokens", "time_per_token_s") or tokens)
                 and (c[0] not in ("steps_trained", "time_per_step_s") or dropped)
-                and (c[0] != "wall_clock_range" or any(row["wall_clock_range"][1] > row["wall_clock_range"][0]
-                                                       for row in self.rows))]
+                and (c[0] not in ("wall_clock_range", "expected_range")
+                     or any(row[c[0]][1] > row[c[0]][0] for row in self.rows))]
         header = "| " + " | ".join(title for _, title, _ in cols) + " |"
         rule = "|" + "|".join("---" for _ in cols) + "|"
         body = ["| " + " | ".join(cell(k, f, row.get(k)) for k, _, f in cols) + " |" for row in self.rows]
@@ -329,6 +330,8 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "steps": run.trace.num_steps(0),
                 "wall_clock_s": sim.wall_clock_s,
                 "wall_clock_range": sim.wall_clock_range,
+                "expected_range": sim.expected_range,
+                "regime": sim.regime,
                 "time_to_target_s": None if target_loss is None else _time_to(_curve(run, sim, loss), target_loss),
                 "final_loss": final,
                 "trainers": trainers,

@@ -409,7 +409,8 @@ def test_loss_vs_time_and_summary(net):
     result = simulate(steps(2, 3, op="all_reduce"), net(2), history=[3.0, 2.0, 1.5])
     assert result.loss_vs_time() == list(zip(result.step_end_times, [3.0, 2.0, 1.5]))
     text = result.summary()
-    assert "2 nodes, 3 steps" in text and len(text.splitlines()) == 5
+    assert "2 nodes, 3 steps" in text and len(text.splitlines()) == 6
+    assert text.splitlines()[1].startswith("a real run, by the model's measured errors in the phase regime")
     assert text.splitlines()[-1].startswith("most loaded link: ")
     with pytest.raises(ValueError, match="history has 2 losses but the trace has 3 steps"):
         simulate(steps(2, 3), net(2), history=[1.0, 2.0])

@@ -120,6 +120,9 @@ class SimResult:
         wall_clock_range: (p10, p90) of the wall-clock in seconds, ``wall_clock_s`` being the median: where
             phases lose packets to an overflowing queue, the spread of the loss-recovery cost measured on the
             testbed; (wall_clock_s, wall_clock_s) where nothing is stochastic.
+        expected_range: (p10, p90) seconds a real run of the trace on the described cluster is expected to take:
+            ``wall_clock_range`` widened by the model's own errors measured on the testbed in this replay's
+            ``regime`` ("library", "phase", "lossy" or "lossy-streams"; exonet/netsim/confidence.py).
         cautions: sentences naming where this replay sits in a regime the real-links testbed measured
             the model optimistic in (several TCP streams overflowing a shaped queue), with the measured
             bound, or that a FLOPs scenario timed a trace without FLOPs by its seconds; empty elsewhere.
@@ -147,6 +150,10 @@ class SimResult:
     servers: int = 0  # the last ranks serve (a parameter server): utilisation, goodput and lost count the others
     # (p10, p90) seconds around wall_clock_s (the median); zero width where nothing is stochastic (see spread.py)
     wall_clock_range: tuple[float, float] = (0.0, 0.0)
+    # (p10, p90) seconds a real run is expected in: wall_clock_range widened by the model's measured errors in its
+    # regime ("library", "phase", "lossy", "lossy-streams"; see confidence.py)
+    expected_range: tuple[float, float] = (0.0, 0.0)
+    regime: str = ""
 
     @property
     def trainers(self) -> int:
@@ -242,6 +249,10 @@ class SimResult:
         low, high = self.wall_clock_range
         if high > low:
             head += f"\nwall-clock range (p10-p90): {_duration(low)} to {_duration(high)}"
+        low, high = self.expected_range
+        if high > low:
+            head += (f"\na real run, by the model's measured errors in the {self.regime} regime (p10-p90): "
+                     f"{_duration(low)} to {_duration(high)}")
         if self.failures or self.lost["lost_work"] or self.lost["down"]:  # goodput is not the utilisation
             lost = ", ".join(f"{k} {v:.4g} s" for k, v in self.lost.items())
             head += f"\n{self.failures} failures, goodput {self.goodput:.1%}; node-seconds lost: {lost}"

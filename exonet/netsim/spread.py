@@ -20,6 +20,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from exonet.netsim.confidence import expected_range
 from exonet.netsim.result import SimResult
 from exonet.scenario import Resolved
 
@@ -34,11 +35,13 @@ def recovery_quantiles(sigma: float = RECOVERY_SIGMA) -> tuple[float, float]:
 
 def with_range(result: SimResult, resolved: Resolved, lossy: bool,
                replay: Callable[[Resolved], SimResult]) -> SimResult:
-    """``result`` with its ``wall_clock_range``: the replays at the recovery cost's p10 and p90 when ``lossy``."""
+    """``result`` with its ``wall_clock_range`` (the replays at the recovery cost's p10 and p90 when ``lossy``), and
+    its ``expected_range``: that widened by the model's measured errors in its regime (confidence.py)."""
     wall = result.wall_clock_s
     if lossy:
         low, high = (replay(dataclasses.replace(resolved, recovery=q)).wall_clock_s for q in recovery_quantiles())
         result.wall_clock_range = (min(low, wall), max(high, wall))
     else:
         result.wall_clock_range = (wall, wall)
+    result.regime, result.expected_range = expected_range(result, resolved, lossy)
     return result

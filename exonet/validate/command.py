@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recorded", action="store_true",
                    help="with --matrix delay: judge today's model by the delay-line medians last measured "
                         "(exonet/validate/delay_medians.json), without root or namespaces")
+    p.add_argument("--bands", action="store_true",
+                   help="replay every recorded testbed case, and write each regime's p10-p90 of real / model to "
+                        "exonet/netsim/bands.json (the simulator's expected range rests on it); no root needed")
     p.add_argument("--measurements", help="calibrate from your own measurements (CSV: op,nodes,bytes,count,bandwidth,"
                                           "seconds) instead of running namespaces")
     p.add_argument("--run", metavar="RUN_DIR",
@@ -44,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     if args.recorded:
         return _recorded(args.matrix)
+    if args.bands:
+        return _bands()
     source = args.measurements or args.run
     if args.run and args.measurements:
         print("exonet validate: give --run or --measurements, not both", file=sys.stderr)
@@ -145,6 +150,16 @@ def _recorded(matrix: str) -> int:
     from exonet.validate.windows import recorded_report
 
     recorded_report()
+    return 0
+
+
+def _bands() -> int:
+    """Write the model's measured error bands per regime (exonet/validate/residuals.py) and print them."""
+    from exonet.validate.residuals import BANDS, write_bands
+
+    for regime, band in write_bands().items():
+        print(f"{regime}: real / model p10 {band['p10']:.3f}, p90 {band['p90']:.3f} over {band['cases']} cases")
+    print(f"wrote {BANDS}")
     return 0
 
 

@@ -1,0 +1,57 @@
+"""How far a real run may fall from a replay: the model's own measured errors, for the regime the replay is in.
+
+``SimResult.wall_clock_range`` covers what the model draws at random (loss and recovery, spread.py), so it
+has zero width wherever nothing is stochastic, even where the model is known to miss real runs by a few
+percent. ``SimResult.expected_range`` adds what the model does not know: every recorded testbed case
+(exonet/validate/residuals.py) replayed by today's model gives a ratio of real to predicted time, and a
+replay takes the p10 and p90 of the ratios of its own regime (``bands.json``, written by
+``python -m exonet.validate --bands``):
+
+- ``library``: a ``backend`` and no queue overflowing (the delay line's gloo, NCCL-like and windowed
+  cases: real ÷ model from 0.99 to 1.08);
+- ``phase``: exonet's phase model, nothing overflowing (the same cases without their library, and the
+  shaped links that lose nothing: 1.00 to 1.49, the phase model pays no library's pipelining);
+- ``lossy``: a queue overflows with one stream per transfer (0.96 to 1.12);
+- ``lossy-streams``: several streams share an overflowing queue (0.97 to 2.49: timeouts and resends
+  the fluid model does not have).
+
+The ratios are of communication-bound cases, so the band scales the part of the wall-clock that is not
+compute: the replay's wall-clock less the busiest trainer's compute. The range is then
+``(low − (1 − p10)·comm, high + (p90 − 1)·comm)`` around the stochastic ``(low, high)``, never narrower
+than it. A replay of pure compute has no width.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from exonet.netsim.result import SimResult
+from exonet.scenario import Resolved
+
+_BANDS: dict[str, dict[str, float]] = json.loads(
+    resources.files("exonet.netsim").joinpath("bands.json").read_text())["regimes"]
+
+
+def regime(resolved: Resolved, lossy: bool) -> str:
+    """The regime a replay is in, as the testbed's cases were grouped (module docstring)."""
+    if lossy:
+        return "lossy" if resolved.streams == 1 else "lossy-streams"
+    return "phase" if resolved.backend is None else "library"
+
+
+def band(name: str) -> tuple[float, float]:
+    """The p10 and p90 of real ÷ model in regime ``name``."""
+    entry = _BANDS[name]
+    return entry["p10"], entry["p90"]
+
+
+def expected_range(result: SimResult, resolved: Resolved, lossy: bool) -> tuple[str, tuple[float, float]]:
+    """The regime of ``result`` and where a real run is expected to fall (p10, p90 seconds; module docstring)."""
+    name = regime(resolved, lossy)
+    p10, p90 = band(name)
+    trainers = result.per_node[:result.trainers] or result.per_node
+    compute = max((node.compute_s for node in trainers), default=0.0)
+    comm = max(0.0, result.wall_clock_s - compute)
+    low, high = result.wall_clock_range
+    return name, (low - max(0.0, 1.0 - p10) * comm, high + max(0.0, p90 - 1.0) * comm)
