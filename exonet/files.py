@@ -76,13 +76,16 @@ def temp_name(name: str) -> bool:
 
 def _create_temp(path: Path) -> tuple[int, Path]:
     """A new, empty temporary file beside ``path``: created exclusively, never through a link, under a name that
-    cannot be guessed (a predictable one lets a planted link redirect the write)."""
+    cannot be guessed (a predictable one lets a planted link redirect the write). An error names ``path``, the
+    file the user asked for, not the temporary name ("/proc/.x.json.tmp-…") they never gave."""
     while True:
         tmp = path.with_name(f".{path.name}{TEMP_MARK}{secrets.token_hex(8)}")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), tmp
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
 def _replace_regular(tmp: Path, path: Path) -> None:

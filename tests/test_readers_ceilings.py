@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -14,6 +15,7 @@ import pytest
 from exonet import TraceError
 from exonet.bench.profile import write_trace
 from exonet.cli import build_parser, main
+from exonet.files import atomic_file
 from exonet.profile import read_profile
 from exonet.profile.kineto import _compute_clock
 
@@ -171,7 +173,32 @@ def test_an_unwritable_chrome_trace_is_one_line_naming_the_path(tmp_path, capsys
     assert main(["simulate", str(tmp_path / "trace.jsonl"), "--scenario", "datacenter",
                  "--chrome-trace", "/proc/x.json"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("exonet simulate: error: /proc/") and "x.json" in err and err.count("\n") == 1
+    assert err.startswith("exonet simulate: error: /proc/x.json: ") and err.count("\n") == 1
+    assert ".tmp-" not in err  # the temporary file beside it is a name the user never gave
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where no file can be made")
+def test_a_temporary_file_that_cannot_be_made_is_named_as_the_destination():
+    """The temporary file is the first thing made: its error named "/proc/.x.json.tmp-…"; now the path given."""
+    with pytest.raises(OSError) as info:
+        with atomic_file("/proc/x.json") as f:
+            f.write(b"{}")
+    assert info.value.filename == "/proc/x.json" and str(info.value).endswith(": '/proc/x.json'")
+    assert isinstance(info.value, FileNotFoundError) and "/proc/.x.json.tmp-" in str(info.value.__cause__.filename)
+
+
+def test_a_failed_write_is_named_as_the_destination_and_leaves_nothing(tmp_path, monkeypatch):
+    """A full disk names no file ("[Errno 28] No space left on device"): the error names the file given, and
+    neither it nor a temporary file is left."""
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("exonet.files.os.fsync", full)
+    with pytest.raises(OSError) as info:
+        with atomic_file(tmp_path / "out.json") as f:
+            f.write(b"{}")
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "out.json")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("error, says", [
