@@ -19,7 +19,7 @@ How each block runs (one test per block, id ``README-path:line``):
       occurrence of an option win), and those blocks are marked slow, as are blocks of estimates at scale
       (``SLOW_COMMANDS``: seconds each, and the quick loop has a few minutes in all);
   (d) commands that need what a test machine may not have (root for network namespaces, two hosts)
-      are skipped, saying why (``NOT_HERE``); ``tests/test_validate.py`` and ``tests/test_multihost.py``
+      are skipped, saying why (``NOT_HERE``); ``tests/test_validate.py`` and ``tests/test_runtime_multihost.py``
       run them where they can;
   (e) a command written bare (no arguments) that another test already runs in a small form and checks
       the output of (``RUN_BY``) is not run a second time: that test must exist and run it.
@@ -71,7 +71,7 @@ SMALL_FORMS: dict[str, list[str]] = {
 }
 NOT_HERE: dict[str, str] = {
     "sudo ": "needs root and network namespaces (tests/test_validate.py runs it as root)",
-    "torchrun --nnodes 2": "needs two hosts (tests/test_multihost.py runs it in two network namespaces)",
+    "torchrun --nnodes 2": "needs two hosts (tests/test_runtime_multihost.py runs it in two network namespaces)",
     "exonet validate --calibrate --run runs/": "names a run directory of the reader's own "
                                               "(tests/test_validate_runs.py runs it on a real run)",
 }

@@ -5,7 +5,8 @@
     trainer = LocalTrainer(model, S3Dataset("s3://bucket/digits"))
 
 S3 needs the ``s3`` extra (boto3); a folder needs nothing. The format and why: exonet.data.shards;
-storage, retries and errors: exonet.data.store; caching and the split across nodes: exonet.data.dataset.
+storage, retries and errors: exonet.data.store; caching and the split across nodes: exonet.data.dataset;
+in-memory tensors shared by every node instead of copied K times: exonet.data.shared.
 """
 
 from exonet.data.dataset import S3Dataset

@@ -2,7 +2,8 @@
 
 ``read_profile`` reads Kineto's Chrome-trace JSON (exonet.profile.kineto); ``measure`` lays its
 timings onto a model's parameters, optionally at another depth or device (exonet.profile.layers).
-``exonet.estimate(..., profile=...)`` replays them instead of 6·P·tokens at a guessed MFU.
+``exonet.estimate(..., profile=...)`` replays them instead of 6·P·tokens at a guessed MFU;
+``fit(profile=True)`` records such a trace of a run's own steps (exonet.profile.record).
 """
 
 from exonet.profile.kineto import StepProfile, read_profile

@@ -1,11 +1,12 @@
 """The runtime: K real node processes, their supervision, and the online clock.
 
 ``trainer`` (LocalTrainer.fit) with ``fit_config`` (its arguments checked into the node's
-configuration) → ``run`` (the supervisor: rendezvous, node
-processes, messages, failures) → ``node`` (one rank's life) with ``transport`` (how models,
-datasets and strategies reach the nodes), ``record`` (history and trace from node
-messages), ``watchdog`` (progress), ``checkpoint``, ``clock`` (the online simulated clock),
-``forkserver`` (the server nodes are forked from), ``rendezvous`` (a store on loopback only),
-``signals`` (SIGTERM and SIGHUP save like Ctrl-C), ``runlock`` (one fit per run directory) and
-``torchrun`` (the same fit under an external launcher).
+configuration) and ``job`` (what one fit runs, resolved in the parent) → ``run`` (the supervisor:
+rendezvous, node processes, messages, failures) → ``node`` (one rank's life) with ``batches`` (its
+data, epoch order and micro-batches), ``transport`` (how models, datasets and strategies reach the
+nodes), ``messages`` (what nodes and the parent tell each other), ``record`` (history and trace from
+node messages), ``divergence`` (a runaway loss stops or warns), ``watchdog`` (progress),
+``checkpoint``, ``clock`` (the online simulated clock), ``forkserver`` (the server nodes are forked
+from), ``rendezvous`` (a store on loopback only), ``signals`` (SIGTERM and SIGHUP save like Ctrl-C),
+``runlock`` (one fit per run directory) and ``torchrun`` (the same fit under an external launcher).
 """

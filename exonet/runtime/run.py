@@ -102,6 +102,7 @@ class Supervisor:
         progress_timeout_s: the watchdog's limit (None: no watchdog).
         book: where checkpoint reports are committed, or None.
         resume: the checkpoint this run continues, or None.
+        clock: the online simulated clock the nodes train against (``fit(scenario=...)``), or None.
     """
 
     def __init__(self, cfg: NodeConfig, progress: bool, meta: dict[str, Any], progress_timeout_s: float | None,

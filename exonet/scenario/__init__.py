@@ -3,7 +3,8 @@
 ``scenario`` loads, edits, resolves and describes them (``Scenario``); ``resolved`` holds
 ``Resolved``, the same made concrete for a node count, which is all the simulator reads, and
 its records (hosts, links, events, failures); ``schema`` is what a
-document may say, field by field, with its error messages; ``units`` parses and formats the
+document may say, field by field, with its error messages, and ``lines`` finds the file:line of a
+key for them; ``units`` parses and formats the
 quantities ("100 Mbit/s", "4 MiB", "30 ms"). The presets themselves are TOML files in
 ``exonet.presets``.
 """

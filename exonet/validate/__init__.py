@@ -3,6 +3,10 @@
 ``netns`` builds the network (namespaces, bridges, tbf/ifb shaping, teardown),
 ``cases`` runs real nodes on it and simulates the same cases, ``calibrate`` fits the
 model's free parameters on half the cases and reports the held-out error, ``runs`` turns a
-recorded run's own collective timings into measurements, and ``slowlinks``/``streams`` time
-rings over many TCP streams through shapers set up as real hosts are.
+recorded run's own collective timings into measurements, ``slowlinks``/``streams`` time
+rings over many TCP streams through shapers set up as real hosts are, ``buckets`` times DDP's
+concurrent buckets on such links, ``delayline`` (a user-space delay line on TUN devices) and
+``windows`` (TCP windows and slow start through it) judge the backend models under real delay,
+``residuals`` turns every recorded case into the model's error per regime, and ``command`` is
+``exonet validate``.
 """
