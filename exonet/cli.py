@@ -200,6 +200,7 @@ def _estimate(args: argparse.Namespace) -> int:
         row = {"scenario": sim.scenario_name, "wall_clock_s": sim.wall_clock_s,
                "wall_clock_range": list(sim.wall_clock_range), "expected_range": list(sim.expected_range),
                "regime": sim.regime, "time_per_1000_steps_s": 1000 * sim.wall_clock_s / max(1, sim.num_steps),
+               "wire_bytes_per_level": sim.wire_by_level(),
                "utilization": sim.utilization,
                "compute_s_per_step": compute_per_step(sim), "wire_bytes_per_node": sim.wire_per_trainer(),
                **trained(sim, est.trace)}  # what it trained beside its time: an elastic run may drop work
@@ -243,6 +244,10 @@ def _print_estimate(args: argparse.Namespace, report: dict) -> None:
               f"compute utilisation {row['utilization']:.1%}, "
               f"wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
         print(f"  {format_time(row['time_per_1000_steps_s'])} per 1,000 steps")
+        levels = row["wire_bytes_per_level"]
+        if levels["inter_region"] or levels["in_host"]:
+            print("  wire bytes per node: " + ", ".join(f"{name.replace('_', '-')} {format_bytes(value)}"
+                                                       for name, value in levels.items()))
         low, high = row["wall_clock_range"]
         if high > low:
             print(f"  range (p10-p90): {format_time(low)} to {format_time(high)}: losses in an overflowing queue")

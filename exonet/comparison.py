@@ -141,6 +141,7 @@ class Comparison:
         ("payload_bytes_per_node", "payload/node", "{}"),
         ("payload_bytes_per_server", "payload/server", "{}"),
         ("wire_bytes_per_node", "wire/node", "{}"),
+        ("wide_area_bytes_per_node", "wide-area/node", "{}"),
         ("utilization", "compute util", "{:.1%}"),
         ("goodput", "goodput", "{:.1%}"),
         ("drift", "drift", "{:.3g}"),
@@ -167,6 +168,7 @@ class Comparison:
         cols = [c for c in self.COLUMNS if (c[0] != "time_to_target_s" or self.target_loss is not None)
                 and (c[0] != "payload_bytes_per_server" or served)
                 and (c[0] != "goodput" or any("goodput" in row for row in self.rows))
+                and (c[0] != "wide_area_bytes_per_node" or any(row.get(c[0]) for row in self.rows))
                 and (c[0] not in ("tokens", "time_per_token_s") or tokens)
                 and (c[0] not in ("steps_trained", "time_per_step_s") or dropped)
                 and (c[0] not in ("wall_clock_range", "expected_range")
@@ -340,6 +342,7 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "payload_bytes_per_node": run.trace.payload_per_trainer(),
                 "payload_bytes_per_server": run.trace.payload_per_server(),
                 "wire_bytes_per_node": sim.wire_per_trainer(),
+                "wide_area_bytes_per_node": sim.wire_by_level()["inter_region"],
                 "utilization": sim.utilization,
                 "drift": evals[-1].get("drift", evals[-1].get("divergence")) if evals else None,  # older runs
                 "correlation": evals[-1].get("correlation") if evals else None,

@@ -62,8 +62,11 @@ def test_the_cli_answers_hosts_across_two_regions_in_one_command(capsys):
     flat = simulate_estimate(est.trace, "cross-region")
     assert report["wall_clock_s"] == pytest.approx(hosted.wall_clock_s, rel=1e-12)
     assert hosted.wall_clock_s < flat.wall_clock_s  # the link carries S, not 1.75·S, and intra-host hops ride NVLink
+    levels = report["scenarios"][0]["wire_bytes_per_level"]
+    assert levels["in_host"] > levels["nic"] >= levels["inter_region"] > 0  # the fabric carries the most
     assert main(argv) == 0
-    assert "K=16 (2 hosts of 8)" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "K=16 (2 hosts of 8)" in text and "per 1,000 steps" in text and "wire bytes per node: inter-region" in text
     assert main(argv[:8] + ["3"] + argv[9:]) == 2
     assert "--hosts 3 does not divide --nodes 16" in capsys.readouterr().err
 

@@ -53,3 +53,14 @@ def test_pure_compute_has_no_width_and_many_streams_in_a_lossy_queue_the_widest(
     compute = simulate(ring(nbytes=0), {"name": "c", "network": {"bandwidth": "1 Gbit/s"}})
     assert compute.expected_range == (compute.wall_clock_s, compute.wall_clock_s)
     assert confidence.band("library")[1] < confidence.band("phase")[1] < confidence.band("lossy-streams")[1]
+
+
+def test_wire_bytes_by_level_put_the_wide_area_first() -> None:
+    """Two regions, one node each: a ring all-reduce of S sends S from each NIC, all of it across the link."""
+    S = 8_000_000
+    two = {"name": "two", "network": {"bandwidth": "1 Gbit/s"}, "regions": [{"name": "a", "ranks": [0]},
+           {"name": "b", "ranks": [1]}], "links": [{"between": ["a", "b"], "bandwidth": "1 Gbit/s"}]}
+    result = simulate(ring(n=2, nbytes=S, steps=1), two)
+    assert result.wire_by_level() == {"inter_region": S, "nic": S, "in_host": 0.0}
+    assert list(result.wire_by_level()) == ["inter_region", "nic", "in_host"]
+    assert "wire bytes per trainer: inter-region 8.000 MB, nic 8.000 MB, in-host 0.000 MB" in result.summary()

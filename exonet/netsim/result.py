@@ -164,6 +164,18 @@ class SimResult:
         """Wire bytes (headers included) per training rank: the mean over the ranks before the servers."""
         return sum(self.wire_bytes[:self.trainers]) / self.trainers
 
+    def wire_by_level(self) -> dict[str, float]:
+        """Wire bytes per trainer at each level, the wide area first (the bytes that cost money): across the
+        inter-region links, out of the NICs (every message between hosts, the inter-region ones included), and
+        over the in-host fabric. Totals over the run's links, divided by its trainers."""
+        levels = {"inter_region": 0.0, "nic": 0.0, "in_host": 0.0}
+        for link in self.links:
+            level = ("nic" if link.name.startswith("uplink") else "in_host" if link.name.startswith("fabric up")
+                     else "inter_region" if "->" in link.name else None)
+            if level is not None:
+                levels[level] += link.bytes
+        return {level: total / max(1, self.trainers) for level, total in levels.items()}
+
     @property
     def lost(self) -> dict[str, float]:
         """Trainer-seconds not spent on useful compute, by cause: lost_work, down, waiting, comm."""
@@ -260,6 +272,10 @@ class SimResult:
         for node, sent in zip(self.per_node, self.wire_bytes):
             rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} "
                         f"{sent / 1e6:>12.3f}")
+        levels = self.wire_by_level()
+        if levels["inter_region"] or levels["in_host"]:
+            rows.append("wire bytes per trainer: " + ", ".join(
+                f"{name.replace('_', '-')} {value / 1e6:.3f} MB" for name, value in levels.items()))
         top = self.busiest_links(1)
         if top and top[0].bytes > 0:
             link = top[0]
