@@ -38,7 +38,7 @@ def test_a_failure_names_the_property_and_the_command_that_repeats_it(capsys, mo
     figures = fuzz.main(["--examples", "100", "--seed", "3", "--only", "scenario"])
     assert isinstance(figures, dict) and exit_status(figures) == 1 and figures["failed"] == ["scenario"]
     out, err = capsys.readouterr()
-    assert "Falsifying example" in err and "latency" in err  # the traceback, with the shrunk input
+    assert "falsifying input: b'" in err and "latency" in err  # the traceback, with the shrunk input
     assert "FAILED scenario: python -m exonet.bench fuzz --seed 3 --only 'scenario' --examples 100" in out
 
 

@@ -59,13 +59,23 @@ def family(name: str) -> dict[str, Property]:
     return importlib.import_module(FAMILIES[name]).PROPERTIES
 
 
+class PropertyFailed(Exception):
+    """A property's check failed; ``value`` is the input it failed on last, Hypothesis's shrunk example (its own
+    report of it is worded differently from one Hypothesis release to the next)."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(f"falsifying input: {value!r}")
+        self.value = value
+
+
 def run_property(prop: Property, examples: int, seed: int) -> int:
     """Draw ``examples`` inputs from ``seed`` (no examples database: the seed is the record) and check each;
-    returns how many ran. Raises what the check raised for the shrunk falsifying example."""
+    returns how many ran. Raises PropertyFailed, from what the check raised, for the shrunk falsifying example."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as fixed_seed
 
     ran = 0
+    failing: list[Any] = []
     with tempfile.TemporaryDirectory() as d:
         @settings(max_examples=examples, deadline=DEADLINE, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -74,9 +84,18 @@ def run_property(prop: Property, examples: int, seed: int) -> int:
         def run(value: Any) -> None:
             nonlocal ran
             ran += 1
-            prop.check(value, Path(d))
+            try:
+                prop.check(value, Path(d))
+            except Exception:
+                failing[:] = [value]  # the last to fail is the shrunk example, which Hypothesis replays last
+                raise
 
-        run()
+        try:
+            run()
+        except Exception as err:
+            if not failing:
+                raise
+            raise PropertyFailed(failing[0]) from err
     return ran
 
 
