@@ -545,7 +545,8 @@ def _nccl_lines(net: Mapping[str, Any], spec: NcclSpec, hosts: bool) -> list[str
         f"              channels: {spec.channels} ({_origin(given, 'channels', 'NCCL default for one NIC')}), "
         f"buffer {units.format_bytes(spec.buffsize, binary=True)} ({_origin(given, 'buffsize', 'NCCL default')})",
         "  ops         all_reduce: ring or tree as above; all_gather, reduce_scatter: NCCL's ring;",
-        "              broadcast: NCCL's ring as a pipelined chain; all_to_all: grouped send/recv to every peer",
+        "              broadcast: NCCL's ring as a pipelined chain, reduce: the chain towards the root;",
+        "              all_to_all, gather, scatter: grouped send/recv; barrier: an all-reduce of one float",
     ]
     if hosts:
         lines += ["  levels      inside a host: the rings' and chains' fabric hops (no TCP);",
@@ -570,7 +571,9 @@ def _gloo_lines(net: Mapping[str, Any], hosts: bool) -> list[str]:
         f"({_origin(net, 'streams')}), {net.get('group_concurrency', 2)} collectives of a group in flight "
         f"({_origin(net, 'group_concurrency')})",
         "  ops         all_reduce: gloo's segmented ring; all_gather: gloo's ring in halves; reduce_scatter: ring;",
-        "              broadcast: binomial tree, a node sending to all its children at once; all_to_all: direct",
+        "              broadcast: binomial tree, a node sending to all its children at once; all_to_all: direct;",
+        "              reduce: its ring reduce-scatter, then a gather to the root; gather, scatter: direct;",
+        "              barrier: dissemination",
     ]
     if hosts:
         lines.append("  levels      one ring over every rank, in rank order: a host's devices talk over the fabric, "
