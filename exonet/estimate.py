@@ -243,7 +243,8 @@ def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], ran
         assert hub is not None  # only an asynchronous run has servers (ranks from nodes on)
         hub.report(rank, comm.events, done=True)
         return [], True
-    strat.optimizer.step = lambda *a, **k: None  # local numerics never change what goes on the wire
+    # local numerics never change what goes on the wire
+    strat.optimizer.step = lambda *a, **k: None  # type: ignore[method-assign, assignment]
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [torch.empty_like(p) for p in params]
     events: list = []
@@ -282,7 +283,7 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
 
     chosen = scenario_for_estimate(scenario)
     world = nodes + strategy.servers
-    elastic = getattr(strategy, "elastic", False)  # its failed nodes discard their own work, as in fit
+    elastic = strategy.elastic  # its failed nodes discard their own work, as in fit
     hub = OnlineHub(SimClock(chosen, world, math.inf, steps, trainers=nodes, synchronous=False,
                              what=type(strategy).__name__, given_compute=True, rewind=not elastic), world)
 

@@ -209,6 +209,15 @@ class BadLossModel(nn.Module):
         return self.inner(batch).detach()
 
 
+def _grads(strategy: Strategy) -> list[torch.Tensor]:
+    """Each parameter's gradient: these test models give every parameter one in backward."""
+    grads = []
+    for p in strategy.params:
+        assert p.grad is not None, "a test strategy's model left a parameter without a gradient"
+        grads.append(p.grad)
+    return grads
+
+
 class DyingStrategy(Strategy):
     """DDP-like gradient averaging whose ``kill_rank`` is SIGKILLed at step ``kill_step`` (1-based) with
     its all-reduce in flight: a node dying in the middle of a collective (fault tests)."""
@@ -225,7 +234,7 @@ class DyingStrategy(Strategy):
 
         from exonet.strategies.base import flatten, unflatten_into
 
-        grads = [p.grad for p in self.params]
+        grads = _grads(self)
         flat = flatten(grads)
         handle = self.comm.all_reduce(flat, op="avg", async_op=True)
         if self.rank == self.kill_rank and self.local_step + 1 == self.kill_step:
@@ -253,13 +262,13 @@ class ClockProbeStrategy(Strategy):
     def step(self) -> None:
         from exonet.strategies.base import flatten, unflatten_into
 
-        grads = flatten(p.grad for p in self.params)
+        grads = flatten(_grads(self))
         if "transfer" not in self._seen:
             self._seen["speeds"] = list(self.comm.speeds())
             self._seen["bytes"] = grads.numel() * grads.element_size()
             self._seen["transfer"] = self.comm.transfer_time("all_reduce", self._seen["bytes"])
         self.comm.all_reduce(grads, op="avg")
-        unflatten_into(grads, (p.grad for p in self.params))
+        unflatten_into(grads, _grads(self))
         self.optimizer_step()
         self._seen["now"].append(self.comm.sim_now())
         if self.local_step + 1 == self.ctx.max_steps:  # the last step (the count goes up as step() returns)

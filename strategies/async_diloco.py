@@ -111,13 +111,15 @@ class AsyncDiLoCoStrategy(ServerStrategy):
             return
         lr = self.outer_optim_spec.kwargs["lr"]
         beta = self.outer_optim_spec.kwargs.get("momentum", 0.0)
+        every = self.delayed_nesterov
+        assert isinstance(every, int)  # setup made "trainers" the number of trainers
         self.buffer += delta
         self.arrivals += 1
-        if self.arrivals % self.delayed_nesterov:
+        if self.arrivals % every:
             if self.grad_scale:
                 self.global_params.sub_(delta, alpha=lr * self.grad_scale)
             return
-        mean = self.buffer.div_(self.delayed_nesterov)
+        mean = self.buffer.div_(every)
         self.momentum.mul_(beta).add_(mean)
         if self.outer_optim_spec.kwargs.get("nesterov", True):  # the method's name: Nesterov unless told nesterov=False
             self.global_params.sub_(mean.add_(self.momentum, alpha=beta), alpha=lr)

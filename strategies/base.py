@@ -104,7 +104,7 @@ class OptimSpec:
     def lr(self) -> float | None:
         return self.kwargs.get("lr")
 
-    def build(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def build(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
         return self.cls(params, **self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,7 +178,7 @@ def _with_base_options(cls: type) -> None:
     cls.__init__ = with_options  # type: ignore[misc]
 
 
-def _counting_steps(cls: type) -> None:
+def _counting_steps(cls: type[Strategy]) -> None:
     """Make ``cls.step`` count ``local_step``: one more as each step returns, wherever it is called from.
 
     The node loop, ``estimate``, the bench and tests all call ``step()``; counting here means no strategy has
@@ -244,7 +244,8 @@ class Strategy(abc.ABC):
 
     Subclasses implement ``step()`` (called after backward) and talk to other nodes
     only through ``self.comm``. The base class counts ``local_step`` as each ``step()`` returns
-    (inside it, the steps done before this one).
+    (inside it, the steps done before this one). The runtime (``fit``, ``estimate``) reads the
+    class attributes below and ``asynchronous``; a subclass overrides the ones it changes.
 
     Args:
         optim_spec: the (inner) optimizer; a name, class or OptimSpec. Default AdamW lr 1e-3.
@@ -255,12 +256,20 @@ class Strategy(abc.ABC):
         lr_scheduler_kwargs: keyword arguments for a scheduler class.
         warmup_steps: linear warm-up length (with None or "cosine").
         cosine_min_ratio: the cosine schedule's floor as a fraction of the base lr.
+
+    Attributes:
+        name: a run's default label, ``<name>-k<K>`` (fit's ``run_name``).
+        servers: ranks after the K trainers that serve instead of training; they run ``serve``
+            (exonet.strategies.server).
+        elastic: whether a node that fails discards its own work while the others go on without it
+            (fit and estimate then replay failures that way).
     """
 
-    name = "strategy"
+    name: str = "strategy"
+    servers: int = 0
+    elastic: bool = False
     _stepping = False  # inside step(), and whether this step is counted yet (a super().step() counts it)
     _step_counted = False
-    servers = 0  # ranks after the K trainers that serve instead of training (see exonet.strategies.server)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -296,7 +305,7 @@ class Strategy(abc.ABC):
         self.ctx = ctx
         self.rank = ctx.rank
         self.num_nodes = ctx.num_nodes
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
         self.local_step = 0
         self.optimizer = self.optim_spec.build(self.params)
         self.scheduler = self._build_scheduler(self.optimizer, ctx.max_steps)
@@ -323,6 +332,15 @@ class Strategy(abc.ABC):
         strategy that communicates from gradient hooks (overlapped DDP) starts then, and not
         during the bookkeeping passes (FLOP counting) either.
         """
+
+    def serve(self, updated: Callable[[int, float], None]) -> None:
+        """A server rank's whole life (ranks from ``num_nodes`` on): the node calls it instead of the training loop.
+
+        A strategy with ``servers > 0`` overrides it (ServerStrategy does): it calls ``updated(n, sim_time_s)``
+        after the n-th update of the parameters it serves, so the node can evaluate them.
+        """
+        raise NotImplementedError(f"{type(self).__name__} declares servers = {self.servers} but has no serve(); "
+                                  "subclass exonet.strategies.server.ServerStrategy")
 
     @abc.abstractmethod
     def step(self) -> None:
@@ -413,7 +431,7 @@ def _check_schedule_options(lr_scheduler: str | type | None, kwargs: dict[str, A
                          "pass lr_scheduler='cosine' too")
 
 
-GYM_LAMBDA_COSINE = {"warmup_steps": 1, "cosine_anneal": False, "max_steps": None}
+GYM_LAMBDA_COSINE: dict[str, Any] = {"warmup_steps": 1, "cosine_anneal": False, "max_steps": None}
 
 
 def gym_lambda_cosine(kwargs: dict[str, Any], max_steps: int) -> Callable[[int], float]:

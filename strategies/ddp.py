@@ -112,7 +112,7 @@ class DDPStrategy(Strategy):
 
     def _reset(self) -> None:
         self._missing = [len(members) for members in self._buckets]
-        self._launched: list[tuple[torch.Tensor, Handle]] = []
+        self._launched: list[tuple[torch.Tensor, Handle | None]] = []  # None: a bucket this node keeps
 
     def prepare_backward(self, sync: bool) -> None:
         self._armed = sync and self.overlap
@@ -176,7 +176,7 @@ class DDPStrategy(Strategy):
 
     def _sit_out(self) -> None:
         """A node that failed this step discards its work; once up, it receives the state from the lowest up node."""
-        up, out, _ = self._round
+        up, out, _ = self._elastic_round()  # asked already, by step
         self._armed = False
         self._reset()
         self.comm.discard()
@@ -223,11 +223,13 @@ class DDPStrategy(Strategy):
         self._hand_offs = []
 
     @staticmethod
-    def _write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    def _write_grads(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+        grads = []
         for p in params:
             if p.grad is None:
                 p.grad = p.detach().new_zeros(p.shape)
-        unflatten_into(flat, [p.grad for p in params])
+            grads.append(p.grad)
+        unflatten_into(flat, grads)
 
 
 AllReduceStrategy = DDPStrategy

@@ -211,7 +211,7 @@ class Syncer:
         if have == possible:
             self._merge(f, time)
         elif frag.deadline is None:  # γ = 0 still takes the arrivals of this same instant
-            frag.deadline = time + self.grace * self.tau * self.step_s.get(by, 0.0)
+            frag.deadline = time + self.grace * self.tau * (0.0 if by is None else self.step_s.get(by, 0.0))
 
     def _expire(self, time: float) -> None:
         """Close the grace windows that ended before ``time``."""
@@ -425,7 +425,7 @@ class DecoupledDiLoCoStrategy(Strategy):
         rounds = [[0] * self.num_fragments for _ in range(self.learners)]
         synced = [[0] * self.num_fragments for _ in range(self.learners)]  # the step of each learner's last sync
         device = self.global_params[0].device
-        buffers = {"pull": torch.empty(1, dtype=self._wire_dtype, device=device)}
+        buffers: dict[str | int, torch.Tensor] = {"pull": torch.empty(1, dtype=self._wire_dtype, device=device)}
         merges = 0
 
         def buffer(sender: int) -> torch.Tensor:

@@ -153,6 +153,7 @@ class FedAvgStrategy(Strategy):
             participants, late = up, rejoin  # only those rejoining receive
             self.comm.sitting_out = self.rank in out
         else:
+            assert self.deadline_s is not None  # asynchronous and not elastic: a deadline round
             participants, late = self.comm.deadline_round(r, self.deadline_s)
         self.comm.declare_groups([participants])
         self._wait_hand_offs()  # the last round's, after the question: the clock reads this round's opening first

@@ -69,7 +69,7 @@ class ReplicaGroups:
         """Create every worker's group and every shard group (on every rank alike, as process groups need)."""
         comm.declare_groups(self.all_groups)
 
-    def average_gradients(self, comm: Communicator, params: list[torch.nn.Parameter]) -> None:
+    def average_gradients(self, comm: Communicator, params: list[torch.Tensor]) -> None:
         """Average the gradients inside the worker: one flat all-reduce, as DDP without overlap."""
         if self.size == 1:
             return

@@ -51,7 +51,7 @@ class SparseAverager:
         check_range("p_sparta", p_sparta, low=0, low_open=True, high=1)
         self.p = p_sparta
 
-    def bind(self, params: list[torch.nn.Parameter], comm: Communicator, seed: int) -> None:
+    def bind(self, params: list[torch.Tensor], comm: Communicator, seed: int) -> None:
         """Attach to a node's parameters and communicator (called from the strategy's ``setup``)."""
         self.params, self.comm, self.seed = params, comm, seed
         self.offsets = [0, *itertools.accumulate(p.numel() for p in params)]

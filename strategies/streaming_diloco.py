@@ -102,8 +102,8 @@ def check_schedule(H: int, num_fragments: int, delay_steps: int) -> None:
     check_int("delay_steps", delay_steps, low=0, high=H)
 
 
-def cut_fragments(params: list[torch.nn.Parameter],
-                  num_fragments: int) -> tuple[list[list[torch.nn.Parameter]], list[torch.Tensor]]:
+def cut_fragments(params: list[torch.Tensor],
+                  num_fragments: int) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
     """The parameters in ``num_fragments`` fragments (``fragment_bounds``), and each fragment's θ_global in fp32."""
     fragments = [params[r.start : r.stop] for r in fragment_bounds([p.numel() for p in params], num_fragments)]
     with torch.no_grad():

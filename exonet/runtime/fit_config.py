@@ -146,8 +146,8 @@ def _check_strategy(strategy: Strategy, num_nodes: Any) -> tuple[int, int]:
                         f"Strategy sets the optimizer, clipping and schedule there")
     k = check_int("fit: num_nodes", num_nodes, low=1)
     strategy.check_world(k)
-    servers = getattr(strategy, "servers", 0)
-    if servers and not callable(getattr(strategy, "serve", None)):
+    servers = strategy.servers
+    if servers and type(strategy).serve is Strategy.serve:
         raise TypeError(f"strategy: {type(strategy).__name__} declares servers = {servers} but has no serve(); "
                         "subclass exonet.strategies.server.ServerStrategy")
     return k, servers
@@ -206,7 +206,7 @@ def _check_clock(strategy: Strategy, args: dict[str, Any]) -> None:
         check_range("fit: max_sim_time_s", max_sim_time_s, low=0, low_open=True)
         if scenario is None:
             raise ValueError("fit: max_sim_time_s is simulated time in a scenario: pass scenario= too")
-    if max_sim_time_s is not None or getattr(strategy, "asynchronous", False):
+    if max_sim_time_s is not None or strategy.asynchronous:
         what = "max_sim_time_s" if max_sim_time_s is not None else f"{type(strategy).__name__} (asynchronous)"
         if scenario is None:
             raise ValueError(f"fit: {what} runs on the simulated clock, which decides what each node hears "

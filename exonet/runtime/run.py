@@ -356,7 +356,7 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     if extra_config:
         config["kwargs"] = extra_config
     wandb_at = {"project": wandb_project, "name": wandb_run_name, "x_axis": x_axis}
-    label = run_name or f"{getattr(strategy, 'name', type(strategy).__name__.lower())}-k{cfg.num_nodes}"
+    label = run_name or f"{strategy.name}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     if cfg.servers:  # the last ranks serve: a scenario places the trainers without them (Scenario.resolve)
         meta["servers"] = cfg.servers
@@ -401,7 +401,7 @@ def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, A
         clock = None
         if strategy.asynchronous and scenario is not None:  # the clock chooses the order in this scenario
             meta["decided_in"] = {"scenario": scenario.name, "fingerprint": scenario.fingerprint}
-        if getattr(strategy, "elastic", False):  # its failed nodes discard their own work (see Simulation's rewind)
+        if strategy.elastic:  # its failed nodes discard their own work (see Simulation's rewind)
             meta["elastic"] = True
         if scenario is not None:  # a strategy may ask the clock whenever there is a scenario; these runs obey it
             decides = cfg.max_sim_time_s is not None or strategy.asynchronous
