@@ -14,8 +14,8 @@ flows), ``handover`` (between the fast path and the event path), ``queries`` (wh
 asks) and ``outcome`` (the result), ``replay`` (``simulate``, a whole trace or several jobs),
 ``diagnose`` (why a replay cannot finish), ``result``, ``spread`` (the stochastic range),
 ``confidence`` (the range from the model's measured errors), ``spans`` (the kinds of a node's
-time), ``chrome`` (the Chrome/Perfetto trace); ``learners`` works a level above the replay
-(goodput of N chips in M learners under failures, at any chip count).
+time), ``chrome`` (the Chrome/Perfetto trace), ``progress`` (a long replay's bar); ``learners``
+works a level above the replay (goodput of N chips in M learners under failures, at any chip count).
 """
 
 from exonet.netsim.engine import Simulation

@@ -40,6 +40,10 @@ def seconds(t: int) -> float:
     return t * TICK
 
 
+def _nothing() -> None:
+    """``Agenda.on_slots`` when nobody watches."""
+
+
 class Agenda:
     """Calls scheduled at ticks, run by a SimPy environment in (tick, order, scheduling) order."""
 
@@ -51,6 +55,10 @@ class Agenda:
         # set once the clock ran past a rank that waits for an answer (Simulation.overrun): that rank's
         # later calls, due before now, run now
         self.overrun = False
+        # ``on_slots`` is called after every ``every``-th slot ``run_before`` runs (a progress bar looking at the wall
+        # clock); ``every`` 0 never calls it, at the cost of one subtraction per slot
+        self.every = 0
+        self.on_slots: Callable[[], None] = _nothing
 
     @property
     def now(self) -> int:
@@ -71,9 +79,14 @@ class Agenda:
 
     def run_before(self, horizon: Callable[[], float]) -> None:
         """Run every slot due before ``horizon()`` (ticks, or inf), asked again after each slot (it may fall)."""
-        env = self.env
+        env, every = self.env, self.every
+        left = every  # counts down to 0 once per ``every`` slots; from 0 it goes negative and never returns
         while env.peek() < horizon():
             env.step()
+            left -= 1
+            if left == 0:
+                left = every
+                self.on_slots()
 
     def step(self) -> bool:
         """Run the next due slot, whatever the horizon; False if nothing is due."""

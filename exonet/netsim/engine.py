@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
@@ -214,6 +215,21 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
         """Declare that ``rank`` (default: every rank) will be fed nothing more."""
         for rk in self._ranks if rank is None else [self._ranks[rank]]:
             rk.open = False
+
+    def watch(self, call: Callable[[], None], every: int) -> None:
+        """Call ``call`` after every ``every`` instants of simulated time replayed (agenda slots), so a progress bar
+        can look at the wall clock now and then and not on every event."""
+        self._agenda.on_slots, self._agenda.every = call, every
+
+    @property
+    def replayed(self) -> int:
+        """Events replayed so far (under mirroring, rank 0's: the ones the replay runs)."""
+        return self._events
+
+    @property
+    def queued(self) -> int:
+        """Events fed and not yet replayed: with ``replayed``, the whole of a trace once it is fed."""
+        return sum(len(rk.queue) for rk in self._ranks)
 
     def run_until_blocked(self) -> float:
         """Replay as far as the input allows; returns the simulated seconds reached."""

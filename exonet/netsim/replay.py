@@ -19,6 +19,7 @@ from typing import Any
 from exonet.errors import ScenarioError
 from exonet.netsim.engine import Simulation
 from exonet.netsim.failures import warn_default_restart
+from exonet.netsim.progress import ReplayBar, wanted
 from exonet.netsim.result import SimResult
 from exonet.netsim.spread import with_range
 from exonet.scenario import Resolved, Scenario
@@ -29,7 +30,7 @@ ScenarioLike = Scenario | str | os.PathLike[str] | Mapping[str, Any]  # what Sce
 
 def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, *, history: Sequence[Any] | None = None,
              fast_path: bool = True, placement: Sequence[Any] | None = None,
-             given_compute: bool = True) -> SimResult:
+             given_compute: bool = True, progress: bool | None = None) -> SimResult:
     """Replay ``trace`` in ``scenario`` and return the simulated outcome.
 
     Args:
@@ -44,38 +45,47 @@ def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, 
             a list of ranks (the job's rank i runs on the i-th), or ``{"hosts": [h, ...]}`` for
             whole hosts of the scenario's ``[hosts]``. Default: consecutive blocks in the order
             given, each job starting on a new host when the scenario has hosts.
+        progress: draw a progress bar on stderr for a replay that runs over ``DELAY_S`` (2 s) of wall-clock
+            time (exonet.netsim.progress); None (the default) draws one only when stderr is a terminal.
 
     With several traces the result covers the whole network (``wall_clock_s``: when the last job
     ended; ``per_node`` by global rank) and adds ``jobs`` (each job's own SimResult, its ranks as
     in its trace) and ``links`` (what every link carried, per job, and its utilisation).
     """
-    if isinstance(trace, Trace):
-        if placement is not None:
-            raise ValueError("simulate: placement= places several jobs; pass a list of traces, or no placement")
-        if isinstance(scenario, Resolved):
-            resolved, name = scenario, scenario.name
-        else:
-            chosen = Scenario.coerce(scenario)
-            resolved, name = chosen.resolve(trace.num_ranks, servers=trace.meta.get("servers", 0)), chosen.name
-            warn_default_restart(chosen.to_dict().get("failures"))
-            given = given_compute and isinstance(trace.meta.get("compute"), dict)
-            _warn_if_decided_elsewhere(trace, with_given_compute(chosen) if given else chosen)
-        resolved, caution = _given_timing(trace, resolved, name, given_compute)
-        if caution is None:
-            resolved, caution = _compute_timing(resolved, name, [trace])
+    bar = ReplayBar() if wanted(progress) else None
+    try:  # (the body stays here: the warnings below name simulate's caller, stacklevel=3)
+        if isinstance(trace, Trace):
+            if placement is not None:
+                raise ValueError("simulate: placement= places several jobs; pass a list of traces, or no placement")
+            if isinstance(scenario, Resolved):
+                resolved, name = scenario, scenario.name
+            else:
+                chosen = Scenario.coerce(scenario)
+                resolved, name = chosen.resolve(trace.num_ranks, servers=trace.meta.get("servers", 0)), chosen.name
+                warn_default_restart(chosen.to_dict().get("failures"))
+                given = given_compute and isinstance(trace.meta.get("compute"), dict)
+                _warn_if_decided_elsewhere(trace, with_given_compute(chosen) if given else chosen)
+            resolved, caution = _given_timing(trace, resolved, name, given_compute)
+            if caution is None:
+                resolved, caution = _compute_timing(resolved, name, [trace])
 
-        def replay(resolved: Resolved) -> tuple[SimResult, bool]:
-            sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
-            sim.feed_trace(trace)
-            return sim.result(history), sim.lossy
+            def replay(resolved: Resolved) -> tuple[SimResult, bool]:
+                sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
+                sim.feed_trace(trace)
+                if bar is not None:
+                    bar.attach(sim)
+                return sim.result(history), sim.lossy
 
-        first, lossy = replay(resolved)
-        return _cautioned(with_range(first, resolved, lossy, lambda r: replay(r)[0]), caution)
-    return _simulate_jobs(list(trace), scenario, history, fast_path, placement)
+            first, lossy = replay(resolved)
+            return _cautioned(with_range(first, resolved, lossy, lambda r: replay(r)[0]), caution)
+        return _simulate_jobs(list(trace), scenario, history, fast_path, placement, bar)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _simulate_jobs(traces: list[Trace], scenario: Resolved | ScenarioLike, history: Sequence[Any] | None,
-                   fast_path: bool, placement: Sequence[Any] | None) -> SimResult:
+                   fast_path: bool, placement: Sequence[Any] | None, bar: ReplayBar | None) -> SimResult:
     """Several jobs on one network: their traces laid on global ranks as one trace, replayed once."""
     if not traces or not all(isinstance(t, Trace) for t in traces):
         raise TypeError("simulate: expected a Trace or a non-empty list of Traces")
@@ -110,6 +120,8 @@ def _simulate_jobs(traces: list[Trace], scenario: Resolved | ScenarioLike, histo
             whole.events[ranks[local]] = [_moved(e, ranks, everyone) for e in events]
     sim = Simulation(resolved, fast_path=fast_path, name=name)
     sim.feed_trace(whole)
+    if bar is not None:
+        bar.attach(sim)
     result = _cautioned(sim.result(), caution)
     result.jobs = [sim.job_result(ranks, sum(map(len, t.events)), None if history is None else history[j],
                                   t.meta.get("servers", 0)) for j, (t, ranks) in enumerate(zip(traces, jobs))]
