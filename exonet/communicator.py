@@ -31,6 +31,7 @@ from exonet.trace import Collective, Compute, Discard, Event, Step, Wait
 
 GroupArg = Sequence[int] | None
 REDUCE_OPS = ("sum", "mean", "max", "min", "avg")  # as torch's ReduceOp; "avg" is exonet's older spelling of "mean"
+P2P_KINDS = {"send": dist.isend, "recv": dist.irecv}  # batch_isend_irecv's kinds and torch's posting calls
 _DTYPE_NAMES: dict[torch.dtype, str] = {}  # "float32" for torch.float32: str() of a dtype costs a call per collective
 
 
@@ -56,6 +57,11 @@ class ClockSide(Protocol):
     def announce(self, events: list[Event]) -> None: ...
 
     def ask(self, question: tuple, events: list[Event]) -> Any: ...
+
+
+def _posted(work: Any) -> Callable[[bool], Any]:
+    """A launch that returns a transfer already posted (``batch_isend_irecv`` posts the group in one call)."""
+    return lambda _async: work
 
 
 def _no_copy_back(_: torch.Tensor) -> None:
@@ -515,16 +521,42 @@ class Communicator:
         inter-region link and ``dst``'s downlink. Returns the tensor, or a Handle.
         """
         self._check_peer("send", dst)
-        buf, _ = self._staged(tensor)
-        buf = buf.contiguous()
+        buf, finish = self._p2p_buffer("send", tensor)
         return self._run("send", tensor, (self.rank, dst), async_op,
-                         lambda a: dist.isend(buf, dst) if a else dist.send(buf, dst), lambda: tensor)
+                         lambda a: dist.isend(buf, dst) if a else dist.send(buf, dst), finish)
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Any:
         """Receive into ``tensor`` what global rank ``src`` sends; returns it (or a Handle whose wait() does)."""
         self._check_peer("recv", src)
+        out, finish = self._p2p_buffer("recv", tensor)
+        return self._run("recv", tensor, (src, self.rank), async_op,
+                         lambda a: dist.irecv(out, src) if a else dist.recv(out, src), finish)
+
+    def batch_isend_irecv(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> list[Handle]:
+        """Post every ``("send" | "recv", tensor, peer)`` at once, as torch's ``batch_isend_irecv`` (NCCL runs them
+        as one group); returns a Handle per op, in order, whose ``wait()`` gives its tensor.
+
+        Each is traced as an async send or recv, so the replay runs the group's transfers together, sharing
+        the NICs, and the rank blocks where it waits on them.
+        """
+        posted = []
+        for i, op in enumerate(ops):
+            if not (isinstance(op, tuple) and len(op) == 3 and op[0] in P2P_KINDS):
+                raise ValueError(f"batch_isend_irecv: ops[{i}] must be ('send' | 'recv', tensor, peer), got {op!r}")
+            kind, tensor, peer = op
+            self._check_peer(kind, peer)
+            posted.append((kind, tensor, peer, *self._p2p_buffer(kind, tensor)))
+        works = dist.batch_isend_irecv([dist.P2POp(P2P_KINDS[kind], buf, peer) for kind, _, peer, buf, _ in posted])
+        return [self._run(kind, tensor, (self.rank, peer) if kind == "send" else (peer, self.rank), True,
+                          _posted(work), finish)
+                for (kind, tensor, peer, _, finish), work in zip(posted, works)]
+
+    def _p2p_buffer(self, kind: str, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
+        """The contiguous host-readable buffer a send reads or a receive fills, and what returns ``tensor`` after."""
         buf, copy_back = self._staged(tensor)
         out = buf.contiguous()
+        if kind == "send":
+            return out, lambda: tensor
 
         def finish() -> torch.Tensor:
             if out is not buf:
@@ -532,8 +564,7 @@ class Communicator:
             copy_back(buf)
             return tensor
 
-        return self._run("recv", tensor, (src, self.rank), async_op,
-                         lambda a: dist.irecv(out, src) if a else dist.recv(out, src), finish)
+        return out, finish
 
     def recv_any(self, tensor: torch.Tensor | Callable[[int], torch.Tensor]) -> tuple[int, float] | None:
         """Receive into ``tensor`` the message that arrives first in simulated time, from any rank.

@@ -84,6 +84,10 @@ class ProbeStrategy(Strategy):
         self.comm.declare_groups([[0, 1]])
         if n >= 3 and r < 2:
             _expect("subgroup all_reduce", self.comm.all_reduce(torch.ones(2), group=[0, 1]), torch.full((2,), 2.0))
+        sent, got = self.comm.batch_isend_irecv([("send", torch.full((6,), float(r)), (r + 1) % n),
+                                                 ("recv", torch.empty(6), (r - 1) % n)])
+        _expect("batch_isend_irecv", got.wait(), torch.full((6,), float((r - 1) % n)))
+        sent.wait()
         self.optimizer_step()
 
 

@@ -306,15 +306,24 @@ class Trace:
         return False
 
     def validate(self) -> None:
-        """Check that collectives match across group members; raise TraceError if not."""
+        """Check that collectives match across group members, and each rank's sends to another its receives from
+        it (a message's k-th send meets the k-th receive; it is no collective of the pair); raise TraceError if not."""
         counts: dict[tuple[int, ...], list[list[str]]] = {}
+        messages: dict[tuple[int, int], list[int]] = {}  # (sender, receiver) -> [sends, receives]
         everyone = tuple(range(self.num_ranks))
         for rank, evs in enumerate(self.events):
             for e in evs:
-                if isinstance(e, Collective):
+                if isinstance(e, Collective) and e.op in P2P_OPS:
+                    a, b = e.group or everyone
+                    peer = b if a == rank else a
+                    messages.setdefault((rank, peer) if e.op == "send" else (peer, rank), [0, 0])[e.op == "recv"] += 1
+                elif isinstance(e, Collective):
                     grp = e.group or everyone
                     per_rank = counts.setdefault(grp, [[] for _ in range(self.num_ranks)])
                     per_rank[rank].append(e.op)
+        for (a, b), (sent, received) in messages.items():
+            if sent != received:
+                raise TraceError(f"trace: rank {a} sends {sent} messages to rank {b}, which receives {received}")
         for grp, per_rank in counts.items():
             seqs = {r: per_rank[r] for r in grp}
             first = seqs[grp[0]]

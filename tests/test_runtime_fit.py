@@ -91,14 +91,17 @@ def test_every_communicator_op_gives_the_right_answer_and_is_traced():
     assert ops0[:12] == ["all_reduce", "all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all",
                          "reduce", "gather", "scatter", "barrier", "all_reduce", "all_reduce"]
     assert [c.group for c in result.trace.collectives(0)][11] == (0, 1)
-    assert len(list(result.trace.collectives(2))) == 2 * 11  # rank 2 is outside the subgroup
+    assert len(list(result.trace.collectives(2))) == 2 * 13  # rank 2 is outside the subgroup
+    grouped = [c for c in result.trace.collectives(0) if c.op in ("send", "recv")]
+    assert [(c.op, c.group, c.async_op) for c in grouped[:2]] == [("send", (0, 1), True), ("recv", (0, 2), True)]
     # payload is what each rank passes in: 2n + 2n floats, 3 (own part), 5, 2n, n, then reduce 2n, gather 3 (own
-    # part), scatter 2n (the full input), barrier 0, then 4 and 2 (subgroup)
+    # part), scatter 2n (the full input), barrier 0, then 4 and 2 (subgroup), and the 6 batch_isend_irecv sends
     n = 3
-    assert result.payload_bytes_per_step(0) == [4 * (2 * n + 2 * n + 3 + 5 + 2 * n + n + 2 * n + 3 + 2 * n + 4 + 2)] * 2
+    per_step = 2 * n + 2 * n + 3 + 5 + 2 * n + n + 2 * n + 3 + 2 * n + 4 + 2 + 6
+    assert result.payload_bytes_per_step(0) == [4 * per_step] * 2
     assert simulate(result.trace, "datacenter").wall_clock_s > 0  # every op replays
     asyncs = [c for c in result.trace.collectives(1) if c.async_op]
-    assert len(asyncs) == 2
+    assert len(asyncs) == 2 * 3  # the async all-reduce and the grouped send and recv, each step
     result.trace.validate()
 
 

@@ -101,3 +101,16 @@ def test_num_nodes_counts_the_trainers_and_num_ranks_every_rank(tmp_path) -> Non
         Trace(num_nodes=4, meta={"servers": 1}, num_ranks=4)
     with pytest.raises(ValueError, match=r"1 servers leave no trainer"):
         Trace(num_ranks=1, meta={"servers": 1})
+
+
+def test_validate_matches_each_pairs_sends_with_its_receives_not_as_a_collective() -> None:
+    """A ring of messages over three ranks: on pair (0, 1) rank 0 sends and rank 1 receives, which is a match,
+    not a collective that differs between its members."""
+    t = Trace(num_nodes=3)
+    for r in range(3):
+        t.add_collective(r, "send", 8, group=(r, (r + 1) % 3), async_op=True)
+        t.add_collective(r, "recv", 8, group=((r - 1) % 3, r))
+    t.validate()
+    t.add_collective(0, "send", 8, group=(0, 1))
+    with pytest.raises(TraceError, match=r"rank 0 sends 2 messages to rank 1, which receives 1"):
+        t.validate()
