@@ -314,16 +314,17 @@ class Trace:
         for rank, evs in enumerate(self.events):
             for e in evs:
                 if isinstance(e, Collective) and e.op in P2P_OPS:
-                    a, b = e.group or everyone
-                    peer = b if a == rank else a
+                    low, high = e.group or everyone
+                    peer = high if low == rank else low
                     messages.setdefault((rank, peer) if e.op == "send" else (peer, rank), [0, 0])[e.op == "recv"] += 1
                 elif isinstance(e, Collective):
                     grp = e.group or everyone
                     per_rank = counts.setdefault(grp, [[] for _ in range(self.num_ranks)])
                     per_rank[rank].append(e.op)
-        for (a, b), (sent, received) in messages.items():
+        for (sender, receiver), (sent, received) in messages.items():
             if sent != received:
-                raise TraceError(f"trace: rank {a} sends {sent} messages to rank {b}, which receives {received}")
+                raise TraceError(f"trace: rank {sender} sends {sent} messages to rank {receiver}, "
+                                 f"which receives {received}")
         for grp, per_rank in counts.items():
             seqs = {r: per_rank[r] for r in grp}
             first = seqs[grp[0]]
