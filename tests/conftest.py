@@ -16,8 +16,10 @@ where a quiet one takes milliseconds, and no test asserts how fast that is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -147,10 +149,12 @@ def left_running() -> Callable[..., list[int]]:
 @pytest.fixture
 def running_fit(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
     """tests/interrupt_fit.py (a fit that runs until stopped) in a subprocess, once training is under way (its
-    first checkpoint committed): the process and its run directory. Killed after the test if still running."""
+    first checkpoint committed): the process and its run directory. Killed after the test if still running, with
+    everything it started: it runs in a session of its own, and the whole process group is killed, since a node
+    the test left behind would hold the fit's output pipes open and hang the teardown's read of them."""
     script = Path(__file__).with_name("interrupt_fit.py")
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + CEILING_S
         while not list(tmp_path.glob("*/checkpoints/latest.json")):
@@ -160,9 +164,10 @@ def running_fit(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
         (run,) = tmp_path.iterdir()
         yield proc, run
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the fit (if still running), its forkserver and its nodes
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=CEILING_S)
 
 
 @pytest.fixture

@@ -452,13 +452,25 @@ def _explain_forward_error(model: torch.nn.Module, batch: Any, exc: Exception) -
 
 # --------------------------------------------------------------- process entry
 def _watch_parent(parent_pid: int) -> None:
-    """Exit if the parent disappears, so no node outlives the run."""
+    """Exit if the parent disappears, so no node outlives the run. A parent that died but is not reaped yet (a
+    zombie, whose own parent may be waiting on the pipes this node holds) counts as gone."""
     while True:
         time.sleep(0.5)
         try:
             os.kill(parent_pid, 0)
         except ProcessLookupError:
             os._exit(1)
+        if _is_zombie(parent_pid):
+            os._exit(1)
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (Linux's /proc; elsewhere, never said)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].startswith("Z")
 
 
 def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val_data: Any,
