@@ -282,7 +282,7 @@ def _print_profile(profile: dict) -> None:
     from exonet.units import format_time
 
     used = f"median of {profile['steps_used']} steps" + ("; the first dropped as warm-up" if profile["warmup_dropped"]
-                                                          else "")
+                                                          else "") + f"; they spread {profile['spread']:.0%}"
     print(f"profiled step: {format_time(profile['profiled_step_s'])} on {profile['device']} ({used}); optimizer "
           f"{format_time(profile['optimizer_s'])}, device idle {format_time(profile['idle_s'])}; replayed as "
           f"{format_time(profile['step_s'])} per step")

@@ -6,6 +6,8 @@ import gzip
 import json
 import statistics
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -307,3 +309,23 @@ def test_a_top_level_stack_deepens_with_its_blocks_forward_from_module_annotatio
     assert step.order == (7, 6, 5, 4, 3, 2, 1, 0)  # blocks 4-7 timed as profiled block 1, 0-3 as block 0
     assert step.backward_s == pytest.approx([300e-6] * 4 + [100e-6] * 4)
     assert step.forward_s == pytest.approx(1000e-6 + 3 * (200e-6 + 600e-6))
+
+
+def test_too_few_or_scattered_profiled_steps_are_said_and_warned(profiled):
+    """A median of 4 steps, or of steps 5x apart, is no figure to plan with unannounced."""
+    from exonet.profile.kineto import MAX_SPREAD, MIN_STEPS, _check_steps
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # this machine's own spread is not what this test is about
+        profile = read_profile(profiled)
+    assert profile.steps_used == MIN_STEPS - 1 and profile.spread >= 0
+    assert any(f"only {MIN_STEPS - 1} profiled steps after the warm-up" in n for n in profile.notes)
+    notes: list[str] = []
+    with pytest.warns(UserWarning, match=r"t.json: the 5 profiled steps spread 400% around their median"):
+        assert _check_steps(Path("t.json"), [0.1, 0.1, 0.1, 0.1, 0.5], 0.1, notes) == pytest.approx(4.0)
+    assert len(notes) == 1 and "0.1 ms" not in notes[0] and "100 to 500 ms" in notes[0]
+    quiet: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _check_steps(Path("t.json"), [0.1] * 5, 0.1, quiet) == 0.0 < MAX_SPREAD
+    assert quiet == []

@@ -34,6 +34,7 @@ import math
 import os
 import stat
 import statistics
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,8 @@ from typing import Any, BinaryIO
 from exonet.errors import TraceError
 
 STEP = "ProfilerStep#"
+MIN_STEPS = 5  # profiled steps after the warm-up one, for a median that holds
+MAX_SPREAD = 0.2  # (slowest − fastest) ÷ median beyond which the profile is warned about
 BACKWARD = "autograd::engine::evaluate_function: "
 GRAD_READY = BACKWARD + "torch::autograd::AccumulateGrad"
 GRAD_OP = "torch::autograd::AccumulateGrad"
@@ -84,6 +87,7 @@ class StepProfile:
     warmup_dropped: bool
     device: str
     notes: list[str] = field(default_factory=list)
+    spread: float = 0.0  # (slowest − fastest) ÷ median of the steps used: how far one step is from another
 
 
 def _slim(d: dict) -> Any:
@@ -302,6 +306,7 @@ def _step_profile(path: Path, data: dict) -> StepProfile:
                          f"{sorted(counts)}): profile steps of one model, all training")
     med = statistics.median
     step_s = med(p["span"] for p in parts)
+    spread = _check_steps(path, [p["span"] for p in parts], step_s, notes)
     forward, tail = med(p["forward"] for p in parts), med(p["tail"] for p in parts)
     backward = [med(p["backward"][i] for p in parts) for i in range(counts.pop())]
     scale = step_s / max(forward + sum(backward) + tail, 1e-300)
@@ -319,7 +324,23 @@ def _step_profile(path: Path, data: dict) -> StepProfile:
         idle_s=med(p["idle"] for p in parts), comm_s=comm,
         modules={n: med(p["modules"].get(n, 0.0) for p in parts) for n in names},
         steps_used=len(steps), warmup_dropped=dropped, device=device,
-        notes=notes)
+        notes=notes, spread=spread)
+
+
+def _check_steps(path: Path, spans: list[float], median: float, notes: list[str]) -> float:
+    """The steps' spread, (slowest − fastest) ÷ median; a note and a warning where there are too few steps for a
+    median to hold (``MIN_STEPS`` after the warm-up) or they spread more than ``MAX_SPREAD``."""
+    spread = (max(spans) - min(spans)) / median if median > 0 else 0.0
+    if len(spans) < MIN_STEPS:
+        notes.append(f"only {len(spans)} profiled step{'s' if len(spans) > 1 else ''} after the warm-up: profile "
+                     f"{MIN_STEPS} or more for a median that holds")
+    if spread > MAX_SPREAD:
+        text = (f"the {len(spans)} profiled steps spread {spread:.0%} around their median ({min(spans) * 1e3:.3g} to "
+                f"{max(spans) * 1e3:.3g} ms): the step replayed is their median; profile more steps, or on a quieter "
+                "machine")
+        notes.append(text)
+        warnings.warn(f"{path}: {text}", stacklevel=4)  # the caller of read_profile
+    return spread
 
 
 def _split(path: Path, step: tuple, inside: list[tuple], clock: _DeviceClock) -> dict:
