@@ -67,7 +67,7 @@ def main() -> None:
     cut = int(len(ids) * 0.9)
     train, val = CharWindows(ids[:cut], args.block, args.block // 2), CharWindows(ids[cut:], args.block, args.block)
     scenario = two_regions(args.tflops)
-    print(scenario.describe(5, servers=1))  # four trainers and async DiLoCo's server
+    print(scenario.describe(4, servers=1))  # four trainers and async DiLoCo's server
     runs = {}
     for name, strategy in strategies(args.H).items():
         torch.manual_seed(0)

@@ -426,7 +426,7 @@ class Scenario:
         if "failures" in p:
             lines.extend(_failures(FailureSpec(**p["failures"]), num_nodes))
         if num_nodes is not None:
-            serving = f" ({servers} serving)" if servers else ""
+            serving = f" and {units.plural(servers, 'server')}" if servers else ""
             lines.append(f"  resolved for {units.plural(num_nodes, 'node')}{serving}:")
             lines.extend(_layout(self.resolve(num_nodes + servers, servers)))
         return "\n".join(lines)
