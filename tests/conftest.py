@@ -146,6 +146,12 @@ def left_running() -> Callable[..., list[int]]:
     return _left_running
 
 
+def _default_sighup() -> None:
+    """The fit's SIGHUP at its default action, as a terminal's process has it: a suite run under ``nohup`` would
+    pass SIGHUP on ignored, and a fit honours that (exonet.runtime.signals), so the SIGHUP test would wait in vain."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.fixture
 def running_fit(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
     """tests/interrupt_fit.py (a fit that runs until stopped) in a subprocess, once training is under way (its
@@ -154,7 +160,7 @@ def running_fit(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
     the test left behind would hold the fit's output pipes open and hang the teardown's read of them."""
     script = Path(__file__).with_name("interrupt_fit.py")
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_default_sighup)
     try:
         deadline = time.monotonic() + CEILING_S
         while not list(tmp_path.glob("*/checkpoints/latest.json")):
