@@ -1,6 +1,7 @@
 """Scenarios: the network and compute a trace is replayed in.
 
-``scenario`` loads, edits, resolves and describes them (``Scenario``); ``resolved`` holds
+``scenario`` loads, edits, resolves and describes them (``Scenario``; ``describe`` holds what its
+description prints, section by section); ``resolved`` holds
 ``Resolved``, the same made concrete for a node count, which is all the simulator reads, and
 its records (hosts, links, events, failures); ``schema`` is what a
 document may say, field by field, with its error messages, and ``lines`` finds the file:line of a
