@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from exonet.communicator import Communicator
-from exonet.runtime.rendezvous import join_store, loopback_store
+from exonet.runtime.rendezvous import join_store, leave_without_teardown, loopback_store
 
 
 def _time_block(fn: Any, calls: int) -> tuple[float, float]:
@@ -84,8 +84,8 @@ def _node(rank: int, k: int, port: int, sizes: list[int], rounds: int, calls: in
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
             profiles.append(f"--- cProfile, rank {rank}, {nbytes} B, {calls * 4} calls\n{text.getvalue()}")
     dist.barrier()
-    dist.destroy_process_group()
     queue.put((rank, results, profiles if rank == 0 else []))
+    leave_without_teardown()
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from exonet.communicator import Communicator
-from exonet.runtime.rendezvous import join_store, loopback_store
+from exonet.runtime.rendezvous import join_store, leave_without_teardown, loopback_store
 from exonet.toy import bench_mlp
 
 BATCH, IN_DIM, CLASSES = 32, 64, 10
@@ -201,8 +201,8 @@ def _node(rank: int, k: int, port: int, args: dict[str, int], queue: Any) -> Non
     demo = _demo_part(rank, k, comm, args["rounds"], args["calls"], args["check_steps"]) if args["demo"] else {}
     steps = _steps_part(rank, k, comm, args["rounds"], args["steps"]) if args["strategies"] else {}
     dist.barrier()
-    dist.destroy_process_group()
     queue.put((demo, steps))
+    leave_without_teardown()
 
 
 def measure(k: int, **args: int) -> tuple[dict[str, float], dict[str, float]]:

@@ -122,6 +122,7 @@ def _node(spec: dict[str, Any], out: Path) -> None:
     import torch.distributed as dist
 
     from exonet.communicator import Communicator
+    from exonet.runtime.rendezvous import leave_without_teardown
 
     case = BucketCase(**{**spec, "buckets": tuple(spec["buckets"]), "shaper": Shaper(**spec["shaper"])})
     rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -150,8 +151,9 @@ def _node(spec: dict[str, Any], out: Path) -> None:
             rep += comm.mark_step()
         ends.append(time.perf_counter())
         events.append(rep)
-    dist.destroy_process_group()
+    dist.barrier()
     (out / f"rank{rank}.pkl").write_bytes(pickle.dumps({"starts": starts, "ends": ends, "events": events}))
+    leave_without_teardown()
 
 
 if __name__ == "__main__":

@@ -306,6 +306,7 @@ def _node_collectives(cases: list[dict[str, Any]], out: Path) -> None:
     import torch.distributed as dist
 
     from exonet.communicator import Communicator
+    from exonet.runtime.rendezvous import leave_without_teardown
 
     rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=k, timeout=timedelta(seconds=600))
@@ -333,8 +334,9 @@ def _node_collectives(cases: list[dict[str, Any]], out: Path) -> None:
                 op(tensor, group=group)
             reps.append(comm.take_events())
         results.append({"base": base, "reps": reps})
-    dist.destroy_process_group()
+    dist.barrier()
     (out / f"rank{rank}.pkl").write_bytes(pickle.dumps({"cases": results}))
+    leave_without_teardown()
 
 
 def _strategy(name: str) -> Any:
