@@ -66,11 +66,11 @@ def keep_gloo_on_loopback() -> None:
 def leave_without_teardown() -> NoReturn:
     """End a measuring node whose results are already written, skipping gloo's teardown.
 
-    After every rank has finished its work, gloo's teardown (``destroy_process_group`` or the interpreter's exit)
-    can still abort the process on a loaded machine ("terminate called without an active exception", SIGABRT),
-    which would fail a measurement that is complete. Call it after a barrier and after the results are out
-    (a file written, or put on a multiprocessing ``SimpleQueue``, which writes before it returns). exonet's own nodes tear down and their runtime
-    ignores a crash once a node has delivered.
+    After every rank has finished its work, gloo's teardown (``destroy_process_group`` or the interpreter's
+    exit) can still abort the process on a loaded machine ("terminate called without an active exception",
+    SIGABRT), which would fail a measurement that is complete. Call it after a barrier and after the results
+    are out: a file written, or put on a multiprocessing ``SimpleQueue`` (which writes before it returns).
+    exonet's own nodes tear down, and their runtime ignores a crash once a node has delivered.
     """
     sys.stdout.flush()
     sys.stderr.flush()
