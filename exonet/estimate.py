@@ -21,7 +21,8 @@ Assumptions (printed with every estimate):
   times each node's share of ``tokens_per_step`` when it is given per node;
 * compute inside ``strategy.step()`` (e.g. DeMo's transforms) is not counted, and the inner
   optimizer is not run (its numerics never change what goes on the wire);
-* every node behaves like rank 0 unless the strategy uses subgroups, in which case every rank is run.
+* every node behaves like rank 0 unless the strategy uses subgroups or point-to-point messages, in which case
+  every rank is run.
 
 A strategy that reacts to simulated time (``Strategy.asynchronous``: a server, as asynchronous
 DiLoCo and FedBuff have, or deadline rounds) cannot be estimated apart from a scenario: every
@@ -71,7 +72,7 @@ class RecordingCommunicator(Communicator):
 
     def declare_groups(self, groups: Any) -> None:
         """No process groups exist without a network; remember whether the strategy uses subgroups
-        (then ranks differ)."""
+        (then ranks differ, as they do when it sends point-to-point)."""
         if any(len(set(group)) < self.world_size for group in groups):
             self.uses_groups = True
 
@@ -82,6 +83,8 @@ class RecordingCommunicator(Communicator):
              launch: Callable[[bool], Any], finish: Callable[[], Any]) -> Any:
         cid = self._next_cid
         self._next_cid += 1
+        if op in ("send", "recv"):  # a peer is chosen per rank: ranks differ
+            self.uses_groups = True
         dtype = str(payload.dtype).removeprefix("torch.")
         self.events.append(Collective(cid, op, payload.numel() * payload.element_size(), self._members(group),
                                       async_op, dtype))
@@ -431,7 +434,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         "compute inside strategy.step() (e.g. transforms, quantisation) is not counted; a scenario's [compute] "
         "device is replaced by this compute (its per-node speeds and jitter still apply)",
         ("every rank (and server) is run on the online clock in the scenario (the strategy reacts to simulated time)"
-         if rerun is not None else "every rank is run separately (the strategy uses subgroups)" if uses_groups
+         if rerun is not None
+         else "every rank is run separately (the strategy uses subgroups or messages)" if uses_groups
          else "every node behaves like rank 0"),
     ]
     return Estimate(trace, real_params, step_time, assumptions, rerun, profiled)

@@ -11,6 +11,8 @@ from exonet.strategies.demo import DeMoStrategy
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.fedavg import FedAvgStrategy
 from exonet.strategies.fedbuff import FedBuffStrategy
+from exonet.strategies.noloco import NoLoCoStrategy
+from exonet.strategies.sparseloco import SparseLoCoStrategy
 from exonet.strategies.sparta import SPARTAStrategy
 from exonet.strategies.sparta_diloco import SPARTADiLoCoStrategy
 from exonet.strategies.streaming_diloco import StreamingDiLoCoStrategy
@@ -27,11 +29,13 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "async_diloco": AsyncDiLoCoStrategy,
     "fedbuff": FedBuffStrategy,
     "decoupled_diloco": DecoupledDiLoCoStrategy,
+    "sparseloco": SparseLoCoStrategy,
+    "noloco": NoLoCoStrategy,
 }
 
 __all__ = [
     "AllReduceStrategy", "AsyncDiLoCoStrategy", "DDPStrategy", "DeMoStrategy", "DecoupledDiLoCoStrategy",
-    "DiLoCoStrategy", "FedAvgStrategy", "FedBuffStrategy", "NodeContext",
-    "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "SimpleReduceStrategy",
+    "DiLoCoStrategy", "FedAvgStrategy", "FedBuffStrategy", "NoLoCoStrategy", "NodeContext",
+    "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "SimpleReduceStrategy", "SparseLoCoStrategy",
     "StreamingDiLoCoStrategy", "Strategy",
 ]

@@ -24,7 +24,7 @@ PROSE = {
     "DDPStrategy": "DDP", "FedAvgStrategy": "FedAvg", "DiLoCoStrategy": "DiLoCo", "SPARTAStrategy": "SPARTA",
     "DeMoStrategy": "DeMo", "SPARTADiLoCoStrategy": "SPARTA-DiLoCo", "StreamingDiLoCoStrategy": "Streaming DiLoCo",
     "AsyncDiLoCoStrategy": "asynchronous DiLoCo", "FedBuffStrategy": "FedBuff",
-    "DecoupledDiLoCoStrategy": "Decoupled DiLoCo",
+    "DecoupledDiLoCoStrategy": "Decoupled DiLoCo", "SparseLoCoStrategy": "SparseLoCo", "NoLoCoStrategy": "NoLoCo",
 }
 ALIASES = {"AllReduceStrategy", "SimpleReduceStrategy", "Strategy"}
 
