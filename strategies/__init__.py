@@ -11,6 +11,7 @@ from exonet.strategies.demo import DeMoStrategy
 from exonet.strategies.diloco import DiLoCoStrategy
 from exonet.strategies.fedavg import FedAvgStrategy
 from exonet.strategies.fedbuff import FedBuffStrategy
+from exonet.strategies.muloco import MuLoCoStrategy
 from exonet.strategies.noloco import NoLoCoStrategy
 from exonet.strategies.sparseloco import SparseLoCoStrategy
 from exonet.strategies.sparta import SPARTAStrategy
@@ -31,11 +32,12 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "decoupled_diloco": DecoupledDiLoCoStrategy,
     "sparseloco": SparseLoCoStrategy,
     "noloco": NoLoCoStrategy,
+    "muloco": MuLoCoStrategy,
 }
 
 __all__ = [
     "AllReduceStrategy", "AsyncDiLoCoStrategy", "DDPStrategy", "DeMoStrategy", "DecoupledDiLoCoStrategy",
-    "DiLoCoStrategy", "FedAvgStrategy", "FedBuffStrategy", "NoLoCoStrategy", "NodeContext",
+    "DiLoCoStrategy", "FedAvgStrategy", "FedBuffStrategy", "MuLoCoStrategy", "NoLoCoStrategy", "NodeContext",
     "OptimSpec", "SPARTADiLoCoStrategy", "SPARTAStrategy", "STRATEGIES", "SimpleReduceStrategy", "SparseLoCoStrategy",
     "StreamingDiLoCoStrategy", "Strategy",
 ]

@@ -22,6 +22,7 @@ from exonet.arguments import check_int, check_range, one_of
 from exonet.runtime.forkserver import complete_imports
 from exonet.seeding import shared_generator
 from exonet.strategies.compat import accept_gym_spellings
+from exonet.strategies.muon import MuonAdamW
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -41,6 +42,7 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "radam": torch.optim.RAdam,
     "rmsprop": torch.optim.RMSprop,
     "rprop": torch.optim.Rprop,
+    "muon": MuonAdamW,  # Muon on 2-D weights, AdamW on the rest (exonet.strategies.muon)
 }
 
 
@@ -307,8 +309,12 @@ class Strategy(abc.ABC):
         self.num_nodes = ctx.num_nodes
         self.params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
         self.local_step = 0
-        self.optimizer = self.optim_spec.build(self.params)
+        self.optimizer = self.optim_spec.build(self.inner_param_groups())
         self.scheduler = self._build_scheduler(self.optimizer, ctx.max_steps)
+
+    def inner_param_groups(self) -> list[Any]:
+        """What the inner optimizer is built on: ``self.params``, or param groups a strategy tags (MuLoCo's)."""
+        return list(self.params)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

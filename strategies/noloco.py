@@ -26,8 +26,10 @@ def gossip_peer(rank: int, num_nodes: int, inner_steps: int) -> int:
 
     The reference's pairing: every node draws ``numpy.random.default_rng(inner_steps + 1).permutation(K)``
     and pairs ``perm[j]`` with ``perm[j + K/2]``, a random perfect matching redrawn at every outer step. It
-    does not depend on ``fit``'s seed, as in the reference.
+    does not depend on ``fit``'s seed, as in the reference. A lone node is its own peer.
     """
+    if num_nodes == 1:
+        return rank
     perm = np.random.default_rng(inner_steps + 1).permutation(num_nodes).tolist()
     half = num_nodes // 2
     at = perm.index(rank)
@@ -44,7 +46,7 @@ class NoLoCoStrategy(FedAvgStrategy):
         m ← outer_momentum·m + outer_lr·(d̄ + φ̄ − φ),   φ ← φ + m,   θ ← φ.
 
     The term φ̄ − φ pulls diverging replicas together; no collective runs, so each node sends 8 bytes per
-    parameter to one peer and receives as many, whatever K. K must be even.
+    parameter to one peer and receives as many, whatever K. K must be even (or 1: a lone node sends nothing).
 
     Defaults are the reference's ``c4_noloco_mean`` runs: H = 50, outer_lr 0.7, outer_momentum 0.5, and
     the inner optimizer Adam (no weight decay) lr 6e-4.
@@ -77,9 +79,9 @@ class NoLoCoStrategy(FedAvgStrategy):
 
     def check_world(self, num_nodes: int) -> None:
         super().check_world(num_nodes)
-        if num_nodes % 2:
+        if num_nodes % 2 and num_nodes > 1:
             raise ValueError(f"num_nodes: NoLoCo pairs every node with one peer each outer step, so it needs an "
-                             f"even number of nodes, got {num_nodes}")
+                             f"even number of nodes (or one), got {num_nodes}")
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         super().setup(model, comm, ctx)
@@ -91,9 +93,12 @@ class NoLoCoStrategy(FedAvgStrategy):
     def sync_round(self) -> None:
         peer = gossip_peer(self.rank, self.num_nodes, self.local_step + 1)
         mine = torch.cat([self._outer, flatten(self.params).float() - self._outer])
-        sending = self.comm.send(mine, peer, async_op=True)
-        theirs = self.comm.recv(torch.empty_like(mine), peer)
-        sending.wait()
+        if peer == self.rank:  # K = 1: the pair's means are this node's own
+            theirs = mine
+        else:
+            sending = self.comm.send(mine, peer, async_op=True)
+            theirs = self.comm.recv(torch.empty_like(mine), peer)
+            sending.wait()
         if mine.is_meta:  # an estimate: the exchange is all that matters
             return
         n = self._outer.numel()

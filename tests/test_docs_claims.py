@@ -25,6 +25,7 @@ PROSE = {
     "DeMoStrategy": "DeMo", "SPARTADiLoCoStrategy": "SPARTA-DiLoCo", "StreamingDiLoCoStrategy": "Streaming DiLoCo",
     "AsyncDiLoCoStrategy": "asynchronous DiLoCo", "FedBuffStrategy": "FedBuff",
     "DecoupledDiLoCoStrategy": "Decoupled DiLoCo", "SparseLoCoStrategy": "SparseLoCo", "NoLoCoStrategy": "NoLoCo",
+    "MuLoCoStrategy": "MuLoCo",
 }
 ALIASES = {"AllReduceStrategy", "SimpleReduceStrategy", "Strategy"}
 

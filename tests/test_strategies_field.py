@@ -1,4 +1,5 @@
-"""The field's methods: bit-packed codecs and their wire bytes, SparseLoCo and NoLoCo against plain re-derivations."""
+"""The field's methods: bit-packed codecs and their wire bytes; SparseLoCo, NoLoCo and MuLoCo against plain
+re-derivations."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from torch import nn
 
 from exonet import LocalTrainer
 from exonet.estimate import estimate
-from exonet.strategies import NoLoCoStrategy, OptimSpec, SparseLoCoStrategy
+from exonet.strategies import MuLoCoStrategy, NoLoCoStrategy, OptimSpec, SparseLoCoStrategy
 from exonet.strategies.codecs import StatQuantizer, TopKChunks, pack_bits, packed_nbytes, unpack_bits
+from exonet.strategies.muloco import hidden_matrices
+from exonet.strategies.muon import MuonAdamW
 from exonet.strategies.noloco import gossip_peer
 from exonet.toy import Classifier, ShardFactory
 from exonet.trace import Collective
@@ -99,7 +102,7 @@ def test_sparseloco_refuses_a_bad_codec_naming_the_argument(kwargs, name):
 
 
 def test_noloco_needs_an_even_number_of_nodes_and_pairs_each_with_one_peer():
-    with pytest.raises(ValueError, match="even number of nodes, got 3"):
+    with pytest.raises(ValueError, match=r"even number of nodes \(or one\), got 3"):
         NoLoCoStrategy().check_world(3)
     for steps in (50, 100, 150):
         peers = [gossip_peer(r, 8, steps) for r in range(8)]
@@ -278,3 +281,75 @@ def test_estimate_prices_sparseloco_and_noloco_by_their_messages():
     assert sparse.trace.payload_per_trainer() == 2 * message
     gossip = estimate("noloco:H=10", model=model, num_nodes=4, max_steps=20, step_time=0.1)
     assert gossip.trace.payload_per_trainer() == 2 * 8 * 1024 * 1024
+
+
+# ------------------------------------------------------------------- MuLoCo and Muon
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Linear(8, 3))
+    hidden = hidden_matrices(model)
+    assert hidden == {id(model[1].weight), id(model[3].weight)}  # not the embedding, a bias or the head
+
+
+def test_muon_adamw_steps_as_torchs_muon_and_adamw_side_by_side_and_resumes():
+    torch.manual_seed(0)
+    w, b = torch.randn(6, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+    twins = [t.detach().clone().requires_grad_() for t in (w, b)]
+    ours = MuonAdamW([w, b], lr=0.05, adamw_lr=0.01)
+    muon = torch.optim.Muon([twins[0]], lr=0.05, momentum=0.95, nesterov=True, weight_decay=0.01)
+    adamw = torch.optim.AdamW([twins[1]], lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(ours, lambda step: 0.5 ** step)
+    for step in range(3):
+        grads = torch.randn(6, 4), torch.randn(4)
+        for t, g in zip((w, b, *twins), grads * 2):
+            t.grad = g.clone()
+        ours.step()
+        muon.step(), adamw.step()
+        schedule.step()
+        for opt in (muon, adamw):
+            for group in opt.param_groups:
+                group["lr"] *= 0.5
+    assert torch.equal(w, twins[0]) and torch.equal(b, twins[1])
+    resumed = MuonAdamW([w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()])
+    resumed.load_state_dict(ours.state_dict())
+    assert [g["lr"] for g in resumed.param_groups] == [0.05 / 8, 0.01 / 8]
+    with pytest.raises(ValueError, match="2-D parameters only"):
+        MuonAdamW([{"params": [b], "muon": True}])
+
+
+def plain_muloco() -> list[torch.Tensor]:
+    """DiLoCo by hand with torch's Muon on the hidden matrix and AdamW on the rest, outer Nesterov SGD."""
+    model = small_model()
+    data = batches()
+    params = list(model.parameters())
+    hidden = hidden_matrices(model)
+    anchor = [p.detach().clone() for p in params]
+    states = [None] * K
+    outer_param = torch.cat([a.reshape(-1) for a in anchor]).requires_grad_()
+    outer = torch.optim.SGD([outer_param], lr=0.7, momentum=0.6, nesterov=True)
+    for r in range(STEPS // H):
+        finals = []
+        for rank in range(K):
+            with torch.no_grad():
+                for p, a in zip(params, anchor):
+                    p.copy_(a)
+            inner = MuonAdamW([{"params": [p for p in params if id(p) in hidden], "muon": True},
+                               {"params": [p for p in params if id(p) not in hidden], "muon": False}])
+            if states[rank] is not None:
+                inner.load_state_dict(states[rank])
+            for batch in data[rank][r * H:(r + 1) * H]:
+                model.zero_grad()
+                model(batch).backward()
+                inner.step()
+            states[rank] = inner.state_dict()
+            finals.append(torch.cat([p.detach().reshape(-1) for p in params]))
+        outer_param.grad = outer_param.detach() - sum(finals) / K
+        outer.step()
+        anchor = [t.view_as(a).clone() for t, a in zip(outer_param.detach().split([a.numel() for a in anchor]),
+                                                        anchor)]
+    return anchor
+
+
+def test_muloco_equals_diloco_by_hand_with_torchs_muon_inside():
+    result = fit(MuLoCoStrategy(H=H))
+    for (name, got), expected in zip(result.model.named_parameters(), plain_muloco()):
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5), name

@@ -18,6 +18,7 @@ from exonet.strategies import (
     DiLoCoStrategy,
     FedAvgStrategy,
     FedBuffStrategy,
+    MuLoCoStrategy,
     OptimSpec,
     SPARTADiLoCoStrategy,
     SPARTAStrategy,
@@ -28,7 +29,7 @@ from exonet.strategies.base import BASE_OPTIONS
 ADAMW = OptimSpec("adamw", lr=3e-4)
 OUTER = OptimSpec("sgd", lr=0.5)
 WITH_OUTER = (DiLoCoStrategy, SPARTADiLoCoStrategy, StreamingDiLoCoStrategy, AsyncDiLoCoStrategy, FedBuffStrategy,
-              DecoupledDiLoCoStrategy)
+              DecoupledDiLoCoStrategy, MuLoCoStrategy)
 
 
 def _parameters(cls):
