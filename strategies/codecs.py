@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -200,3 +200,53 @@ class TopKChunks:
         else:
             values = self.quantizer.decode(rest, self.kept, dtype)
         return idx, values.reshape(self.tiles, self.k)
+
+
+class QuantizedMean:
+    """The group mean of a flat vector sent at ``bits`` bits per value, each tensor quantized on its own, with
+    error feedback: MuLoCo's quantized outer exchange (facebookresearch/MuLoCo@475bbf4,
+    ``quantized_outer_sgd.py``, ``QuantizedOuterSGD``; its "statistical" compressor).
+
+    ``e ← error_decay·e + x``, ``e`` is quantized per tensor (``StatQuantizer``), ``e ← e −`` what was sent, the
+    group all-gathers the packed messages and each node averages what they decode to. Each node sends
+    ``wire_nbytes()`` bytes to each of the others: ⌈n·bits/8⌉ + 4·(1 + 2^bits) per tensor of n values.
+
+    Args:
+        sizes: the tensors' sizes, in the order they lie in the flat vector.
+        bits: bits per value, 1 to 16.
+        error_decay: how much of the unsent error carries to the next exchange, in [0, 1].
+        dtype, device: the flat vector's.
+    """
+
+    def __init__(self, sizes: Sequence[int], bits: int, error_decay: float, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.sizes = list(sizes)
+        self.quantizer = StatQuantizer(bits)
+        self.error_decay = error_decay
+        self.error = torch.zeros(sum(self.sizes), dtype=dtype, device=device)
+
+    def wire_nbytes(self) -> int:
+        return sum(self.quantizer.wire_nbytes(n) for n in self.sizes)
+
+    def mean(self, x: torch.Tensor, comm: Any, group: tuple[int, ...]) -> torch.Tensor:
+        """The mean over ``group`` of what each member's ``x`` (error-fed) decodes to."""
+        if x.is_meta:  # an estimate: only the message's size matters
+            if len(group) > 1:
+                comm.all_gather(torch.empty(self.wire_nbytes(), dtype=torch.uint8, device="meta"), group=group)
+            return x
+        self.error.mul_(self.error_decay).add_(x)
+        parts = []
+        for e in self.error.split(self.sizes):
+            wire, sent = self.quantizer.encode(e)
+            e.sub_(sent)
+            parts.append(wire)
+        message = torch.cat(parts)
+        gathered = comm.all_gather(message, group=group) if len(group) > 1 else message.unsqueeze(0)
+        out = torch.zeros_like(x)
+        for row in gathered:
+            offset = 0
+            for part, n in zip(out.split(self.sizes), self.sizes):
+                nbytes = self.quantizer.wire_nbytes(n)
+                part.add_(self.quantizer.decode(row[offset:offset + nbytes], n, x.dtype))
+                offset += nbytes
+        return out.div_(len(gathered))

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from exonet.strategies.base import NodeContext, OptimSpec, flatten, outer_spec, unflatten_into
+from exonet.strategies.base import NodeContext, OptimSpec, check_range, flatten, outer_spec, unflatten_into
+from exonet.strategies.codecs import QuantizedMean, check_bits
 from exonet.strategies.fedavg import FedAvgStrategy
 from exonet.strategies.replica import ReplicaGroups, check_replica_size, check_replica_world
 
@@ -63,6 +64,11 @@ class DiLoCoStrategy(FedAvgStrategy):
             (their work is discarded).
         elastic: rounds go on without the nodes that failed since their last sync, as in ``FedAvgStrategy``:
             a failed node adopts θ_global and the outer state from the lowest-ranked node that stayed up.
+        quantize_bits: None sends θ_local in full (an all-reduce); 1 to 16 sends each node's pseudo-gradient
+            θ_global − θ_local at that many bits per value through MuLoCo's error-fed statistical quantizer
+            (``codecs.QuantizedMean``: one all-gather of the packed codes per round). Not with replica_size > 1,
+            deadline_s or elastic.
+        error_decay: with ``quantize_bits``, how much of the unsent error carries to the next round (MuLoCo's 0.9).
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
     """
@@ -80,10 +86,18 @@ class DiLoCoStrategy(FedAvgStrategy):
         replica_size: int = 1,
         deadline_s: float | None = None,
         elastic: bool = False,
+        quantize_bits: int | None = None,
+        error_decay: float = 0.9,
     ) -> None:
         super().__init__(optim_spec, island_size=island_size, H=H, participation=participation,
                          deadline_s=deadline_s, elastic=elastic)
         self.outer_optim_spec = outer_spec(outer_optim_spec)
+        self.quantize_bits = None if quantize_bits is None else check_bits("quantize_bits", quantize_bits)
+        check_range("error_decay", error_decay, low=0, high=1)
+        self.error_decay = error_decay
+        if quantize_bits is not None and (replica_size > 1 or deadline_s is not None or elastic):
+            raise ValueError("quantize_bits: the quantized exchange is a round's all-gather; it cannot be combined "
+                             "with replica_size > 1, deadline_s or elastic=True")
         self.replica_size = check_replica_size(replica_size)
         if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None or elastic):
             raise ValueError("replica_size: a replica group syncs every round as one worker; it cannot be combined "
@@ -100,6 +114,16 @@ class DiLoCoStrategy(FedAvgStrategy):
             self.global_params = flatten(self.params)
         self.outer_optimizer = self.outer_optim_spec.build([self.global_params])
         self._replicas = ReplicaGroups.for_node(self.rank, self.num_nodes, self.replica_size, comm)
+        self._quantized = None if self.quantize_bits is None else QuantizedMean(
+            [p.numel() for p in self.params], self.quantize_bits, self.error_decay, self.global_params.dtype,
+            self.global_params.device)
+
+    def group_mean(self, group: tuple[int, ...]) -> torch.Tensor:
+        """The group's mean parameters; with ``quantize_bits``, θ_global minus the mean of the members'
+        quantized, error-fed pseudo-gradients."""
+        if self._quantized is None:
+            return super().group_mean(group)
+        return self.global_params - self._quantized.mean(self.global_params - flatten(self.params), self.comm, group)
 
     def step(self) -> None:
         if self._replicas is not None:
@@ -187,11 +211,16 @@ class DiLoCoStrategy(FedAvgStrategy):
         unflatten_into(self.global_params, self.params)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "global_params": self.global_params.detach().clone(),
-                "outer_optimizer": self.outer_optimizer.state_dict()}
+        state = {**super().state_dict(), "global_params": self.global_params.detach().clone(),
+                 "outer_optimizer": self.outer_optimizer.state_dict()}
+        if self._quantized is not None:
+            state["error"] = self._quantized.error.clone()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         with torch.no_grad():
             self.global_params.copy_(state["global_params"])
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        if self._quantized is not None:
+            self._quantized.error.copy_(state["error"])

@@ -223,10 +223,14 @@ class FedAvgStrategy(Strategy):
         if group is None:
             return
         with torch.no_grad():
-            mean = flatten(self.params)
-            if len(group) > 1:
-                self.comm.all_reduce(mean, op="avg", group=group)
-            self.apply_average(mean)
+            self.apply_average(self.group_mean(group))
+
+    def group_mean(self, group: tuple[int, ...]) -> torch.Tensor:
+        """The mean of the group's flattened parameters (one all-reduce, op "avg")."""
+        mean = flatten(self.params)
+        if len(group) > 1:
+            self.comm.all_reduce(mean, op="avg", group=group)
+        return mean
 
     def apply_average(self, mean: torch.Tensor) -> None:
         """FedAvg adopts the group's mean parameters."""

@@ -15,7 +15,7 @@ from torch import nn
 
 from exonet import LocalTrainer
 from exonet.estimate import estimate
-from exonet.strategies import MuLoCoStrategy, NoLoCoStrategy, OptimSpec, SparseLoCoStrategy
+from exonet.strategies import DiLoCoStrategy, MuLoCoStrategy, NoLoCoStrategy, OptimSpec, SparseLoCoStrategy
 from exonet.strategies.codecs import StatQuantizer, TopKChunks, pack_bits, packed_nbytes, unpack_bits
 from exonet.strategies.muloco import hidden_matrices
 from exonet.strategies.muon import MuonAdamW
@@ -353,3 +353,56 @@ def test_muloco_equals_diloco_by_hand_with_torchs_muon_inside():
     result = fit(MuLoCoStrategy(H=H))
     for (name, got), expected in zip(result.model.named_parameters(), plain_muloco()):
         assert torch.allclose(got, expected, rtol=0, atol=1e-5), name
+
+
+def plain_quantized_diloco(bits: int, decay: float) -> list[torch.Tensor]:
+    """DiLoCo by hand with MuLoCo's quantized exchange: e ← decay·e + Δ per node, each tensor quantized on its own
+    (``StatQuantizer``, the reference's statistics), e minus what was sent, the mean of what everyone sent as the
+    outer gradient (Nesterov SGD lr 0.7, momentum 0.9)."""
+    model = small_model()
+    data = batches()
+    anchor = [p.detach().clone() for p in model.parameters()]
+    error = [[torch.zeros_like(a) for a in anchor] for _ in range(K)]
+    flat = torch.cat([a.reshape(-1) for a in anchor]).requires_grad_()
+    outer = torch.optim.SGD([flat], lr=0.7, momentum=0.9, nesterov=True)
+    q = StatQuantizer(bits)
+    for r in range(STEPS // H):
+        sent = [[] for _ in anchor]
+        for rank in range(K):
+            theta = [a.clone() for a in anchor]
+            inner_steps(model, theta, data[rank][r * H:(r + 1) * H])
+            for i, (a, t) in enumerate(zip(anchor, theta)):
+                e = error[rank][i].mul_(decay).add_(a - t)
+                codes, header = q.quantize(e.reshape(-1))
+                decoded = q.dequantize(codes, header).view_as(e)
+                e.sub_(decoded)
+                sent[i].append(decoded)
+        flat.grad = torch.cat([(sum(s) / K).reshape(-1) for s in sent])
+        outer.step()
+        anchor = [t.view_as(a).clone() for t, a in zip(flat.detach().split([a.numel() for a in anchor]), anchor)]
+    return anchor
+
+
+@pytest.fixture(scope="module")
+def quantized_diloco_run():
+    return fit(DiLoCoStrategy(OptimSpec("sgd", lr=LR), H=H, quantize_bits=2, error_decay=0.9))
+
+
+def test_two_bit_diloco_equals_a_plain_rederivation_of_mulocos_quantized_exchange(quantized_diloco_run):
+    for (name, got), expected in zip(quantized_diloco_run.model.named_parameters(), plain_quantized_diloco(2, 0.9)):
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5), name
+
+
+def test_two_bit_diloco_all_gathers_its_packed_codes_once_per_round(quantized_diloco_run):
+    sizes = [p.numel() for p in small_model().parameters()]  # 128, 8, 32, 4
+    message = sum(math.ceil(n * 2 / 8) + 4 * 5 for n in sizes)
+    for rank in range(K):
+        colls = [e for e in quantized_diloco_run.trace.events[rank] if isinstance(e, Collective)]
+        assert [(c.op, c.nbytes, c.dtype) for c in colls] == [("all_gather", message, "uint8")] * (STEPS // H)
+
+
+def test_quantized_diloco_refuses_what_its_exchange_cannot_do():
+    with pytest.raises(ValueError, match="quantize_bits"):
+        DiLoCoStrategy(quantize_bits=17)
+    with pytest.raises(ValueError, match="replica_size > 1, deadline_s or elastic"):
+        DiLoCoStrategy(quantize_bits=2, elastic=True)
