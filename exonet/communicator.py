@@ -25,7 +25,9 @@ import weakref
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
-import torch.distributed as dist
+
+# distributed_c10d, not torch.distributed: inside a node the latter's functions route here (runtime/dist_calls.py)
+from torch.distributed import distributed_c10d as dist
 
 from exonet.trace import Collective, Compute, Discard, Event, Step, Wait
 
@@ -294,6 +296,13 @@ class Communicator:
                 continue
             with self.blocking("declare_groups"):
                 self._groups[key] = dist.new_group(list(key))
+
+    def adopt_group(self, ranks: Sequence[int], group: Any) -> None:
+        """Run collectives on ``ranks`` on ``group``, a process group the strategy created itself (through
+        ``torch.distributed.new_group``); the whole world and groups already known are left as they are."""
+        key = self._key(ranks)
+        if len(key) < self.world_size:
+            self._groups.setdefault(key, group)
 
     def _key(self, ranks: Sequence[int]) -> tuple[int, ...]:
         """``ranks`` as a group's sorted members; a rank out of range, or named twice, is an error.

@@ -20,7 +20,10 @@ from exonet.strategies import (
     DiLoCoStrategy,
     FedAvgStrategy,
     FedBuffStrategy,
+    MuLoCoStrategy,
+    NoLoCoStrategy,
     OptimSpec,
+    SparseLoCoStrategy,
     SPARTADiLoCoStrategy,
     SPARTAStrategy,
     Strategy,
@@ -267,6 +270,10 @@ RESUMED = {
                                          in_flight="fragment 0's round, its all_gather issued at step 7"),
     "streaming_diloco-replicas": Case(lambda: _streaming(delay_steps=2, replica_size=2), nodes=4,
                                       in_flight="fragment 0's round, its mean across workers started at step 6"),
+    "diloco-2bit": Case(lambda: DiLoCoStrategy(OptimSpec("adamw", lr=3e-3), H=4, quantize_bits=2)),
+    "sparseloco": Case(lambda: SparseLoCoStrategy(OptimSpec("adamw", lr=3e-3), H=4, top_k=8, chunk=4)),
+    "muloco": Case(lambda: MuLoCoStrategy(H=4, quantize_bits=2)),
+    "noloco": Case(lambda: NoLoCoStrategy(OptimSpec("adamw", lr=3e-3), H=4)),
 }
 # Asynchronous strategies (the simulated clock decides who syncs when) refuse checkpoints and resume, saying so.
 REFUSED = {

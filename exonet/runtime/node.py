@@ -37,6 +37,7 @@ from exonet.runtime.batches import (
 )
 from exonet.runtime.checkpoint import load_node, save_node, wait_for_room
 from exonet.runtime.clock import ClockLink
+from exonet.runtime.dist_calls import routed
 from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
 from exonet.runtime.rendezvous import join_store
 from exonet.runtime.watchdog import Heartbeat
@@ -160,6 +161,12 @@ class TrainNode:
 
     # ----------------------------------------------------------------- loop
     def run(self) -> None:
+        """Train (or serve) to the end; the strategy's own ``torch.distributed`` calls run through the
+        Communicator meanwhile (``exonet.runtime.dist_calls``)."""
+        with routed(self.comm):
+            self._run()
+
+    def _run(self) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self._broadcast_initial_weights()

@@ -24,6 +24,7 @@ from exonet.runtime.fit_config import configure, get_device
 from exonet.runtime.forkserver import complete_imports
 from exonet.runtime.job import Job
 from exonet.strategies.base import Strategy
+from exonet.strategies.gym_protocol import as_strategy
 
 __all__ = ["LocalTrainer", "Trainer", "get_device"]
 
@@ -60,7 +61,7 @@ class LocalTrainer:
 
     def fit(
         self,
-        strategy: Strategy,
+        strategy: Strategy | Any,
         num_nodes: int = 1,
         *,
         max_steps: int | None = None,
@@ -97,7 +98,9 @@ class LocalTrainer:
         """Run the training and return a FitResult.
 
         Args:
-            strategy: how nodes communicate (a ``exonet.strategies.Strategy``).
+            strategy: how nodes communicate: an ``exonet.strategies.Strategy``, or an object with the seed gym's
+                protocol (``_init_node``, ``step``, ``zero_grad``), whatever its base class, run as the gym ran it
+                (``exonet.strategies.gym_protocol``).
             num_nodes: K, the number of node processes.
             max_steps: optimizer steps per node; with ``num_epochs`` the smaller wins.
             num_epochs: passes over each node's shard (default 1 when max_steps is None; with only
@@ -157,6 +160,7 @@ class LocalTrainer:
         complete_imports()  # what fit imports on its way, whole: Ctrl-C now cannot leave half a package behind
         args["device"] = device if device is not None else self.device
         args["devices"] = devices if devices is not None else self.devices
+        strategy = as_strategy(strategy)  # an object with the seed gym's protocol runs as the gym ran it
         plan = configure(strategy, args, legacy, self._shard_len, has_val=self.val_dataset is not None)
         from exonet.runtime.run import launch
 
