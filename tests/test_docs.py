@@ -57,6 +57,7 @@ SMALL_FORMS: dict[str, list[str]] = {
     "python examples/what_if_bandwidth.py": ["--steps", "20", "--nodes", "2", "--points", "3",
                                              "--target-loss", "2.2"],
     "python examples/char_lm.py": ["--steps", "20", "--nodes-list", "1", "2", "--H", "10"],
+    "python examples/field_methods.py": ["--steps", "20", "--H", "5", "--out", "field_methods.png"],
     "python examples/async_study.py": ["--budget", "10", "--H", "5"],
     "python examples/torchrun_study.py": ["--steps", "5"],
     "torchrun --standalone": ["--steps", "5"],
