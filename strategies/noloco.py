@@ -86,13 +86,17 @@ class NoLoCoStrategy(FedAvgStrategy):
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         super().setup(model, comm, ctx)
         with torch.no_grad():
-            self._outer = flatten(self.params).float()
+            meta = self.params[0].is_meta  # an estimate: sizes only (a cat of meta tensors costs as much as a step)
+            self._outer = (torch.empty(sum(p.numel() for p in self.params), device="meta") if meta
+                           else flatten(self.params).float())
         self._momentum = torch.zeros_like(self._outer)
 
     @torch.no_grad()
     def sync_round(self) -> None:
         peer = gossip_peer(self.rank, self.num_nodes, self.local_step + 1)
-        mine = torch.cat([self._outer, flatten(self.params).float() - self._outer])
+        n = self._outer.numel()
+        mine = (torch.empty(2 * n, device="meta") if self._outer.is_meta
+                else torch.cat([self._outer, flatten(self.params).float() - self._outer]))
         if peer == self.rank:  # K = 1: the pair's means are this node's own
             theirs = mine
         else:
@@ -101,7 +105,6 @@ class NoLoCoStrategy(FedAvgStrategy):
             sending.wait()
         if mine.is_meta:  # an estimate: the exchange is all that matters
             return
-        n = self._outer.numel()
         pair = (mine + theirs) / 2
         update = pair[n:] + pair[:n] - self._outer
         self._momentum.mul_(self.outer_momentum).add_(update, alpha=self.outer_lr)

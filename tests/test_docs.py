@@ -66,6 +66,7 @@ SMALL_FORMS: dict[str, list[str]] = {
     "python -m exonet.bench simulator": ["--nodes", "8", "--steps", "20", "--reference-steps", "5"],
     "python -m exonet.bench communicator": ["--quick"],
     "python -m exonet.bench strategies": ["--quick"],
+    "python -m exonet.bench field": ["--sparseloco-peers", "4", "--noloco-replicas", "8"],
     "python -m exonet.bench memory": ["--nodes", "2", "--gib", "0.01", "--kinds", "tensor", "--steps", "3"],
     "python -m exonet.bench scale": ["--nodes", "2", "--steps", "3", "--models", "mlp", "--startup-nodes", "0"],
     "python -m exonet.bench fuzz": ["--examples", "40"],
