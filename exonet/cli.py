@@ -203,6 +203,7 @@ def _estimate(args: argparse.Namespace) -> int:
                "wire_bytes_per_level": sim.wire_by_level(),
                "utilization": sim.utilization,
                "compute_s_per_step": compute_per_step(sim), "wire_bytes_per_node": sim.wire_per_trainer(),
+               "cost_usd": sim.cost, "cost_usd_per_1000_steps": 1000 * sim.cost / max(1, sim.num_steps),
                **trained(sim, est.trace)}  # what it trained beside its time: an elastic run may drop work
         failing = "failures" in scenario.to_dict()
         if failing or sim.failures or sim.lost["down"] or sim.lost["lost_work"]:  # work lost: goodput < utilisation
@@ -229,7 +230,7 @@ def _estimate(args: argparse.Namespace) -> int:
 
 def _print_estimate(args: argparse.Namespace, report: dict) -> None:
     """``exonet estimate``'s report as text."""
-    from exonet.units import format_bytes, format_rate, format_time
+    from exonet.units import format_bytes, format_dollars, format_rate, format_time
 
     hosts = f" ({args.nodes // args.hosts} hosts of {args.hosts})" if args.hosts else ""
     print(f"estimate: {args.strategy} with K={args.nodes}{hosts}, {args.steps} steps, {report['params']:,} parameters")
@@ -244,6 +245,9 @@ def _print_estimate(args: argparse.Namespace, report: dict) -> None:
               f"compute utilisation {row['utilization']:.1%}, "
               f"wire bytes per node {format_bytes(row['wire_bytes_per_node'])}")
         print(f"  {format_time(row['time_per_1000_steps_s'])} per 1,000 steps")
+        if row["cost_usd"]:
+            print(f"  egress {format_dollars(row['cost_usd'])} per run, "
+                  f"{format_dollars(row['cost_usd_per_1000_steps'])} per 1,000 steps")
         levels = row["wire_bytes_per_level"]
         if levels["inter_region"] or levels["in_host"]:
             print("  wire bytes per node: " + ", ".join(f"{name.replace('_', '-')} {format_bytes(value)}"

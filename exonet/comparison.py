@@ -142,13 +142,15 @@ class Comparison:
         ("payload_bytes_per_server", "payload/server", "{}"),
         ("wire_bytes_per_node", "wire/node", "{}"),
         ("wide_area_bytes_per_node", "wide-area/node", "{}"),
+        ("cost_usd", "egress $", "{}"),
+        ("cost_usd_per_1000_steps", "egress $/1k steps", "{}"),
         ("utilization", "compute util", "{:.1%}"),
         ("goodput", "goodput", "{:.1%}"),
         ("drift", "drift", "{:.3g}"),
     )
 
     def to_markdown(self) -> str:
-        from exonet.units import format_bytes, format_time
+        from exonet.units import format_bytes, format_dollars, format_time
 
         def cell(key: str, fmt: str, value: Any) -> str:
             if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -159,6 +161,8 @@ class Comparison:
                 return f"{format_time(value[0])} – {format_time(value[1])}"
             if "_bytes_per_" in key:
                 return format_bytes(value)
+            if key.startswith("cost_usd"):
+                return format_dollars(value)
             return fmt.format(value)
 
         served = any(row.get("servers") for row in self.rows)
@@ -168,7 +172,8 @@ class Comparison:
         cols = [c for c in self.COLUMNS if (c[0] != "time_to_target_s" or self.target_loss is not None)
                 and (c[0] != "payload_bytes_per_server" or served)
                 and (c[0] != "goodput" or any("goodput" in row for row in self.rows))
-                and (c[0] != "wide_area_bytes_per_node" or any(row.get(c[0]) for row in self.rows))
+                and (c[0] not in ("wide_area_bytes_per_node", "cost_usd", "cost_usd_per_1000_steps")
+                     or any(row.get(c[0]) for row in self.rows))
                 and (c[0] not in ("tokens", "time_per_token_s") or tokens)
                 and (c[0] not in ("steps_trained", "time_per_step_s") or dropped)
                 and (c[0] not in ("wall_clock_range", "expected_range")
@@ -343,6 +348,8 @@ def compare(runs: Mapping[str, Any] | str | os.PathLike | Sequence[Any], scenari
                 "payload_bytes_per_server": run.trace.payload_per_server(),
                 "wire_bytes_per_node": sim.wire_per_trainer(),
                 "wide_area_bytes_per_node": sim.wire_by_level()["inter_region"],
+                "cost_usd": sim.cost,
+                "cost_usd_per_1000_steps": 1000 * sim.cost / max(1, sim.num_steps),
                 "utilization": sim.utilization,
                 "drift": evals[-1].get("drift", evals[-1].get("divergence")) if evals else None,  # older runs
                 "correlation": evals[-1].get("correlation") if evals else None,

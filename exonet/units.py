@@ -47,6 +47,7 @@ def _size_units() -> dict[str, Decimal]:
 
 RATE_UNITS = _rate_units()
 SIZE_UNITS = _size_units()
+PRICE_UNITS = {f"$/{unit}": 1 / factor for unit, factor in SIZE_UNITS.items() if unit not in ("byte", "bytes")}
 TIME_UNITS = {
     "s": Decimal(1),
     "sec": Decimal(1),
@@ -66,6 +67,7 @@ _EXAMPLES = {
     "rate": '"100 Mbit/s", "1 Gbps", "10 Gb/s" or "125 MB/s"',
     "size": '"4 MB", "4 MiB" or "512 KiB"',
     "time": '"30 ms", "200 us" or "1.5 s"',
+    "price": '"0.08 $/GB" or "0.02 $/GiB"',
 }
 
 
@@ -125,6 +127,16 @@ def parse_rate(text: object, where: str = "value", *, allow_zero: bool = False) 
 def parse_size(text: object, where: str = "value", *, allow_zero: bool = True) -> float:
     """A size ("4 MB", "4 MiB", "512 KiB", "1 GB") in bytes."""
     return _parse(text, where, "size", SIZE_UNITS, allow_zero)
+
+
+def parse_price(text: object, where: str = "value") -> float:
+    """A price per amount of data ("0.08 $/GB", "0.02 $/GiB", "20 $/TB") in dollars per byte."""
+    return _parse(text, where, "price", PRICE_UNITS, True)
+
+
+def format_dollars(amount: float) -> str:
+    """Dollars with cents, or three significant digits below a cent ("$12.40", "$0.00312")."""
+    return f"${amount:,.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.3g}"
 
 
 def parse_time(text: object, where: str = "value", *, allow_zero: bool = True) -> float:

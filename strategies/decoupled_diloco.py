@@ -1,7 +1,7 @@
 """Decoupled DiLoCo (Google DeepMind, arXiv 2604.21428): learners that never wait for each other.
 
 M learners, each a data-parallel group of G ranks (``replica_size``), train on their own and
-stream parameter fragments to a syncer, a parameter server (rank K, after the trainers). The
+stream parameter fragments to a syncer, a parameter server (the rank after the K trainers). The
 syncer merges a fragment once a minimum quorum of learners has sent it, so a slow or failed
 learner stalls nobody. Built from Streaming DiLoCo's fragments and schedule
 (exonet.strategies.streaming_diloco) and the server of asynchronous DiLoCo
@@ -9,17 +9,17 @@ learner stalls nobody. Built from Streaming DiLoCo's fragments and schedule
 
 Exact rules (t counts a learner's inner steps):
 
-* Fragments and schedule: Streaming DiLoCo's. P fragments of whole tensors; fragment f starts a
-  sync after inner step t when ``t >= o_f = (f+1)·H // P`` and ``(t − o_f) % H == 0``; its merged
+* Fragments and schedule: Streaming DiLoCo's. F fragments (``num_fragments``) of whole tensors; fragment f starts a
+  sync after inner step t when ``t >= o_f = (f+1)·H // F`` and ``(t − o_f) % H == 0``; its merged
   value is taken τ steps later.
 * Learner, at a start: Δ_f = θ_global,f − θ_local,f (fp32, sent in the parameters' dtype, by the
   learner's first rank). At completion: receive θ_global,f from the syncer (shared inside the
   learner by a broadcast), ``θ_local,f ← (1 − α)·θ_global,f + α·θ_local,f``.
 * Syncer, per fragment: the r-th sync of a learner belongs to round r of the fragment. Round r
-  merges once it holds ``quorum`` K contributions of its own (or every learner that can still send
+  merges once it holds Q = ``quorum`` contributions of its own (or every learner that can still send
   one), after a grace window of γ·τ·(the learner's step time, measured from its arrivals): the
   arrivals inside it join (with γ = 0, those of the same instant). The first arrival after it, or a
-  learner asking for the merged fragment, closes it: with K < M each learner sends a 1-element pull
+  learner asking for the merged fragment, closes it: with Q < M each learner sends a 1-element pull
   a step before it needs the fragment, so the window never holds a learner up.
 * Merge: the outer optimizer's step on the weighted mean Σ w_i·Δ_i / Σ w_i, w_i = n_i / √(1 + s_i):
   n_i the tokens (inner steps × G) learner i trained since its previous sync of that fragment, s_i
@@ -35,11 +35,11 @@ Exact rules (t counts a learner's inner steps):
   the size the syncer expects next, holding NaN, so the quorum no longer counts on it; the syncer
   answers it once it has sent the learner's last fragment (1 element), and the learner then ends.
 
-With K = M, γ = 0, equal speeds and no failures every round merges all M contributions with equal
+With Q = M, γ = 0, equal speeds and no failures every round merges all M contributions with equal
 weights: the run equals Streaming DiLoCo with the same outer optimizer, and each trainer sends the
 same bytes (Δ_f once per sync; the syncer's replies are its own payload).
 
-Defaults: P = 24 fragments and τ = 2 as the issue states the paper's setting; quorum 1; γ = 0.5;
+Defaults: F = 24 fragments and τ = 2, the paper's setting; quorum 1; γ = 0.5;
 α = 0.5 and the outer optimizer (SGD lr 0.7, momentum 0.9, Nesterov) as Streaming DiLoCo.
 """
 

@@ -120,6 +120,7 @@ class Outcomes(SimState):
             history=None if history is None else [float(x) for x in history],
             timelines=timelines,
             links=self._links(seconds(wall)),
+            cost=self._topo.egress_cost(self._link_bytes()),
             collectives=[self._span(c) for c in self._ended],
             link_loads=[_load(c) for c in self._ended],
             failures=sum(len([t for t in self._cm.fail_starts(rk.rank) if t < seconds(min(rk.t, wall))])
@@ -130,10 +131,14 @@ class Outcomes(SimState):
             wall_clock_range=(seconds(wall), seconds(wall)),
         )
 
+    def _link_bytes(self) -> np.ndarray:
+        """Bytes each link carried over the run, by link id."""
+        return sum((count * plan.load for plan, count in self._carried.items()), np.zeros(len(self._topo.capacity)))
+
     def _links(self, wall: float) -> list[LinkLoad]:
         """Each link's bytes, busy time and utilisation over a run of ``wall`` seconds."""
         topo = self._topo
-        load = sum((count * plan.load for plan, count in self._carried.items()), np.zeros(len(topo.capacity)))
+        load = self._link_bytes()
         busy = sum((count * self._planner.busy(plan) for plan, count in self._alone.items()),
                    self._busy + self._net.busy_s)
         return [LinkLoad(topo.link_name(i), cap, float(load[i]), (float(load[i]),),

@@ -48,6 +48,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from exonet.netsim.spans import Timeline
+from exonet.units import format_dollars
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,9 @@ class SimResult:
         expected_range: (p10, p90) seconds a real run of the trace on the described cluster is expected to take:
             ``wall_clock_range`` widened by the model's own errors measured on the testbed in this replay's
             ``regime`` ("library", "phase", "lossy" or "lossy-streams"; exonet/netsim/confidence.py).
+        cost: dollars of egress: the wire bytes (headers included) that crossed each inter-region link times the
+            scenario's ``egress`` price for that direction (``[[links]]``, else the source ``[[regions]]``); 0 where
+            nothing is priced.
         cautions: sentences naming where this replay sits in a regime the real-links testbed measured
             the model optimistic in (several TCP streams overflowing a shaped queue), with the measured
             bound, or that a FLOPs scenario timed a trace without FLOPs by its seconds; empty elsewhere.
@@ -154,6 +158,7 @@ class SimResult:
     # regime ("library", "phase", "lossy", "lossy-streams"; see confidence.py)
     expected_range: tuple[float, float] = (0.0, 0.0)
     regime: str = ""
+    cost: float = 0.0  # dollars of egress (see Attributes)
 
     @property
     def trainers(self) -> int:
@@ -265,6 +270,8 @@ class SimResult:
         if high > low:
             head += (f"\na real run, by the model's measured errors in the {self.regime} regime (p10-p90): "
                      f"{_duration(low)} to {_duration(high)}")
+        if self.cost:
+            head += f"\negress cost {format_dollars(self.cost)}"
         if self.failures or self.lost["lost_work"] or self.lost["down"]:  # goodput is not the utilisation
             lost = ", ".join(f"{k} {v:.4g} s" for k, v in self.lost.items())
             head += f"\n{self.failures} failures, goodput {self.goodput:.1%}; node-seconds lost: {lost}"

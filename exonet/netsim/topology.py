@@ -188,6 +188,11 @@ class Topology:
         rate = min(cap, *(self.capacity[i] for i in links))
         return Path(links, latency + r.message_overhead * share, cap, rate)
 
+    def egress_cost(self, load: np.ndarray) -> float:
+        """Dollars for ``load`` (bytes by link id): what crosses each priced inter-region link times its price."""
+        prices = self._resolved.egress
+        return sum(float(load[i]) * prices[pair] for pair, i in self._link_ids.items() if pair in prices)
+
     def wire_size(self, size: float) -> float:
         """The bytes a message of ``size`` payload bytes puts on its links (payload plus packet headers)."""
         mss = self._resolved.mss

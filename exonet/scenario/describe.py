@@ -157,7 +157,8 @@ def _placement_lines(p: Mapping[str, Any]) -> list[str]:
     lines = []
     for r in p.get("regions", []):
         where = f"share {r['share']:g}" if "share" in r else f"ranks {list(r['ranks'])}"
-        lines.append(f"  region      {r['name']}: {where}")
+        price = f", egress {_per_gb(r['egress'])}" if "egress" in r else ""
+        lines.append(f"  region      {r['name']}: {where}{price}")
     if "server" in p:
         lines.append(f"  server      region {p['server']['region']} (a server rank, after the trainers)")
     elif p.get("regions"):
@@ -170,8 +171,14 @@ def _link_lines(p: Mapping[str, Any]) -> list[str]:
     for link in p.get("links", []):
         lat = units.format_time(link.get("latency", p["network"].get("latency", 0.0)))
         a, b = link["between"]
-        lines.append(f"  link        {a} <-> {b}: {units.format_rate(link['bandwidth'])}, latency {lat}")
+        price = f", egress {_per_gb(link['egress'])} either way" if "egress" in link else ""
+        lines.append(f"  link        {a} <-> {b}: {units.format_rate(link['bandwidth'])}, latency {lat}{price}")
     return lines
+
+
+def _per_gb(per_byte: float) -> str:
+    """A price in dollars per byte as "$0.08/GB"."""
+    return f"${per_byte * 1e9:.4g}/GB"
 
 
 def _node_lines(p: Mapping[str, Any]) -> list[str]:

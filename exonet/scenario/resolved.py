@@ -150,6 +150,8 @@ class Resolved:
             of one host cross only the fabric, with the fabric's latency.
         failures: the failure process of every rank (``[failures]``), or None.
         servers: how many of the last ranks serve (they fail only if ``failures.servers``).
+        egress: dollars per byte that cross from region a to region b, keyed (a, b): the link's ``egress``,
+            else region a's; pairs without a price are free.
     """
 
     num_nodes: int
@@ -186,6 +188,7 @@ class Resolved:
     slow_start: bool = False
     recovery: float = 1.0  # multiplies the loss-recovery cost per stream (netsim's RECOVERY_BYTES): its draw
     flow_rate: float | None = None
+    egress: dict[tuple[str, str], float] = field(default_factory=dict)  # $/byte from region a to region b
 
     @property
     def inflight(self) -> float | None:

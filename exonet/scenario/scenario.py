@@ -264,6 +264,7 @@ class Scenario:
             tuple(sorted(link["between"])): LinkSpec(link["bandwidth"] * efficiency, link.get("latency", latency))
             for link in p.get("links", [])
         }
+        egress = self._egress(links)
         present = sorted(set(region), key=region.index)
         for i, a in enumerate(present):
             for b in present[i + 1 :]:
@@ -301,6 +302,7 @@ class Scenario:
             region=tuple(region),
             latency=latency,
             links=links,
+            egress=egress,
             speed=tuple(speed),
             algorithms=algorithms,
             sharing=net.get("sharing", "max-min"),
@@ -387,6 +389,19 @@ class Scenario:
         trainers = n if trainers is None else trainers
         k = max(1, _round_half_up(Fraction(entry["share"]) * trainers))
         return tuple(range(trainers - k, trainers))
+
+    def _egress(self, links: Mapping[tuple[str, str], Any]) -> dict[tuple[str, str], float]:
+        """$/byte from region a to region b for every joined pair with a price: the link's ``egress``, else a's."""
+        p = self._parsed
+        by_region = {r["name"]: r["egress"] for r in p.get("regions", []) if "egress" in r}
+        by_link = {tuple(sorted(link["between"])): link["egress"] for link in p.get("links", []) if "egress" in link}
+        out = {}
+        for pair in links:
+            for a, b in (pair, pair[::-1]):
+                price = by_link.get(pair, by_region.get(a))
+                if price:
+                    out[(a, b)] = price
+        return out
 
     def _regions(self, n: int, trainers: int) -> list[str]:
         """Each rank's region: share blocks of the trainers laid from rank 0 in order, explicit ranks as given,
