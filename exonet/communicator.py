@@ -136,6 +136,19 @@ class Handle:
         return {"cid": self._cid, "result": result.detach().clone()}
 
 
+class _StoreRead:
+    """A get in flight: ``wait()`` reads the key into the tensor once it is there."""
+
+    def __init__(self, comm: "Communicator", key: str, tensor: torch.Tensor) -> None:
+        self.comm, self.key, self.tensor = comm, key, tensor
+
+    def wait(self) -> None:
+        self.comm._store().get(self.key, self.tensor)
+
+    def is_completed(self) -> bool:
+        return bool(self.comm._store().ready(self.key))
+
+
 class Communicator:
     """Collectives for one rank, counted and traced.
 
@@ -170,6 +183,7 @@ class Communicator:
         self.blocking = blocking
         self.clock = clock
         self.sitting_out = False  # an elastic node that is down: its work is not the run's and is not traced
+        self.object_store: Any = None  # the fit's object store (exonet.runtime.object_store), for put and get
         self._restart_clock()
 
     @property
@@ -343,7 +357,7 @@ class Communicator:
 
     # ------------------------------------------------------------- plumbing
     def _run(self, op: str, payload: torch.Tensor, group: GroupArg, async_op: bool,
-             launch: Callable[[bool], Any], finish: Callable[[], Any]) -> Any:
+             launch: Callable[[bool], Any], finish: Callable[[], Any], key: str | None = None) -> Any:
         """Record the compute span, issue ``launch`` and record the collective (sync or async).
 
         The clock is read once on each side of the call (the span's end is the collective's start,
@@ -358,13 +372,13 @@ class Communicator:
         members = self._members(group)
         if async_op:
             work = launch(True)
-            self.events.append(Collective(cid, op, nbytes, members, True, dtype, start, None))
+            self.events.append(Collective(cid, op, nbytes, members, True, dtype, start, None, key))
             handle = self._in_flight[cid] = Handle(self, cid, work, finish)
             self._restart_clock()
             return handle
         announced = self.clock is not None and self.clock.announces
         if announced:  # the clock must see this call before it blocks
-            self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, None))
+            self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, None, key))
             self._announce()
         peer = -1
         if op in ("send", "recv"):
@@ -377,7 +391,7 @@ class Communicator:
                 self._sync()
         end = self._restart_clock()
         if not announced:
-            self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, end))
+            self.events.append(Collective(cid, op, nbytes, members, False, dtype, start, end, key))
         return result
 
     def _staged(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], object]]:
@@ -559,6 +573,35 @@ class Communicator:
         return [self._run(kind, tensor, (self.rank, peer) if kind == "send" else (peer, self.rank), True,
                           _posted(work), finish)
                 for (kind, tensor, peer, _, finish), work in zip(posted, works)]
+
+    def put(self, key: str, tensor: torch.Tensor) -> None:
+        """Write ``tensor`` to the object store under ``key`` (each key once); ``get`` reads it on any rank.
+
+        Traced as a put of the tensor's bytes: in a replay it travels once from this node to the store
+        (``[store]`` in the scenario), however many nodes read it.
+        """
+        self._store_op("put")
+        self._run("put", tensor, None, False, lambda _: self._store().put(key, tensor), lambda: None, key=key)
+
+    def get(self, key: str, tensor: torch.Tensor, async_op: bool = False) -> Any:
+        """Fill ``tensor`` with the object ``key`` once some rank has put it; returns ``tensor`` (or a Handle).
+
+        A key no rank puts ends the run after fit's ``timeout_s``, naming the key and this rank.
+        """
+        self._store_op("get")
+        read = _StoreRead(self, key, tensor)
+        return self._run("get", tensor, None, async_op, lambda a: read if a else read.wait(), lambda: tensor, key=key)
+
+    def _store_op(self, op: str) -> None:
+        if self.clock is not None and self.clock.announces:
+            raise NotImplementedError(f"comm.{op}: the online clock (an asynchronous strategy, or max_sim_time_s) "
+                                      "does not model the object store; replay the run with simulate() instead")
+
+    def _store(self) -> Any:
+        if self.object_store is None:
+            raise RuntimeError(f"comm.put/get on rank {self.rank}: this run has no object store (a fit on one machine "
+                               "has one; a multi-host torchrun run shares no directory)")
+        return self.object_store
 
     def _p2p_buffer(self, kind: str, tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
         """The contiguous host-readable buffer a send reads or a receive fills, and what returns ``tensor`` after."""

@@ -81,14 +81,14 @@ class RecordingCommunicator(Communicator):
         return None
 
     def _run(self, op: str, payload: torch.Tensor, group: Any, async_op: bool,
-             launch: Callable[[bool], Any], finish: Callable[[], Any]) -> Any:
+             launch: Callable[[bool], Any], finish: Callable[[], Any], key: str | None = None) -> Any:
         cid = self._next_cid
         self._next_cid += 1
-        if op in ("send", "recv"):  # a peer is chosen per rank: ranks differ
+        if op in ("send", "recv", "put", "get"):  # a peer or a key is chosen per rank: ranks differ
             self.uses_groups = True
         dtype = str(payload.dtype).removeprefix("torch.")
         self.events.append(Collective(cid, op, payload.numel() * payload.element_size(), self._members(group),
-                                      async_op, dtype))
+                                      async_op, dtype, key=key))
         if async_op:
             from exonet.communicator import Handle
 

@@ -52,6 +52,8 @@ from exonet.files import atomic_file
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "reduce", "gather", "scatter",
        "barrier")
 P2P_OPS = ("send", "recv")
+STORE_OPS = ("put", "get")  # an object store between peers: a key's bytes go up once, and down to each reader
+MAX_KEY = 1024  # characters of a store key
 FORMAT = "exonet-trace"
 VERSION = 1
 MAX_NODES = 1 << 20  # a header claiming more is corrupt; loading would allocate a list per node
@@ -76,7 +78,10 @@ class Compute:
 
 @dataclass(slots=True)
 class Collective:
-    """One collective issued by one rank. ``nbytes`` is the payload this rank passes in."""
+    """One collective issued by one rank. ``nbytes`` is the payload this rank passes in.
+
+    A store op (``put``/``get``) has no group and names its ``key``: a get reads what the put of that key wrote.
+    """
 
     cid: int
     op: str
@@ -86,6 +91,7 @@ class Collective:
     dtype: str = "float32"
     start_s: float | None = None
     end_s: float | None = None
+    key: str | None = None
 
 
 @dataclass(slots=True)
@@ -183,15 +189,18 @@ class Trace:
         dtype: str = "float32",
         start_s: float | None = None,
         end_s: float | None = None,
+        key: str | None = None,
     ) -> int:
         """Append a collective and return its id (unique per rank, for ``add_wait``).
 
-        ``group`` is normalised as a file's is: its ranks sorted, and the whole world stored as None.
+        ``group`` is normalised as a file's is: its ranks sorted, and the whole world stored as None. A store op
+        (``"put"``, ``"get"``) takes no group and a ``key``.
         """
         evs = self._rank(rank)
         cid = self._next_cid[rank]
         try:
-            event = _collective(rank, self.num_ranks, cid, op, nbytes, group, bool(async_op), dtype, start_s, end_s)
+            event = _collective(rank, self.num_ranks, cid, op, nbytes, group, bool(async_op), dtype, start_s, end_s,
+                                key)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"Trace.add_collective: {exc}") from None
         self._next_cid[rank] += 1
@@ -248,7 +257,10 @@ class Trace:
 
     def _sends(self, e: Collective) -> bool:
         """Whether the payload of ``e`` goes to another node: not a receive, nor a group of one (a K = 1
-        run's all-reduce sends nothing, as DiLoCo and SPARTA, which skip it there, already counted)."""
+        run's all-reduce sends nothing, as DiLoCo and SPARTA, which skip it there, already counted); a put goes to
+        the store whatever K."""
+        if e.op in STORE_OPS:
+            return e.op == "put"
         return e.op != "recv" and (self.num_ranks if e.group is None else len(e.group)) > 1
 
     def collectives(self, rank: int) -> Iterator[Collective]:
@@ -479,9 +491,16 @@ def _compute(wall_s: Any, cpu_s: Any, flops: Any) -> Compute:
 
 
 def _collective(rank: int, num_nodes: int, cid: Any, op: Any, nbytes: Any, group: Any, async_op: bool, dtype: Any,
-                start_s: Any, end_s: Any) -> Collective:
-    if op not in OPS and op not in P2P_OPS:
-        raise ValueError(f"op must be one of {', '.join(OPS + P2P_OPS)}, got {op!r}")
+                start_s: Any, end_s: Any, key: Any = None) -> Collective:
+    if op not in OPS and op not in P2P_OPS and op not in STORE_OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS + P2P_OPS + STORE_OPS)}, got {op!r}")
+    if op in STORE_OPS:
+        if group is not None:
+            raise ValueError(f"a {op} goes to the object store: it takes no group, got {group!r}")
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY or not key.isprintable():
+            raise ValueError(f"a {op} needs its key, a printable string of 1 to {MAX_KEY} characters, got {key!r}")
+    elif key is not None:
+        raise ValueError(f"only put and get name a key; a {op} has none, got {key!r}")
     if op in P2P_OPS and (group is None and num_nodes != 2 or group is not None and len(group) != 2):
         raise ValueError(f"a {op} needs its group to be the pair (sender, receiver), got {group!r}")
     if not isinstance(dtype, str) or not dtype:
@@ -493,7 +512,7 @@ def _collective(rank: int, num_nodes: int, cid: Any, op: Any, nbytes: Any, group
     if size > MAX_PAYLOAD:
         raise ValueError(f"nbytes must be at most 2**50 (1 PiB), the largest payload exonet simulates, got {nbytes!r}")
     return Collective(_integer("cid", cid), op, size, grp, async_op, dtype,
-                      _time_stamp("start_s", start_s), _time_stamp("end_s", end_s))
+                      _time_stamp("start_s", start_s), _time_stamp("end_s", end_s), key)
 
 
 def _normalise_group(group: Any, num_nodes: int) -> tuple[int, ...] | None:
@@ -522,8 +541,9 @@ def _encode(rank: int, e: Event) -> list:
     if isinstance(e, Compute):
         return ["c", rank, e.wall_s, e.cpu_s, e.flops]
     if isinstance(e, Collective):
-        return ["x", rank, e.cid, e.op, e.nbytes, list(e.group) if e.group else None, int(e.async_op), e.dtype,
+        line = ["x", rank, e.cid, e.op, e.nbytes, list(e.group) if e.group else None, int(e.async_op), e.dtype,
                 e.start_s, e.end_s]
+        return line if e.key is None else [*line, e.key]
     if isinstance(e, Wait):
         return ["w", rank, e.cid]
     if isinstance(e, Discard):
@@ -545,7 +565,8 @@ class _Reader:
         if not isinstance(v, list) or not v or v[0] not in self._ARITY:
             raise ValueError(f"expected an event [kind, rank, ...] with kind one of {', '.join(self._ARITY)}")
         kind = v[0]
-        if len(v) != self._ARITY[kind]:
+        keyed = kind == "x" and len(v) == 11  # a store op: its key last
+        if len(v) != self._ARITY[kind] and not keyed:
             raise ValueError(f"a {kind!r} event has {self._ARITY[kind]} fields, got {len(v)}")
         rank = v[1]
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.num_nodes:
@@ -555,7 +576,8 @@ class _Reader:
         if kind == "x":
             if v[6] not in (0, 1) or isinstance(v[6], float):
                 raise ValueError(f"async must be 0 or 1, got {v[6]!r}")
-            e = _collective(rank, self.num_nodes, v[2], v[3], v[4], v[5], bool(v[6]), v[7], v[8], v[9])
+            e = _collective(rank, self.num_nodes, v[2], v[3], v[4], v[5], bool(v[6]), v[7], v[8], v[9],
+                            v[10] if keyed else None)
             if e.cid in self.cids[rank]:
                 raise ValueError(f"rank {rank} issued collective id {e.cid} twice")
             self.cids[rank].add(e.cid)

@@ -20,6 +20,8 @@ from exonet.strategies.fedavg import FedAvgStrategy
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
 
+TRANSPORTS = ("all_gather", "store")
+
 
 class SparseLoCoStrategy(FedAvgStrategy):
     """H inner steps, then every node sends the top entries of its error-fed pseudo-gradient, at 2 bits.
@@ -53,6 +55,8 @@ class SparseLoCoStrategy(FedAvgStrategy):
         bits: bits per kept value (1 to 16), or None to send them as fp32.
         error_decay: how much of the unsent error carries to the next round, in [0, 1].
         outer_lr: the outer SGD learning rate.
+        transport: "all_gather" (one collective) or "store": each node puts its message in the object store once
+            and gets the others' (``comm.put``/``comm.get``; a replay times it by the scenario's ``[store]``).
         max_norm, lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner steps' clipping
             and schedule, as in ``Strategy``.
     """
@@ -69,6 +73,7 @@ class SparseLoCoStrategy(FedAvgStrategy):
         bits: int | None = 2,
         error_decay: float = 0.95,
         outer_lr: float = 1.0,
+        transport: str = "all_gather",
     ) -> None:
         super().__init__(optim_spec, H=H)
         check_int("chunk", chunk, low=1)
@@ -78,6 +83,9 @@ class SparseLoCoStrategy(FedAvgStrategy):
         check_range("error_decay", error_decay, low=0, high=1)
         check_range("outer_lr", outer_lr, low=0, low_open=True)
         self.error_decay, self.outer_lr = error_decay, outer_lr
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
+        self.transport = transport
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         super().setup(model, comm, ctx)
@@ -91,10 +99,24 @@ class SparseLoCoStrategy(FedAvgStrategy):
         """Bytes each node puts in a round's all-gather: every tensor's packed message."""
         return sum(c.wire_nbytes() for c in self.codecs)
 
+    def exchange(self, message: torch.Tensor) -> torch.Tensor:
+        """Every node's message, one row per rank: by one all-gather, or through the object store (each node puts
+        its own once and gets the K − 1 others, as Templar's peers do through a bucket)."""
+        if self.transport == "all_gather":
+            return self.comm.all_gather(message)
+        prefix = f"sparseloco/round{self.rounds_done()}"
+        self.comm.put(f"{prefix}/rank{self.rank}", message)
+        rows = [message if j == self.rank else torch.empty_like(message) for j in range(self.num_nodes)]
+        reads = [self.comm.get(f"{prefix}/rank{j}", rows[j], async_op=True)
+                 for j in range(self.num_nodes) if j != self.rank]
+        for read in reads:
+            read.wait()
+        return torch.stack(rows)
+
     @torch.no_grad()
     def sync_round(self) -> None:
         if self.params[0].is_meta:  # an estimate: only the message's size matters
-            self.comm.all_gather(torch.empty(self.wire_nbytes(), dtype=torch.uint8, device="meta"))
+            self.exchange(torch.empty(self.wire_nbytes(), dtype=torch.uint8, device="meta"))
             return
         parts = []
         for p, anchor, error, codec in zip(self.params, self._anchor, self._error, self.codecs):
@@ -102,7 +124,7 @@ class SparseLoCoStrategy(FedAvgStrategy):
             wire, sent = codec.encode(error)
             error.sub_(sent)
             parts.append(wire)
-        gathered = self.comm.all_gather(torch.cat(parts))
+        gathered = self.exchange(torch.cat(parts))
         offset = 0
         for p, anchor, codec in zip(self.params, self._anchor, self.codecs):
             n = codec.wire_nbytes()

@@ -12,6 +12,7 @@ order, on a SimPy event clock), ``state`` (the replay's records), ``simstate`` (
 replay's parts share), ``engine`` (the replay) with its mixins ``eventpath`` (phases as fluid
 flows), ``handover`` (between the fast path and the event path), ``queries`` (what the online clock
 asks) and ``outcome`` (the result), ``replay`` (``simulate``, a whole trace or several jobs),
+``store`` (puts and gets as messages to a store rank),
 ``diagnose`` (why a replay cannot finish), ``result``, ``spread`` (the stochastic range),
 ``confidence`` (the range from the model's measured errors), ``spans`` (the kinds of a node's
 time), ``chrome`` (the Chrome/Perfetto trace), ``progress`` (a long replay's bar); ``learners``

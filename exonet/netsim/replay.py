@@ -22,6 +22,7 @@ from exonet.netsim.failures import warn_default_restart
 from exonet.netsim.progress import ReplayBar, wanted
 from exonet.netsim.result import SimResult
 from exonet.netsim.spread import with_range
+from exonet.netsim.store import uses_store, with_store
 from exonet.scenario import Resolved, Scenario
 from exonet.trace import Collective, Compute, Event, Trace
 
@@ -57,11 +58,17 @@ def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, 
         if isinstance(trace, Trace):
             if placement is not None:
                 raise ValueError("simulate: placement= places several jobs; pass a list of traces, or no placement")
+            trace = with_store(trace)  # puts and gets as messages to one more rank, the store
             if isinstance(scenario, Resolved):
                 resolved, name = scenario, scenario.name
+                if trace.meta.get("store") and resolved.store is None:
+                    raise ScenarioError("simulate: the trace puts and gets through an object store; pass a Scenario "
+                                        "(not a Resolved one) so the store's rank is resolved from [store]")
             else:
                 chosen = Scenario.coerce(scenario)
-                resolved, name = chosen.resolve(trace.num_ranks, servers=trace.meta.get("servers", 0)), chosen.name
+                resolved = chosen.resolve(trace.num_ranks, servers=trace.meta.get("servers", 0),
+                                          store=bool(trace.meta.get("store")))
+                name = chosen.name
                 warn_default_restart(chosen.to_dict().get("failures"))
                 given = given_compute and isinstance(trace.meta.get("compute"), dict)
                 _warn_if_decided_elsewhere(trace, with_given_compute(chosen) if given else chosen)
@@ -89,6 +96,9 @@ def _simulate_jobs(traces: list[Trace], scenario: Resolved | ScenarioLike, histo
     """Several jobs on one network: their traces laid on global ranks as one trace, replayed once."""
     if not traces or not all(isinstance(t, Trace) for t in traces):
         raise TypeError("simulate: expected a Trace or a non-empty list of Traces")
+    if any(uses_store(t) for t in traces):
+        raise ValueError("simulate: a job that uses the object store (put/get) replays alone; several jobs sharing "
+                         "one network cannot share a store yet")
     if history is not None and len(history) != len(traces):
         raise ValueError(f"simulate: history has {len(history)} entries for {len(traces)} jobs; "
                          "give one list (or None) per job")

@@ -165,6 +165,8 @@ class Topology:
         r = self._resolved
         share = 1.0 if r.host_cores is None else max(1.0, self.num_nodes / r.host_cores)
         hosts, n = self.hosts, self.num_nodes
+        if r.store is not None and n - 1 in (src, dst):
+            return self._store_path(src, dst, share)
         if hosts is not None and hosts.host(src) == hosts.host(dst):
             links: tuple[int, ...] = (self._fabric + src, self._fabric + n + dst)
             return Path(links, hosts.latency + r.message_overhead * share, math.inf, hosts.bandwidth)
@@ -174,13 +176,7 @@ class Topology:
         a, b = r.region[src], r.region[dst]
         links = (nic_src, n + nic_dst)
         if a != b:
-            link = self._link_ids.get((a, b))
-            if link is None:
-                raise ScenarioError(
-                    f"scenario: ranks {src} ({a!r}) and {dst} ({b!r}) exchange data "
-                    f"but no link joins regions {a!r} and {b!r}"
-                )
-            links = (nic_src, link, n + nic_dst)
+            links = (nic_src, self._region_link(a, b, src, dst), n + nic_dst)
         latency = r.path_latency(src, dst)
         inflight = r.inflight
         cap = inflight / (2.0 * latency) if inflight is not None and latency > 0 else math.inf
@@ -192,6 +188,34 @@ class Topology:
         """Dollars for ``load`` (bytes by link id): what crosses each priced inter-region link times its price."""
         prices = self._resolved.egress
         return sum(float(load[i]) * prices[pair] for pair, i in self._link_ids.items() if pair in prices)
+
+    def _store_path(self, src: int, dst: int, share: float) -> Path:
+        """A request to the object store (the last rank) or a read from it: the peer's NIC and the store's, any
+        inter-region link between them, the store's latency on top of the path's, capped at ``upload`` (to it) or
+        ``download`` (from it) as well as by the windows and the per-flow limit."""
+        r, n = self._resolved, self.num_nodes
+        store = r.store
+        assert store is not None  # only called for a replay with a store
+        peer = dst if src == n - 1 else src
+        nic = peer
+        if self.hosts is not None and self.hosts.nic == "per-host":
+            nic = peer - peer % self.hosts.devices
+        a, b = r.region[src], r.region[dst]
+        ends = (nic, n + n - 1) if dst == n - 1 else (n - 1, n + nic)
+        links = ends if a == b else (ends[0], self._region_link(a, b, src, dst), ends[1])
+        latency = r.path_latency(src, dst) + store.latency
+        cap = r.inflight / (2.0 * latency) if r.inflight is not None and latency > 0 else math.inf
+        limit = store.upload if dst == n - 1 else store.download
+        cap = min(cap, r.flow_cap, math.inf if limit is None else limit)
+        rate = min(cap, *(self.capacity[i] for i in links))
+        return Path(links, latency + r.message_overhead * share, cap, rate)
+
+    def _region_link(self, a: str, b: str, src: int, dst: int) -> int:
+        link = self._link_ids.get((a, b))
+        if link is None:
+            raise ScenarioError(f"scenario: ranks {src} ({a!r}) and {dst} ({b!r}) exchange data "
+                                f"but no link joins regions {a!r} and {b!r}")
+        return link
 
     def wire_size(self, size: float) -> float:
         """The bytes a message of ``size`` payload bytes puts on its links (payload plus packet headers)."""

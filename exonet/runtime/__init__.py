@@ -4,7 +4,7 @@
 configuration) and ``job`` (what one fit runs, resolved in the parent) → ``run`` (the supervisor:
 rendezvous, node processes, messages, failures) → ``node`` (one rank's life) with ``batches`` (its
 data, epoch order and micro-batches), ``dist_calls`` (the strategy's own ``torch.distributed`` calls,
-routed through its Communicator), ``transport`` (how models, datasets and strategies reach the
+routed through its Communicator), ``object_store`` (the directory behind ``comm.put``/``comm.get``), ``transport`` (how models, datasets and strategies reach the
 nodes), ``messages`` (what nodes and the parent tell each other), ``record`` (history and trace from
 node messages), ``divergence`` (a runaway loss stops or warns), ``watchdog`` (progress),
 ``checkpoint``, ``clock`` (the online simulated clock), ``forkserver`` (the server nodes are forked

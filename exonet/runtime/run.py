@@ -24,7 +24,9 @@ import logging
 import math
 import os
 import pickle
+import shutil
 import signal
+import tempfile
 import time
 import warnings
 from dataclasses import replace
@@ -387,7 +389,8 @@ def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, A
     strategy, cfg = job.strategy, job.cfg
     model_bytes = pickle_model(job.model)
     store = loopback_store(cfg.world)
-    cfg = replace(cfg, store_port=store.port)
+    objects = tempfile.mkdtemp(prefix="exonet-objects-")  # comm.put/get (exonet.runtime.object_store), this fit's
+    cfg = replace(cfg, store_port=store.port, object_dir=objects)
     run_path, resume, held, lock = _open_run(config, label, run_dir, resume_from, follow_symlinks)
     try:
         book = None
@@ -422,6 +425,7 @@ def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, A
         real_time = _supervise(sup, job, model_bytes, run_path, book, held)
         return _finish(job, config, sup.record, run_path, real_time, scenario, upload_to, clock, run_name, lock)
     finally:
+        shutil.rmtree(objects, ignore_errors=True)
         if lock is not None:
             lock.release()
 

@@ -31,7 +31,7 @@ BEAT, BLOCKED, STARTED, CALL, PEER, CALL_ID = range(SLOTS)
 # What a node can wait in (the CALL slot holds the index); "" is a call of no name.
 CALLS = ("", "rendezvous", "declare_groups", "all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all",
          "send", "recv", "wait", "all_reduce (evaluation or the final averaging)", "broadcast (the start-up model)",
-         "the simulated clock", "reduce", "gather", "scatter", "barrier")
+         "the simulated clock", "reduce", "gather", "scatter", "barrier", "put", "get")
 CALL_CODE = {call: float(i) for i, call in enumerate(CALLS)}  # a dict: this runs around every collective
 STARTUP_MIN_S = 120.0
 STARTUP_FACTOR = 4.0

@@ -34,6 +34,16 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class StoreSpec:
+    """An object store between peers (``comm.put``/``comm.get``): the last rank of a replay that uses one."""
+
+    latency: float  # seconds added to each request's path (a round trip to the store's front end)
+    upload: float | None  # bytes/s one peer may send it (None: its NIC's)
+    download: float | None  # bytes/s one peer may read from it (None: its NIC's)
+    throughput: float  # bytes/s the store takes in, and gives out, over all peers
+
+
+@dataclass(frozen=True)
 class EventSpec:
     """A transient slowdown ("slow", compute time x factor) or outage ("down") of some ranks."""
 
@@ -86,6 +96,10 @@ LINUX_WINDOW = linux_window(4 * 1024 * 1024, 6 * 1024 * 1024)
 # one; "Amazon EC2 instance network bandwidth", EC2 User Guide). GCP's and Azure's bandwidth pages state no per-flow
 # limit, so none is assumed there. With NCCL each socket is a flow; set network.flow_rate for other cases.
 FLOW_RATE = {"aws": 5e9 / 8}
+# An object store's defaults: a bucket takes in and gives out far more than one peer's NIC (S3 serves 100 Gbit/s to a
+# single client prefix-sharded), and its first byte takes tens of milliseconds.
+STORE_THROUGHPUT = 100e9 / 8
+STORE_LATENCY = 0.03
 
 
 @dataclass(frozen=True)
@@ -150,6 +164,7 @@ class Resolved:
             of one host cross only the fabric, with the fabric's latency.
         failures: the failure process of every rank (``[failures]``), or None.
         servers: how many of the last ranks serve (they fail only if ``failures.servers``).
+        store: the object store (``[store]``), played by the last rank, when the replayed trace puts and gets.
         egress: dollars per byte that cross from region a to region b, keyed (a, b): the link's ``egress``,
             else region a's; pairs without a price are free.
     """
@@ -189,6 +204,7 @@ class Resolved:
     recovery: float = 1.0  # multiplies the loss-recovery cost per stream (netsim's RECOVERY_BYTES): its draw
     flow_rate: float | None = None
     egress: dict[tuple[str, str], float] = field(default_factory=dict)  # $/byte from region a to region b
+    store: StoreSpec | None = None  # the object store, the last rank (one of the servers), when the trace uses one
 
     @property
     def inflight(self) -> float | None:
@@ -201,8 +217,10 @@ class Resolved:
         return math.inf if self.flow_rate is None else self.streams * self.flow_rate
 
     def path_latency(self, src: int, dst: int) -> float:
-        """One-way latency between two ranks (the fabric's within a host, the inter-region link's across regions)."""
-        if self.hosts is not None and self.hosts.host(src) == self.hosts.host(dst):
+        """One-way latency between two ranks (the fabric's within a host, the inter-region link's across regions;
+        the object store is on no host)."""
+        on_store = self.store is not None and self.num_nodes - 1 in (src, dst)
+        if self.hosts is not None and not on_store and self.hosts.host(src) == self.hosts.host(dst):
             return self.hosts.latency
         a, b = self.region[src], self.region[dst]
         if a == b:

@@ -56,12 +56,15 @@ from exonet.scenario.lines import with_line
 from exonet.scenario.resolved import (
     FLOW_RATE,
     LINUX_WINDOW,
+    STORE_LATENCY,
+    STORE_THROUGHPUT,
     EventSpec,
     FailureSpec,
     HostSpec,
     LinkSpec,
     NcclSpec,
     Resolved,
+    StoreSpec,
 )
 from exonet.scenario.schema import (
     ALGORITHMS,
@@ -236,8 +239,13 @@ class Scenario:
             data["name"] = f"{self.name} ({', '.join(_change_label(k, v) for k, v in changes.items())})"
         return Scenario(data, f"{self._source} + replace({', '.join(changes)})")
 
-    def resolve(self, num_ranks: int | None = None, servers: int = 0, *, num_nodes: int | None = None) -> Resolved:
+    def resolve(self, num_ranks: int | None = None, servers: int = 0, *, num_nodes: int | None = None,
+                store: bool = False) -> Resolved:
         """The scenario made concrete for ``num_ranks`` ranks (trainers, then servers), in SI base units.
+
+        With ``store``, the last server is the object store of ``[store]`` (a trace that puts and gets): it sits in
+        ``[store] region`` (default rank 0's), its NIC is the store's ``throughput`` each way, and a request to it
+        adds ``latency`` and is capped at ``upload`` (to it) or ``download`` (from it).
 
         The last ``servers`` ranks serve (a parameter server): every ``share`` counts the trainers only,
         so a server never moves a trainer to another region; a server lives in ``[server] region``
@@ -254,12 +262,17 @@ class Scenario:
             raise ValueError(f"Scenario.resolve: num_ranks must be an integer >= 1, got {num_ranks!r}")
         if isinstance(servers, bool) or not isinstance(servers, int) or not 0 <= servers < num_ranks:
             raise ValueError(f"Scenario.resolve: servers must be an integer in [0, num_ranks), got {servers!r}")
+        if store and servers < 1:
+            raise ValueError("Scenario.resolve: the store is the last server; give servers >= 1 with store=True")
         p, n, where = self._parsed, num_ranks, f"{self._source}:"
         trainers = n - servers
         net = p["network"]
         efficiency = net.get("efficiency", 1.0)
         latency = net.get("latency", 0.0)
         region = self._regions(n, trainers)
+        spec = p.get("store", {})
+        if store:
+            region[-1] = spec.get("region", region[0])
         links = {
             tuple(sorted(link["between"])): LinkSpec(link["bandwidth"] * efficiency, link.get("latency", latency))
             for link in p.get("links", [])
@@ -277,6 +290,8 @@ class Scenario:
         down = [net.get("downlink", net.get("bandwidth"))] * n
         speed = [1.0] * n
         hosts = self._hosts(trainers, region, efficiency)
+        if store:
+            up[-1] = down[-1] = spec.get("throughput", STORE_THROUGHPUT) / efficiency  # the store's own rate
         for i, node in enumerate(p.get("nodes", [])):
             ranks = self._ranks(node, f"nodes[{i}]", n, trainers)
             if hosts is not None and hosts.nic == "per-host" and any(k in node for k in NIC_KEYS):
@@ -303,6 +318,8 @@ class Scenario:
             latency=latency,
             links=links,
             egress=egress,
+            store=StoreSpec(spec.get("latency", STORE_LATENCY), spec.get("upload"), spec.get("download"),
+                            spec.get("throughput", STORE_THROUGHPUT)) if store else None,
             speed=tuple(speed),
             algorithms=algorithms,
             sharing=net.get("sharing", "max-min"),

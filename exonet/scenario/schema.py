@@ -265,6 +265,8 @@ _EVENT = {
 }
 _HOSTS = {"devices": _positive_count, "bandwidth": _rate, "latency": _time, "nic": _enum(NICS)}
 _SERVER = {"region": _string}  # where a strategy's server ranks live (they never move the trainers)
+# an object store between peers (comm.put / comm.get): per-request latency, each peer's rates to and from it, its own
+_STORE = {"latency": _time, "upload": _rate, "download": _rate, "throughput": _rate, "region": _string}
 _FAILURES: dict[str, Check] = {
     "mtbf": partial(units.parse_time, allow_zero=False), "repair": _time, "restart": _time,
     "distribution": _enum(REPAIRS), "sigma": _number(0, 10, closed=True), "seed": _count, "servers": _flag,
@@ -272,6 +274,7 @@ _FAILURES: dict[str, Check] = {
 }
 TABLES: dict[str, Mapping[str, Check]] = {
     "network": NETWORK, "compute": _COMPUTE, "stragglers": _STRAGGLERS, "hosts": _HOSTS, "server": _SERVER,
+    "store": _STORE,
     "failures": _FAILURES,
 }
 ARRAYS: dict[str, Mapping[str, Check]] = {"regions": _REGION, "links": _LINK, "nodes": _NODE, "events": _EVENT}
@@ -385,12 +388,14 @@ def _check_compute(p: Mapping[str, Any], where: str) -> None:
 
 
 def _check_server(p: Mapping[str, Any], where: str) -> None:
-    server_region = p.get("server", {}).get("region")
+    """``[server] region`` and ``[store] region`` name regions of the scenario."""
     regions = [r["name"] for r in p.get("regions", []) if "name" in r]
-    if server_region is not None and server_region not in regions:
-        hint = did_you_mean(server_region, regions)
-        raise ScenarioError(f"{where} server.region: {server_region!r} is not a region of this scenario{hint}; "
-                            f"regions: {', '.join(map(repr, regions)) or 'none (add [[regions]])'}")
+    for table in ("server", "store"):
+        region = p.get(table, {}).get("region")
+        if region is not None and region not in regions:
+            hint = did_you_mean(region, regions)
+            raise ScenarioError(f"{where} {table}.region: {region!r} is not a region of this scenario{hint}; "
+                                f"regions: {', '.join(map(repr, regions)) or 'none (add [[regions]])'}")
 
 
 def _check_stragglers(p: Mapping[str, Any], where: str) -> None:

@@ -1,0 +1,84 @@
+"""The object store a fit's nodes share (``comm.put`` / ``comm.get``): a directory on this machine.
+
+Each key is one file holding a tensor's raw bytes, written under a temporary name and renamed, so a reader
+never sees half an object. A get waits for its key to appear, up to fit's ``timeout_s``, then names the key
+and the rank. Keys are relative paths of letters, digits and ``._-/`` (``round3/rank2``): never absolute,
+never ``..``, so a key cannot write outside the store. The parent makes the directory and removes it when
+the fit ends; a multi-host run (torchrun) has no shared directory, so its nodes refuse puts and gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from pathlib import Path
+
+import torch
+
+KEY = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
+POLL_S = (0.0005, 0.02)  # a get's first and longest pause between looks for its key
+
+
+def check_key(key: object, rank: int) -> str:
+    """``key`` if it names an object inside the store, else a ValueError naming it and the rank."""
+    if not isinstance(key, str) or not KEY.fullmatch(key) or any(part in (".", "..") for part in key.split("/")):
+        raise ValueError(f"comm.put/get on rank {rank}: key {key!r} must be a relative path of letters, digits and "
+                         "'._-/' (such as 'round3/rank2'), without '.' or '..' parts")
+    if len(key) > 1024:
+        raise ValueError(f"comm.put/get on rank {rank}: key {key[:40]!r}... is longer than 1024 characters")
+    return key
+
+
+class DirectoryStore:
+    """Objects as files under ``root``, shared by the nodes of one fit.
+
+    Args:
+        root: the store's directory (it exists).
+        rank: the node using it, for error messages.
+        timeout_s: how long a get waits for its key.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], rank: int, timeout_s: float) -> None:
+        self.root, self.rank, self.timeout_s = Path(root), rank, timeout_s
+
+    def put(self, key: str, tensor: torch.Tensor) -> None:
+        path = self.root / check_key(key, self.rank)
+        if path.exists():
+            raise ValueError(f"comm.put on rank {self.rank}: key {key!r} is already in the store; a key is written "
+                             "once (put each round under its own key)")
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        data = tensor.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy().tobytes()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise OSError(exc.errno, f"comm.put on rank {self.rank}: cannot write key {key!r} to the store "
+                                     f"{self.root}: {exc.strerror}") from exc
+
+    def ready(self, key: str) -> bool:
+        return (self.root / check_key(key, self.rank)).exists()
+
+    def get(self, key: str, out: torch.Tensor) -> torch.Tensor:
+        """Fill ``out`` with the object ``key`` once it is there (its bytes must be ``out``'s size)."""
+        path = self.root / check_key(key, self.rank)
+        deadline, pause = time.monotonic() + self.timeout_s, POLL_S[0]
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"comm.get on rank {self.rank}: key {key!r} was never put (waited "
+                                   f"{self.timeout_s:g} s, fit's timeout_s)")
+            time.sleep(pause)
+            pause = min(POLL_S[1], pause * 2)
+        data = path.read_bytes()
+        if len(data) != out.nbytes:
+            raise ValueError(f"comm.get on rank {self.rank}: key {key!r} holds {len(data)} bytes, but the tensor "
+                             f"to fill takes {out.nbytes}")
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out.copy_(flat.view(out.dtype).reshape(out.shape).to(out.device))
+        return out
