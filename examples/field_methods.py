@@ -10,11 +10,15 @@ and 2-bit error-fed pseudo-gradients. DiLoCo and MuLoCo share the outer Nesterov
 momentum 0.5) of the other examples here; SparseLoCo and NoLoCo keep their own outer steps. Each run's
 trace is then replayed in one scenario (``home-broadband``: 20 Mbit/s uplinks, one of the four on
 10 Mbit/s, GPUs of three speeds) with compute charged by the FLOPs torch counts at ``--tflops``, so
-the table is the same on every machine. It prints the node-averaged model's validation loss, the
-payload each node sent and the simulated wall-clock, and draws validation loss against simulated time.
+the table is the same on every machine. Each trace is also replayed across two cloud regions
+(``--priced``, default ``cross-region``) with egress priced at ``--egress`` per GB leaving either
+region, the dollars a run's wide-area bytes cost. It prints the node-averaged model's validation
+loss, the payload each node sent, the simulated wall-clock in both and the dollars, and draws
+validation loss against simulated time in the first.
 
     python examples/field_methods.py [--steps 300] [--H 10] [--lr 3e-3] [--scenario home-broadband]
-                                     [--tflops 0.03] [--out examples/field_methods.png]
+                                     [--priced cross-region] [--egress "0.02 $/GB"] [--tflops 0.03]
+                                     [--out examples/field_methods.png]
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from exonet.strategies import (  # noqa: E402
     SparseLoCoStrategy,
     Strategy,
 )
-from exonet.units import format_bytes, format_time  # noqa: E402
+from exonet.units import format_bytes, format_dollars, format_time  # noqa: E402
 
 NODES = 4
 BLOCK = 64  # context length in characters, as char_lm.py
@@ -58,13 +62,26 @@ def strategies(H: int, lr: float) -> dict[str, Strategy]:
     }
 
 
-def table(runs: dict[str, FitResult], sims: dict[str, SimResult]) -> str:
-    """One markdown row per strategy: final validation loss, payload per node, simulated wall-clock."""
-    lines = ["| strategy | val loss | payload/node | sim time |", "|---|---|---|---|"]
+def table(runs: dict[str, FitResult], sims: dict[str, SimResult], priced: dict[str, SimResult],
+          labels: tuple[str, str]) -> str:
+    """One markdown row per strategy: final validation loss, payload per node, simulated wall-clock in both
+    scenarios, and the egress dollars in the priced one."""
+    lines = [f"| strategy | val loss | payload/node | sim time, {labels[0]} | sim time, {labels[1]} | egress $ |",
+             "|---|---|---|---|---|---|"]
     for name, run in runs.items():
         lines.append(f"| {name} | {run.history['eval'][-1]['loss']:.4f} | "
-                     f"{format_bytes(run.trace.payload_per_trainer())} | {format_time(sims[name].wall_clock_s)} |")
+                     f"{format_bytes(run.trace.payload_per_trainer())} | {format_time(sims[name].wall_clock_s)} | "
+                     f"{format_time(priced[name].wall_clock_s)} | {format_dollars(priced[name].cost)} |")
     return "\n".join(lines)
+
+
+def with_egress(name: str, price: str) -> Scenario:
+    """Preset ``name`` with every region's egress priced at ``price``."""
+    spec = Scenario.load(name).to_dict()
+    spec["regions"] = [{**region, "egress": price} for region in spec.get("regions", [])]
+    if not spec["regions"]:
+        raise SystemExit(f"--priced {name}: the scenario has no [[regions]], so no byte leaves one")
+    return Scenario.from_dict(spec)
 
 
 def plot(runs: dict[str, FitResult], sims: dict[str, SimResult], label: str, path: Path) -> Path:
@@ -95,6 +112,8 @@ def main() -> None:
     parser.add_argument("--H", type=int, default=10, help="inner steps per round, every method")
     parser.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate, every method")
     parser.add_argument("--scenario", default="home-broadband", help="preset name or TOML path to replay in")
+    parser.add_argument("--priced", default="cross-region", help="a preset with regions, replayed with priced egress")
+    parser.add_argument("--egress", default="0.02 $/GB", help="egress price of every region of --priced")
     parser.add_argument("--tflops", type=float, default=0.03, help="simulated device speed in TFLOP/s")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("field_methods.png"),
                         help="where to write the loss vs simulated time plot (PNG)")
@@ -120,11 +139,14 @@ def main() -> None:
     base = Scenario.load(args.scenario)
     scenario = base.replace(compute={"mode": "flops", "tflops": args.tflops, "mfu": 1.0})
     sims = {name: run.simulate(scenario) for name, run in runs.items()}
+    far = with_egress(args.priced, args.egress)
+    far = far.replace(compute={"mode": "flops", "tflops": args.tflops, "mfu": 1.0})
+    priced = {name: run.simulate(far) for name, run in runs.items()}
     label = f"{base.name} at {args.tflops:g} TFLOP/s"
     params = sum(p.numel() for p in next(iter(runs.values())).model.parameters())
     print(f"\nCharGPT ({params:,} parameters), K={NODES}, {args.steps} steps, batch 16 windows of {BLOCK} characters "
           f"per node, inner lr {args.lr:g}; replayed in {label}:\n")
-    print(table(runs, sims))
+    print(table(runs, sims, priced, (base.name, f"{args.priced} at {args.egress}")))
     print(f"\nplot: {plot(runs, sims, label, args.out)}; total {time.perf_counter() - start:.0f} s")
 
 
