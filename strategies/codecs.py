@@ -26,6 +26,7 @@ import torch
 
 from exonet.strategies.base import check_int, check_range
 from exonet.strategies.demo import Layout, largest_divisor, matrix_shape
+from exonet.strategies.transport import exchange
 
 FLOAT_BYTES = 4  # the quantizer's mean and table travel as fp32
 
@@ -228,11 +229,14 @@ class QuantizedMean:
     def wire_nbytes(self) -> int:
         return sum(self.quantizer.wire_nbytes(n) for n in self.sizes)
 
-    def mean(self, x: torch.Tensor, comm: Any, group: tuple[int, ...]) -> torch.Tensor:
-        """The mean over ``group`` of what each member's ``x`` (error-fed) decodes to."""
+    def mean(self, x: torch.Tensor, comm: Any, group: tuple[int, ...], transport: str = "all_gather",
+             key: str = "") -> torch.Tensor:
+        """The mean over ``group`` of what each member's ``x`` (error-fed) decodes to; the messages travel by
+        ``transport`` (``exonet.strategies.transport``; ``key`` names a store exchange)."""
         if x.is_meta:  # an estimate: only the message's size matters
             if len(group) > 1:
-                comm.all_gather(torch.empty(self.wire_nbytes(), dtype=torch.uint8, device="meta"), group=group)
+                exchange(comm, torch.empty(self.wire_nbytes(), dtype=torch.uint8, device="meta"), group, transport,
+                         key)
             return x
         self.error.mul_(self.error_decay).add_(x)
         parts = []
@@ -241,7 +245,7 @@ class QuantizedMean:
             e.sub_(sent)
             parts.append(wire)
         message = torch.cat(parts)
-        gathered = comm.all_gather(message, group=group) if len(group) > 1 else message.unsqueeze(0)
+        gathered = exchange(comm, message, group, transport, key) if len(group) > 1 else message.unsqueeze(0)
         out = torch.zeros_like(x)
         for row in gathered:
             offset = 0

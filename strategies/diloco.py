@@ -14,6 +14,7 @@ from exonet.strategies.base import NodeContext, OptimSpec, check_range, flatten,
 from exonet.strategies.codecs import QuantizedMean, check_bits
 from exonet.strategies.fedavg import FedAvgStrategy
 from exonet.strategies.replica import ReplicaGroups, check_replica_size, check_replica_world
+from exonet.strategies.transport import check_transport, exchange
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
@@ -69,6 +70,9 @@ class DiLoCoStrategy(FedAvgStrategy):
             (``codecs.QuantizedMean``: one all-gather of the packed codes per round). Not with replica_size > 1,
             deadline_s or elastic.
         error_decay: with ``quantize_bits``, how much of the unsent error carries to the next round (MuLoCo's 0.9).
+        transport: "all_gather" (the all-reduce, or the quantized all-gather) or "store": each node puts its
+            parameters (or its quantized message) in the object store once and gets the group's others; not with
+            replica_size > 1, deadline_s or elastic.
         lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner learning-rate schedule,
             as in ``Strategy``.
     """
@@ -88,6 +92,7 @@ class DiLoCoStrategy(FedAvgStrategy):
         elastic: bool = False,
         quantize_bits: int | None = None,
         error_decay: float = 0.9,
+        transport: str = "all_gather",
     ) -> None:
         super().__init__(optim_spec, island_size=island_size, H=H, participation=participation,
                          deadline_s=deadline_s, elastic=elastic)
@@ -97,6 +102,10 @@ class DiLoCoStrategy(FedAvgStrategy):
         self.error_decay = error_decay
         if quantize_bits is not None and (replica_size > 1 or deadline_s is not None or elastic):
             raise ValueError("quantize_bits: the quantized exchange is a round's all-gather; it cannot be combined "
+                             "with replica_size > 1, deadline_s or elastic=True")
+        self.transport = check_transport(transport)
+        if transport == "store" and (replica_size > 1 or deadline_s is not None or elastic):
+            raise ValueError("transport='store': a round's exchange goes through the store; it cannot be combined "
                              "with replica_size > 1, deadline_s or elastic=True")
         self.replica_size = check_replica_size(replica_size)
         if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None or elastic):
@@ -121,9 +130,13 @@ class DiLoCoStrategy(FedAvgStrategy):
     def group_mean(self, group: tuple[int, ...]) -> torch.Tensor:
         """The group's mean parameters; with ``quantize_bits``, θ_global minus the mean of the members'
         quantized, error-fed pseudo-gradients."""
-        if self._quantized is None:
+        key = f"{self.name}/round{self.rounds_done()}"
+        if self._quantized is not None:
+            return self.global_params - self._quantized.mean(self.global_params - flatten(self.params), self.comm,
+                                                             group, self.transport, key)
+        if self.transport == "all_gather" or len(group) < 2:
             return super().group_mean(group)
-        return self.global_params - self._quantized.mean(self.global_params - flatten(self.params), self.comm, group)
+        return exchange(self.comm, flatten(self.params), group, "store", key).mean(0)
 
     def step(self) -> None:
         if self._replicas is not None:

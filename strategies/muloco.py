@@ -38,8 +38,8 @@ class MuLoCoStrategy(DiLoCoStrategy):
             weight decay 0.01; AdamW lr 1e-3, betas (0.9, 0.95), weight decay 0.01.
         outer_optim_spec: the outer optimizer. Default SGD lr 0.7, momentum 0.6, Nesterov.
         H: inner steps per round.
-        quantize_bits, error_decay: the pseudo-gradient at that many bits with error feedback, as in
-            ``DiLoCoStrategy`` (the paper's 2-bit variant: ``quantize_bits=2``).
+        quantize_bits, error_decay, transport: the pseudo-gradient at that many bits with error feedback, and how
+            it travels, as in ``DiLoCoStrategy`` (the paper's 2-bit variant: ``quantize_bits=2``).
         max_norm, lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: as in ``Strategy``.
     """
 
@@ -47,11 +47,11 @@ class MuLoCoStrategy(DiLoCoStrategy):
 
     def __init__(self, optim_spec: OptimSpec | str | type | None = None, *,
                  outer_optim_spec: OptimSpec | str | type | None = None, H: int = 30,
-                 quantize_bits: int | None = None, error_decay: float = 0.9) -> None:
+                 quantize_bits: int | None = None, error_decay: float = 0.9, transport: str = "all_gather") -> None:
         super().__init__(OptimSpec("muon") if optim_spec is None else optim_spec,
                          outer_optim_spec=OptimSpec("sgd", lr=0.7, momentum=0.6, nesterov=True)
                          if outer_optim_spec is None else outer_optim_spec, H=H, quantize_bits=quantize_bits,
-                         error_decay=error_decay)
+                         error_decay=error_decay, transport=transport)
 
     def inner_param_groups(self) -> list[Any]:
         hidden = hidden_matrices(self.model)

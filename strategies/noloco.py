@@ -16,9 +16,16 @@ import torch
 
 from exonet.strategies.base import NodeContext, OptimSpec, check_range, flatten, unflatten_into
 from exonet.strategies.fedavg import FedAvgStrategy
+from exonet.strategies.transport import TRANSPORTS, check_transport, exchange
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
+
+
+def gossip_pairs(num_nodes: int, inner_steps: int) -> list[tuple[int, int]]:
+    """Every pair of the outer step after ``inner_steps`` inner steps (``gossip_peer``'s matching)."""
+    pairs = ((r, gossip_peer(r, num_nodes, inner_steps)) for r in range(num_nodes))
+    return sorted({(min(pair), max(pair)) for pair in pairs})
 
 
 def gossip_peer(rank: int, num_nodes: int, inner_steps: int) -> int:
@@ -56,6 +63,8 @@ class NoLoCoStrategy(FedAvgStrategy):
         H: inner steps per outer step.
         outer_lr: α, the weight of the pair's mean update.
         outer_momentum: β, the momentum of the outer update, in [0, 1).
+        transport: "p2p" (a send and a receive with the peer, as the reference), "all_gather" (one all-gather on the
+            pair's group) or "store" (each puts its message in the object store and gets its peer's).
         max_norm, lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: the inner steps' clipping
             and schedule, as in ``Strategy``.
     """
@@ -69,6 +78,7 @@ class NoLoCoStrategy(FedAvgStrategy):
         H: int = 50,
         outer_lr: float = 0.7,
         outer_momentum: float = 0.5,
+        transport: str = "p2p",
     ) -> None:
         super().__init__(OptimSpec("adam", lr=6e-4) if optim_spec is None else optim_spec, H=H)
         check_range("outer_lr", outer_lr, low=0, low_open=True)
@@ -76,6 +86,7 @@ class NoLoCoStrategy(FedAvgStrategy):
         if outer_momentum >= 1:
             raise ValueError(f"outer_momentum must be < 1, got {outer_momentum!r}")
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
+        self.transport = check_transport(transport, ("p2p", *TRANSPORTS))
 
     def check_world(self, num_nodes: int) -> None:
         super().check_world(num_nodes)
@@ -97,12 +108,7 @@ class NoLoCoStrategy(FedAvgStrategy):
         n = self._outer.numel()
         mine = (torch.empty(2 * n, device="meta") if self._outer.is_meta
                 else torch.cat([self._outer, flatten(self.params).float() - self._outer]))
-        if peer == self.rank:  # K = 1: the pair's means are this node's own
-            theirs = mine
-        else:
-            sending = self.comm.send(mine, peer, async_op=True)
-            theirs = self.comm.recv(torch.empty_like(mine), peer)
-            sending.wait()
+        theirs = mine if peer == self.rank else self._swap(mine, peer)  # K = 1: the pair's means are its own
         if mine.is_meta:  # an estimate: the exchange is all that matters
             return
         pair = (mine + theirs) / 2
@@ -110,6 +116,19 @@ class NoLoCoStrategy(FedAvgStrategy):
         self._momentum.mul_(self.outer_momentum).add_(update, alpha=self.outer_lr)
         self._outer.add_(self._momentum)
         unflatten_into(self._outer, self.params)
+
+    def _swap(self, mine: torch.Tensor, peer: int) -> torch.Tensor:
+        """The peer's ``[φ, θ − φ]``: a send and a receive (the reference's), or ``transport.exchange`` on the pair."""
+        if self.transport == "p2p":
+            sending = self.comm.send(mine, peer, async_op=True)
+            theirs = self.comm.recv(torch.empty_like(mine), peer)
+            sending.wait()
+            return theirs
+        pair = tuple(sorted((self.rank, peer)))
+        if self.transport == "all_gather":  # every pair of the round is a group, made by every rank alike
+            self.comm.declare_groups(gossip_pairs(self.num_nodes, self.local_step + 1))
+        rows = exchange(self.comm, mine, pair, self.transport, f"noloco/round{self.rounds_done()}")
+        return rows[pair.index(peer)]
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "outer": self._outer.clone(), "momentum": self._momentum.clone()}

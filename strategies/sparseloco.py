@@ -16,11 +16,10 @@ from exonet.strategies.base import NodeContext, OptimSpec, check_int, check_rang
 from exonet.strategies.codecs import StatQuantizer, TopKChunks, check_bits
 from exonet.strategies.demo import decompress
 from exonet.strategies.fedavg import FedAvgStrategy
+from exonet.strategies.transport import check_transport, exchange
 
 if TYPE_CHECKING:
     from exonet.communicator import Communicator
-
-TRANSPORTS = ("all_gather", "store")
 
 
 class SparseLoCoStrategy(FedAvgStrategy):
@@ -83,9 +82,7 @@ class SparseLoCoStrategy(FedAvgStrategy):
         check_range("error_decay", error_decay, low=0, high=1)
         check_range("outer_lr", outer_lr, low=0, low_open=True)
         self.error_decay, self.outer_lr = error_decay, outer_lr
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
-        self.transport = transport
+        self.transport = check_transport(transport)
 
     def setup(self, model: torch.nn.Module, comm: Communicator, ctx: NodeContext) -> None:
         super().setup(model, comm, ctx)
@@ -100,18 +97,10 @@ class SparseLoCoStrategy(FedAvgStrategy):
         return sum(c.wire_nbytes() for c in self.codecs)
 
     def exchange(self, message: torch.Tensor) -> torch.Tensor:
-        """Every node's message, one row per rank: by one all-gather, or through the object store (each node puts
-        its own once and gets the K − 1 others, as Templar's peers do through a bucket)."""
-        if self.transport == "all_gather":
-            return self.comm.all_gather(message)
-        prefix = f"sparseloco/round{self.rounds_done()}"
-        self.comm.put(f"{prefix}/rank{self.rank}", message)
-        rows = [message if j == self.rank else torch.empty_like(message) for j in range(self.num_nodes)]
-        reads = [self.comm.get(f"{prefix}/rank{j}", rows[j], async_op=True)
-                 for j in range(self.num_nodes) if j != self.rank]
-        for read in reads:
-            read.wait()
-        return torch.stack(rows)
+        """Every node's message, one row per rank (``transport.exchange``; through the store, as Templar's peers
+        swap through a bucket)."""
+        return exchange(self.comm, message, tuple(range(self.num_nodes)), self.transport,
+                        f"sparseloco/round{self.rounds_done()}")
 
     @torch.no_grad()
     def sync_round(self) -> None:

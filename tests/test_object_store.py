@@ -13,7 +13,7 @@ from exonet.netsim import simulate
 from exonet.netsim.store import with_store
 from exonet.runtime.object_store import DirectoryStore
 from exonet.scenario import Scenario
-from exonet.strategies import OptimSpec, SparseLoCoStrategy, Strategy
+from exonet.strategies import DiLoCoStrategy, NoLoCoStrategy, OptimSpec, SparseLoCoStrategy, Strategy
 from exonet.toy import Classifier, ShardFactory, linear_regressor, synthetic_regression
 from exonet.trace import Collective, Trace
 
@@ -160,3 +160,28 @@ def test_estimate_runs_the_store_transport_rank_by_rank():
     assert keys[0] == "sparseloco/round1/rank2" and len(keys) == 2 * 4
     result = simulate(est.trace, store_scenario())
     assert result.servers == 1 and result.wire_bytes[4] == 4 * 3 * result.wire_bytes[0]  # each message to 3 readers
+
+
+@pytest.mark.parametrize("make", [
+    lambda t: DiLoCoStrategy(OptimSpec("sgd", lr=0.05), H=2, transport=t),
+    lambda t: DiLoCoStrategy(OptimSpec("sgd", lr=0.05), H=2, quantize_bits=2, transport=t),
+    lambda t: NoLoCoStrategy(OptimSpec("sgd", lr=0.05), H=2, transport=t),
+], ids=["diloco", "diloco-2bit", "noloco"])
+def test_every_transport_gives_the_same_model(make):
+    """DiLoCo (its all-reduce, or 2-bit all-gather), MuLoCo's exchange and NoLoCo's swap through the store, and
+    NoLoCo's through a pair all-gather, equal the default: the same messages, another road."""
+    def run(transport):
+        torch.manual_seed(0)
+        model = Classifier(nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4)))
+        return LocalTrainer(model, ShardFactory(n=128, dim=16, classes=4)).fit(
+            make(transport), num_nodes=4, max_steps=4, batch_size=8, shuffle=False, progress=False)
+
+    default = "p2p" if make("store").name == "noloco" else "all_gather"
+    others = ("store", "all_gather") if default == "p2p" else ("store",)
+    base = run(default)
+    for transport in others:
+        other = run(transport)
+        for a, b in zip(base.model.parameters(), other.model.parameters()):
+            assert torch.allclose(a, b, rtol=0, atol=1e-6), transport
+        ops = {e.op for events in other.trace.events for e in events if isinstance(e, Collective)}
+        assert ops == ({"put", "get"} if transport == "store" else {"all_gather"})
