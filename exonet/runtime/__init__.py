@@ -3,11 +3,12 @@
 ``trainer`` (LocalTrainer.fit) with ``fit_config`` (its arguments checked into the node's
 configuration) and ``job`` (what one fit runs, resolved in the parent) → ``run`` (the supervisor:
 rendezvous, node processes, messages, failures) → ``node`` (one rank's life) with ``batches`` (its
-data, epoch order and micro-batches), ``dist_calls`` (the strategy's own ``torch.distributed`` calls,
-routed through its Communicator), ``object_store`` (the directory behind ``comm.put``/``comm.get``), ``transport`` (how models, datasets and strategies reach the
-nodes), ``messages`` (what nodes and the parent tell each other), ``record`` (history and trace from
-node messages), ``divergence`` (a runaway loss stops or warns), ``watchdog`` (progress),
-``checkpoint``, ``clock`` (the online simulated clock), ``forkserver`` (the server nodes are forked
-from), ``rendezvous`` (a store on loopback only), ``signals`` (SIGTERM and SIGHUP save like Ctrl-C),
-``runlock`` (one fit per run directory) and ``torchrun`` (the same fit under an external launcher).
+data, epoch order and micro-batches), ``dist_calls`` (the strategy's own ``torch.distributed``
+calls, routed through its Communicator), ``object_store`` (the directory behind ``comm.put`` and
+``comm.get``), ``transport`` (how models, datasets and strategies reach the nodes), ``messages``
+(what nodes and the parent tell each other), ``record`` (history and trace from node messages),
+``divergence`` (a runaway loss stops or warns), ``watchdog`` (progress), ``checkpoint``, ``clock``
+(the online simulated clock), ``forkserver`` (the server nodes are forked from), ``rendezvous`` (a
+store on loopback only), ``signals`` (SIGTERM and SIGHUP save like Ctrl-C), ``runlock`` (one fit per
+run directory) and ``torchrun`` (the same fit under an external launcher).
 """
