@@ -185,3 +185,16 @@ def test_every_transport_gives_the_same_model(make):
             assert torch.allclose(a, b, rtol=0, atol=1e-6), transport
         ops = {e.op for events in other.trace.events for e in events if isinstance(e, Collective)}
         assert ops == ({"put", "get"} if transport == "store" else {"all_gather"})
+
+
+def test_a_store_in_a_region_of_its_own_bills_every_read_and_no_upload():
+    """A share-0 region holds no peer, only the store; its egress prices what the readers download."""
+    scenario = Scenario.from_dict({
+        "name": "bucket", "network": {"bandwidth": "1 Gbit/s", "latency": "1 ms"},
+        "regions": [{"name": "internet", "share": 1.0}, {"name": "cloud", "share": 0.0, "egress": "0.09 $/GB"}],
+        "links": [{"between": ["internet", "cloud"], "bandwidth": "1 Tbit/s", "latency": "25 ms"}],
+        "store": {"region": "cloud", "latency": "30 ms"}})
+    assert scenario.resolve(4, servers=1, store=True).region == ("internet",) * 3 + ("cloud",)
+    result = simulate(one_put_two_gets(), scenario)
+    assert result.cost == pytest.approx(2 * GBIT * 0.09 / 1e9, rel=1e-12)
+    assert result.wall_clock_s == pytest.approx(2 * (1 + 0.025 + 0.030), abs=1e-6)

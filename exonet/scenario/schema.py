@@ -251,7 +251,8 @@ NETWORK = {
 _COMPUTE = {"mode": _enum(COMPUTE_MODES), "tflops": _number(1e-9, 1e9, closed=True),
             "mfu": _number(1e-6, 1, closed=True)}
 _price: Check = units.parse_price  # dollars per byte leaving a region ("0.08 $/GB")
-_REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1), "egress": _price}
+# share 0: a region that holds no trainer, only a server or the object store ([server] / [store] region)
+_REGION = {"name": _string, "ranks": _ranks, "share": _number(0, 1, closed=True), "egress": _price}
 _LINK = {"between": _between, "bandwidth": _rate, "latency": _time, "egress": _price}
 _NODE = {
     "ranks": _ranks, "share": _number(0, 1), "speed": _number(1e-6, 1e6, closed=True), "bandwidth": _rate,
