@@ -42,7 +42,7 @@ import math
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -51,10 +51,14 @@ from exonet.communicator import Communicator, any_source_question
 from exonet.estimate_compute import StepCompute, node_tokens, step_compute
 from exonet.estimate_hub import OnlineHub, RankLink
 from exonet.netsim.agenda import SCALE
+from exonet.scenario import Scenario, ScenarioLike
 from exonet.scenario.schema import did_you_mean
 from exonet.strategies.base import NodeContext, Strategy
 from exonet.trace import Collective, Step, Trace
 from exonet.units import plural
+
+if TYPE_CHECKING:
+    from exonet.netsim.result import SimResult
 
 DEFAULT_LAYERS = 24
 DEFAULT_MFU = 0.4  # model FLOPs utilisation when neither --mfu nor a scenario's device gives one
@@ -178,7 +182,7 @@ class Estimate:
     rerun: Callable[[Any], Trace] | None = field(default=None, repr=False)
     profile: dict | None = None  # a profiled estimate's step, the MFU it implies and the FLOPs-based figure
 
-    def trace_in(self, scenario: Any) -> Trace:
+    def trace_in(self, scenario: ScenarioLike) -> Trace:
         """The trace to replay in ``scenario`` (re-run on the online clock when the strategy needs it)."""
         if self.rerun is None:
             return self.trace
@@ -291,7 +295,7 @@ def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], ran
 
 
 def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], nodes: int, steps: int,
-                computes: list[StepCompute], scenario: Any) -> Trace:
+                computes: list[StepCompute], scenario: ScenarioLike) -> Trace:
     """Every rank (trainers, then servers) in a thread against the online clock in ``scenario``; their trace."""
     from exonet.runtime.clock import SimClock
 
@@ -327,7 +331,7 @@ def _run_online(strategy: Strategy, make_model: Callable[[], torch.nn.Module], n
 def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes: int | None = None,
              max_steps: int | None = None, step_time: float | None = None, tokens_per_step: float | None = None,
              tflops: float | None = None, mfu: float | None = None, dtype: str = "fp32", layers: int | None = None,
-             model: str | Callable[[], torch.nn.Module] | None = None, scenario: Any = None,
+             model: str | Callable[[], torch.nn.Module] | None = None, scenario: ScenarioLike | None = None,
              nodes: int | None = None, steps: int | None = None, profile: Any = None,
              scale_layers: int | None = None, devices: tuple[Any, Any] | None = None) -> Estimate:
     """Build the trace a run would produce, from the strategy's own logic on meta tensors.
@@ -384,15 +388,14 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
     if not (params >= 1 and nodes >= 1 and steps >= 1) or not math.isfinite(params):
         raise ValueError(f"estimate: params=, num_nodes= and max_steps= must be finite and >= 1, got {params}, "
                          f"{nodes}, {steps}")
-    if scenario is not None:  # a scenario that cannot hold the nodes fails now, not after the trace is built
-        from exonet.scenario import Scenario
-
-        Scenario.coerce(scenario).resolve(nodes + strategy.servers, servers=strategy.servers)
+    chosen = None if scenario is None else Scenario.coerce(scenario)  # the door: a Scenario from here on
+    if chosen is not None:  # a scenario that cannot hold the nodes fails now, not after the trace is built
+        chosen.resolve(nodes + strategy.servers, servers=strategy.servers)
     tokens_per_step, ratios = node_tokens(tokens_per_step, nodes)
     flops = 6.0 * params * (tokens_per_step or 0.0)
     step_time, tflops, mfu, device = (
-        _compute(flops, steps, step_time, tokens_per_step, tflops, mfu, scenario, nodes) if profile is None
-        else _profile_device(step_time, model, tflops, mfu, scenario, nodes))
+        _compute(flops, steps, step_time, tokens_per_step, tflops, mfu, chosen, nodes) if profile is None
+        else _profile_device(step_time, model, tflops, mfu, chosen, nodes))
     if model is None:
         count, layers = int(params), layers or DEFAULT_LAYERS
         make_model = lambda: LayerStack(count, layers, torch_dtype)  # noqa: E731
@@ -452,8 +455,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
     return Estimate(trace, real_params, step_time, assumptions, rerun, profiled)
 
 
-def _profile_device(step_time: float | None, model: Any, tflops: float | None, mfu: float | None, scenario: Any,
-                    nodes: int) -> tuple[None, float | None, float, str]:
+def _profile_device(step_time: float | None, model: Any, tflops: float | None, mfu: float | None,
+                    scenario: Scenario | None, nodes: int) -> tuple[None, float | None, float, str]:
     """A profiled estimate's device for the FLOPs-based figure beside it: tflops=, else the scenario's if it
     names one (else none); mfu= or the default. Its step time is None: the profile measures it."""
     if step_time is not None:
@@ -463,9 +466,7 @@ def _profile_device(step_time: float | None, model: Any, tflops: float | None, m
                          "in the trace is which)")
     device = ""
     if tflops is None and scenario is not None:
-        from exonet.scenario import Scenario
-
-        if Scenario.coerce(scenario).resolve(nodes).compute_mode == "flops":
+        if scenario.resolve(nodes).compute_mode == "flops":
             tflops, own_mfu, device = _scenario_device(scenario, nodes)
             mfu = own_mfu if mfu is None else mfu
     return None, tflops, DEFAULT_MFU if mfu is None else mfu, device
@@ -486,7 +487,7 @@ def _check_stack(params: float | None, layers: int | None, dtype: str) -> None:
 
 
 def _compute(flops: float, steps: int, step_time: float | None, tokens_per_step: float | None, tflops: float | None,
-             mfu: float | None, scenario: Any, nodes: int) -> tuple[float, float | None, float | None, str]:
+             mfu: float | None, scenario: Scenario | None, nodes: int) -> tuple[float, float | None, float | None, str]:
     """The compute ``estimate`` was given, checked: (seconds per step, TFLOP/s, MFU, words naming the device).
 
     Given as ``step_time`` seconds, or as ``flops`` per step (``tokens_per_step``) at ``tflops`` x ``mfu``,
@@ -523,35 +524,31 @@ def _compute(flops: float, steps: int, step_time: float | None, tokens_per_step:
     return step_time, tflops, mfu, device
 
 
-def _scenario_device(scenario: Any, nodes: int) -> tuple[float, float, str]:
+def _scenario_device(scenario: Scenario | None, nodes: int) -> tuple[float, float, str]:
     """The device of ``scenario``'s ``[compute]`` (TFLOP/s, MFU, and words saying so), for ``--tokens-per-step``
     without ``--tflops``."""
-    from exonet.scenario import Scenario
-
     if scenario is None:
         raise ValueError("estimate: tokens_per_step= needs tflops= (and mfu=), or a scenario whose [compute] "
                          "names a device")
-    chosen = Scenario.coerce(scenario)
-    r = chosen.resolve(nodes)
+    r = scenario.resolve(nodes)
     if r.compute_mode != "flops" or not r.tflops:
         raise ValueError(f"estimate: tokens_per_step= without tflops= takes the scenario's device, but scenario "
-                         f"{chosen.name!r} times compute by {r.compute_mode!r}, not by FLOPs; give tflops=")
-    return r.tflops, r.mfu, f", the device of scenario {chosen.name!r}"
+                         f"{scenario.name!r} times compute by {r.compute_mode!r}, not by FLOPs; give tflops=")
+    return r.tflops, r.mfu, f", the device of scenario {scenario.name!r}"
 
 
-def scenario_for_estimate(scenario: Any) -> Any:
+def scenario_for_estimate(scenario: ScenarioLike) -> Scenario:
     """``scenario`` with its compute taken from the estimate's own spans (``mode = "wall"``).
 
     An estimate states its compute (a step time, or tokens at a device's TFLOP/s and MFU),
     so a preset's ``[compute]`` device does not apply; per-node speeds and jitter still do.
     """
     from exonet.netsim.replay import with_given_compute
-    from exonet.scenario import Scenario
 
     return with_given_compute(Scenario.coerce(scenario))
 
 
-def simulate_estimate(trace: Trace | Estimate, scenario: Any) -> Any:
+def simulate_estimate(trace: Trace | Estimate, scenario: ScenarioLike) -> SimResult:
     """Replay an estimate's trace in ``scenario`` (with the compute the estimate was given); an asynchronous
     Estimate is re-run there first."""
     from exonet.netsim import simulate
@@ -565,7 +562,7 @@ def simulate_estimate(trace: Trace | Estimate, scenario: Any) -> Any:
 HOST_FABRIC = {"bandwidth": "450 GB/s", "latency": "1 us"}  # --hosts: NVLink-class, per device, each direction
 
 
-def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
+def with_hosts(scenario: ScenarioLike, devices: int, nodes: int | None = None) -> Scenario:
     """``scenario`` with its ranks in hosts of ``devices`` (``--hosts G``), unless it has ``[hosts]`` already.
 
     The hosts get an NVLink-class fabric (``HOST_FABRIC``: 450 GB/s per device each way, H100 SXM's
@@ -575,8 +572,6 @@ def with_hosts(scenario: Any, devices: int, nodes: int | None = None) -> Any:
     (a ``collective`` chosen for flat nodes is replaced). A scenario with ``[hosts]`` keeps its own
     table and collective; asking for other ``devices`` than it has is an error.
     """
-    from exonet.scenario import Scenario
-
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"--hosts: expected an integer >= 1 (devices per host), got {devices!r}")
     if nodes is not None and nodes % devices:

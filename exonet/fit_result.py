@@ -12,6 +12,7 @@ from exonet.trace import Trace
 
 if TYPE_CHECKING:
     from exonet.netsim import SimResult
+    from exonet.scenario import ScenarioLike
 
 # The older gym's fit returned the averaged model; a FitResult stands in for it through these (see FitResult).
 MODEL_METHODS = frozenset({"state_dict", "load_state_dict", "parameters", "named_parameters", "buffers",
@@ -91,7 +92,7 @@ class FitResult:
         """Payload bytes ``rank`` passed to the strategy's collectives, step by step."""
         return self.trace.payload_bytes_per_step(rank)
 
-    def simulate(self, scenario: Any) -> "SimResult":
+    def simulate(self, scenario: "ScenarioLike") -> "SimResult":
         """Replay this run's trace in ``scenario`` (a Scenario, preset name, path or dict)."""
         from exonet.netsim import simulate
 

@@ -15,17 +15,18 @@ import math
 from typing import Any, Callable
 
 from exonet.estimate import Estimate, simulate_estimate
+from exonet.scenario import Scenario, ScenarioLike
 from exonet.trace import Trace
 
 SOLVE_FOR = "nic|link|link:A/B[,C/D...]|links"
 HIGH = 1e15  # bit/s: "any bandwidth" for the bisection's upper end and what_bounds
 
 
-def _links(scenario: Any) -> list[tuple[str, str]]:
+def _links(scenario: Scenario) -> list[tuple[str, str]]:
     return [tuple(sorted(link["between"])) for link in scenario.to_dict().get("links", [])]  # type: ignore[misc]
 
 
-def links_named(scenario: Any, solve_for: str) -> list[tuple[str, str]]:
+def links_named(scenario: ScenarioLike, solve_for: str) -> list[tuple[str, str]]:
     """The region pairs ``solve_for`` names (module docstring); ``"nic"`` names none.
 
     Raises:
@@ -33,7 +34,6 @@ def links_named(scenario: Any, solve_for: str) -> list[tuple[str, str]]:
         ValueError: ``solve_for`` is none of the forms.
     """
     from exonet.errors import ScenarioError
-    from exonet.scenario import Scenario
     from exonet.scenario.schema import did_you_mean
 
     chosen = Scenario.coerce(scenario)
@@ -64,9 +64,8 @@ def links_named(scenario: Any, solve_for: str) -> list[tuple[str, str]]:
     return out  # type: ignore[return-value]
 
 
-def with_bandwidth(scenario: Any, bandwidth: float, solve_for: str = "nic") -> Any:
+def with_bandwidth(scenario: ScenarioLike, bandwidth: float, solve_for: str = "nic") -> Scenario:
     """``scenario`` with what ``solve_for`` names (every NIC, or those links) at ``bandwidth`` bit/s."""
-    from exonet.scenario import Scenario
 
     chosen = Scenario.coerce(scenario)
     rate = f"{bandwidth!r} bit/s"
@@ -78,7 +77,7 @@ def with_bandwidth(scenario: Any, bandwidth: float, solve_for: str = "nic") -> A
     return chosen.replace(links=links)
 
 
-def utilization_at(trace: Trace | Estimate, scenario: Any, bandwidth: float, solve_for: str = "nic") -> float:
+def utilization_at(trace: Trace | Estimate, scenario: ScenarioLike, bandwidth: float, solve_for: str = "nic") -> float:
     """Compute utilisation of an estimate in ``scenario`` with what ``solve_for`` names at ``bandwidth`` bit/s."""
     return simulate_estimate(trace, with_bandwidth(scenario, bandwidth, solve_for)).utilization
 
@@ -100,7 +99,7 @@ def lowest_bandwidth(utilization: Callable[[float], float], target: float, *, lo
     return high
 
 
-def bandwidth_for_utilization(trace: Trace | Estimate, scenario: Any, target: float, *, solve_for: str = "nic",
+def bandwidth_for_utilization(trace: Trace | Estimate, scenario: ScenarioLike, target: float, *, solve_for: str = "nic",
                               low: float = 1e3, high: float = HIGH, rtol: float = 0.01) -> float | None:
     """The lowest bandwidth (bit/s, within ``rtol``) of what ``solve_for`` names at which an estimate reaches
     ``target`` compute utilisation; None when no bandwidth of it does (``what_bounds`` says why)."""
@@ -111,11 +110,10 @@ def bandwidth_for_utilization(trace: Trace | Estimate, scenario: Any, target: fl
                             rtol=rtol)
 
 
-def what_bounds(trace: Trace | Estimate, scenario: Any, target: float, solve_for: str = "nic") -> str:
+def what_bounds(trace: Trace | Estimate, scenario: ScenarioLike, target: float, solve_for: str = "nic") -> str:
     """Why no bandwidth of what ``solve_for`` names reaches ``target``: the bandwidth left fixed that, freed as
     well, would reach it (the other links first, then the NICs), named with its rate; else the terms that no
     bandwidth moves."""
-    from exonet.scenario import Scenario
 
     chosen = Scenario.coerce(scenario)
     varied = set(links_named(chosen, solve_for))

@@ -11,7 +11,6 @@ traffic as recorded, and replaying it elsewhere keeps that order; that deserves 
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,10 +22,8 @@ from exonet.netsim.progress import ReplayBar, wanted
 from exonet.netsim.result import SimResult
 from exonet.netsim.spread import with_range
 from exonet.netsim.store import uses_store, with_store
-from exonet.scenario import Resolved, Scenario
+from exonet.scenario import Resolved, Scenario, ScenarioLike
 from exonet.trace import Collective, Compute, Event, Trace
-
-ScenarioLike = Scenario | str | os.PathLike[str] | Mapping[str, Any]  # what Scenario.coerce accepts
 
 
 def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, *, history: Sequence[Any] | None = None,

@@ -70,6 +70,7 @@ from exonet.runtime.runlock import RunLock
 from exonet.runtime.signals import deferred, stop_signals
 from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value, shared_bytes
 from exonet.runtime.watchdog import BLOCKED, SLOTS, Watchdog
+from exonet.scenario import Scenario, ScenarioLike
 from exonet.strategies.base import Strategy
 from exonet.units import format_time
 
@@ -339,7 +340,7 @@ def _differences(a: Any, b: Any, where: str = "") -> list[tuple[str, Any, Any]]:
             for d in _differences(a.get(k), b.get(k), f"{where}.{k}" if where else str(k))]
 
 
-def launch(job: Job, *, progress: bool, scenario: Any,
+def launch(job: Job, *, progress: bool, scenario: ScenarioLike | None,
            run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
            resume_from: str | os.PathLike | None, wandb_project: str | None = None,
            wandb_run_name: str | None = None, run_name: str | None = None,
@@ -349,12 +350,10 @@ def launch(job: Job, *, progress: bool, scenario: Any,
     ``extra_config``: the seed gym's ``kwargs``, recorded in the config; ``x_axis``: wandb's, "step" or "examples";
     ``follow_symlinks``: a resumed run directory's links are trusted)."""
     strategy, cfg = job.strategy, job.cfg
-    if scenario is not None:
-        from exonet.scenario import Scenario
-
-        scenario = Scenario.coerce(scenario)
-        scenario.resolve(cfg.world, servers=cfg.servers)  # fail before training, not after
-    config = run_config(strategy, cfg, job.model, scenario)
+    chosen = None if scenario is None else Scenario.coerce(scenario)  # the door: a Scenario from here on
+    if chosen is not None:
+        chosen.resolve(cfg.world, servers=cfg.servers)  # fail before training, not after
+    config = run_config(strategy, cfg, job.model, chosen)
     if extra_config:
         config["kwargs"] = extra_config
     wandb_at = {"project": wandb_project, "name": wandb_run_name, "x_axis": x_axis}
@@ -373,15 +372,15 @@ def launch(job: Job, *, progress: bool, scenario: Any,
         run_path = create_run(run_dir, label, config) if is_zero and run_dir is not None else None
         logger = _wandb(wandb_at, config, run_path) if is_zero else None
         record, real_time = train_under_torchrun(job, meta, progress and is_zero, logger)
-        return _finish(job, config, record, run_path, real_time, scenario, upload_to, run_name=run_name)
+        return _finish(job, config, record, run_path, real_time, chosen, upload_to, run_name=run_name)
     with stop_signals():  # SIGTERM and SIGHUP stop the run as Ctrl-C does; then the process ends by that signal
-        return _launch_here(job, config, label, meta, scenario, progress=progress, run_dir=run_dir,
+        return _launch_here(job, config, label, meta, chosen, progress=progress, run_dir=run_dir,
                             progress_timeout_s=progress_timeout_s, resume_from=resume_from,
                             wandb_at=wandb_at, run_name=run_name, upload_to=upload_to, watch=watch,
                             follow_symlinks=follow_symlinks)
 
 
-def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, Any], scenario: Any, *,
+def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, Any], scenario: Scenario | None, *,
                  progress: bool, run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
                  resume_from: str | os.PathLike | None, wandb_at: dict[str, Any],
                  run_name: str | None, upload_to: str | None, watch: Any, follow_symlinks: bool = False) -> FitResult:
@@ -480,7 +479,7 @@ def _wandb(at: dict[str, Any], config: dict[str, Any], run_path: Path | None) ->
 
 
 def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path | None,
-            real_time: float, scenario: Any, upload_to: str | None, clock: SimClock | None = None,
+            real_time: float, scenario: Scenario | None, upload_to: str | None, clock: SimClock | None = None,
             run_name: str | None = None, lock: RunLock | None = None) -> FitResult:
     """The FitResult of a finished run; its run directory, upload, simulation and wandb summary.
 
@@ -574,7 +573,8 @@ def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, 
             write_gym_csv(folder, result.history, config["batch_size"] * config["num_nodes"])
 
 
-def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module, scenario: Any = None) -> dict[str, Any]:
+def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module,
+               scenario: Scenario | None = None) -> dict[str, Any]:
     """The resolved configuration written to config.json (``scenario``: the one fit was given, by name)."""
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     keep = ("num_nodes", "max_steps", "batch_size", "minibatch_size", "device_type", "backend", "seed", "shuffle",

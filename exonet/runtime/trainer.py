@@ -23,6 +23,7 @@ from exonet.runtime.batches import check_map_style, is_factory, resolve_dataset
 from exonet.runtime.fit_config import configure, get_device
 from exonet.runtime.forkserver import complete_imports
 from exonet.runtime.job import Job
+from exonet.scenario import ScenarioLike
 from exonet.strategies.base import Strategy
 from exonet.strategies.gym_protocol import as_strategy
 
@@ -80,7 +81,7 @@ class LocalTrainer:
         profile: bool = False,
         progress: bool = True,
         run_dir: str | os.PathLike | None = None,
-        scenario: Any = None,
+        scenario: ScenarioLike | None = None,
         max_sim_time_s: float | None = None,
         timeout_s: float = 1800.0,
         progress_timeout_s: float | None = 30.0,

@@ -11,8 +11,8 @@ quantities ("100 Mbit/s", "4 MiB", "30 ms"). The presets themselves are TOML fil
 """
 
 from exonet.scenario.resolved import EventSpec, FailureSpec, HostSpec, LinkSpec, Resolved
-from exonet.scenario.scenario import Scenario, list_presets
+from exonet.scenario.scenario import Scenario, ScenarioLike, list_presets
 from exonet.scenario.schema import ALGORITHMS, FAMILIES
 
 __all__ = ["ALGORITHMS", "FAMILIES", "EventSpec", "FailureSpec", "HostSpec", "LinkSpec", "Resolved", "Scenario",
-           "list_presets"]
+           "ScenarioLike", "list_presets"]

@@ -161,7 +161,7 @@ class Scenario:
         return cls(d, source)
 
     @classmethod
-    def coerce(cls, obj: Scenario | str | os.PathLike[str] | Mapping[str, Any]) -> Scenario:
+    def coerce(cls, obj: ScenarioLike) -> Scenario:
         """Whatever a user passed as ``scenario=``: a Scenario, a preset name, a path or a dict."""
         if isinstance(obj, Scenario):
             return obj
@@ -497,3 +497,7 @@ def _assign(table: dict[str, Any], key: str, value: Any) -> None:
 
 def _round_half_up(x: Fraction) -> int:
     return math.floor(x + Fraction(1, 2))
+
+
+# What ``scenario=`` accepts at exonet's doors (fit, simulate, estimate, the solver): coerced there, once.
+ScenarioLike = Scenario | str | os.PathLike[str] | Mapping[str, Any]
