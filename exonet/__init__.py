@@ -23,6 +23,7 @@ _LAZY = {
     "SimResult": "exonet.netsim",
     "compare": "exonet.comparison",
     "warm_up": "exonet.runtime.forkserver",
+    "PipelineSpec": "exonet.pipeline",
 }
 
 __all__ = ["NodeFailure", "ScenarioError", "Trace", "TraceError", *_LAZY]

@@ -142,6 +142,15 @@ def _estimate_scenarios(args: argparse.Namespace) -> dict:
     return scenarios
 
 
+def _pipeline(args: argparse.Namespace) -> Any:
+    """``--stages``, ``--micro-batches`` and ``--schedule`` as a PipelineSpec (None without --stages)."""
+    if args.stages is None:
+        return None
+    from exonet.pipeline import PipelineSpec
+
+    return PipelineSpec(args.stages, args.micro_batches, args.schedule)
+
+
 def compute_per_step(sim: Any) -> float:
     """One training node's compute in one step, as simulated (the trainers' mean)."""
     trainers = sim.per_node[:sim.trainers]
@@ -185,7 +194,7 @@ def _estimate(args: argparse.Namespace) -> int:
             step_time=args.step_time,
             tokens_per_step=args.tokens_per_step, tflops=args.tflops, mfu=args.mfu, dtype=args.dtype,
             layers=args.layers, model=args.model, scenario=name, profile=profile, scale_layers=args.scale_layers,
-            devices=tuple(args.devices.split(":", 1)) if args.devices else None)
+            devices=tuple(args.devices.split(":", 1)) if args.devices else None, pipeline=_pipeline(args))
     est = next(iter(estimates.values()))
     report: dict = {"strategy": args.strategy, "nodes": args.nodes, "steps": args.steps, "params": est.params,
                     "solve_for": args.solve_for, "assumptions": est.assumptions,
@@ -385,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mfu", type=float,
                    help="model FLOPs utilisation (default 0.4, or the scenario's with its device)")
     p.add_argument("--dtype", default="fp32", help="parameter/transfer dtype: fp32, bf16, fp16")
+    p.add_argument("--stages", type=int, metavar="S",
+                   help="cut the model into S pipeline stages: --nodes is S x replicas (exonet.pipeline)")
+    p.add_argument("--micro-batches", type=int, default=1, metavar="M", help="with --stages: micro-batches per step")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="with --stages: the pipeline schedule")
     p.add_argument("--hosts", type=int, metavar="G",
                    help="G consecutive nodes per host (NVLink-class fabric, 450 GB/s and 1 us per device, hierarchical "
                         "collectives), unless the scenario has [hosts]")

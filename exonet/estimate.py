@@ -51,6 +51,7 @@ from exonet.communicator import Communicator, any_source_question
 from exonet.estimate_compute import StepCompute, node_tokens, step_compute
 from exonet.estimate_hub import OnlineHub, RankLink
 from exonet.netsim.agenda import SCALE
+from exonet.pipeline import PipelineSpec, pipeline_trace
 from exonet.scenario import Scenario, ScenarioLike
 from exonet.scenario.schema import did_you_mean
 from exonet.strategies.base import NodeContext, Strategy
@@ -228,6 +229,62 @@ def _meta_grad(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+def _given_model(model: str | Callable[[], torch.nn.Module],
+                 dtype: torch.dtype) -> tuple[Callable[[], torch.nn.Module], str]:
+    """``estimate(model=...)``: a factory of the model on the meta device in ``dtype``, and its description."""
+    if isinstance(model, str):
+        spec = model
+        return (lambda: load_model(spec, dtype)), f"{spec}()"
+    factory = model
+
+    def make_model() -> torch.nn.Module:
+        with torch.device("meta"):
+            return factory().to(dtype=dtype)
+
+    return make_model, f"{getattr(factory, '__name__', repr(factory))}()"
+
+
+def _pipelined(spec: PipelineSpec, strategy: Strategy, params: int, width: int | None, nodes: int, steps: int,
+               step_time: float | None, tokens: float | None, dtype: torch.dtype, described: str, *,
+               uniform: bool) -> Estimate:
+    """``estimate`` of a pipeline: ``nodes`` ranks as replicas of ``spec.stages`` stages (``exonet.pipeline``);
+    ``uniform``: every replica computes alike (no profile, no per-node tokens)."""
+    if step_time is None or not uniform:
+        raise ValueError("estimate: pipeline= takes one step_time or tokens_per_step for every replica, not a "
+                         "profile or per-node tokens")
+    if nodes % spec.stages:
+        raise ValueError(f"estimate: num_nodes={nodes} is not a multiple of stages={spec.stages}: the ranks are "
+                         "replicas of the whole pipeline")
+    replicas = nodes // spec.stages
+    sync_every = {"ddp": 1, "diloco": getattr(strategy, "H", 0)}.get(strategy.name)
+    if sync_every is None:
+        raise ValueError(f"estimate: with a pipeline, the strategy says what a stage's replicas exchange: ddp (every "
+                         f"step) or diloco:H=... (every H steps), not {strategy.name}")
+    size = torch.empty((), dtype=dtype).element_size()
+    activation = spec.activation_bytes
+    if activation is None:
+        if tokens is None or width is None:
+            raise ValueError("estimate: a pipeline's activations are tokens per micro-batch × the model's width; give "
+                             "tokens_per_step= and params= (or the PipelineSpec's activation_bytes=)")
+        activation = tokens / spec.micro_batches * width * size
+    trace = pipeline_trace(spec, replicas=replicas, steps=steps, step_time=step_time, activation_bytes=activation,
+                           stage_bytes=params * size / spec.stages, sync_every=sync_every,
+                           dtype=str(dtype).removeprefix("torch."))
+    trace.meta.update(estimate=True, strategy=type(strategy).__name__, params=params, steps=steps,
+                      compute={"step_time_s": step_time, "tflops": None, "mfu": None})
+    exchange = ("none" if replicas == 1 else f"every {plural(sync_every, 'step')} an all-reduce of the stage's "
+                f"{params * size / spec.stages:.4g} bytes among its {replicas} replicas")
+    assumptions = [
+        f"model: {params:,} parameters: {described}",
+        f"pipeline: {plural(spec.stages, 'stage')} × {plural(replicas, 'replica')}, "
+        f"{spec.micro_batches} micro-batch{'' if spec.micro_batches == 1 else 'es'} per step, "
+        f"{spec.schedule}; {activation:.4g} bytes of activations per micro-batch and boundary, each way; {exchange}",
+        f"compute: {step_time:.4g} s per step for a replica's whole model, 1/{spec.stages} of it per stage, a forward "
+        "a third and a backward two thirds of each micro-batch's share",
+    ]
+    return Estimate(trace, params, step_time, assumptions)
+
+
 def _fire_grad_hooks(p: torch.nn.Parameter) -> None:
     """Run ``p``'s post-accumulate-grad hooks, as autograd does once its gradient is accumulated.
 
@@ -333,7 +390,8 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
              tflops: float | None = None, mfu: float | None = None, dtype: str = "fp32", layers: int | None = None,
              model: str | Callable[[], torch.nn.Module] | None = None, scenario: ScenarioLike | None = None,
              nodes: int | None = None, steps: int | None = None, profile: Any = None,
-             scale_layers: int | None = None, devices: tuple[Any, Any] | None = None) -> Estimate:
+             scale_layers: int | None = None, devices: tuple[Any, Any] | None = None,
+             pipeline: PipelineSpec | None = None) -> Estimate:
     """Build the trace a run would produce, from the strategy's own logic on meta tensors.
 
     Args:
@@ -357,6 +415,9 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
             (or the scenario's device) then only give the FLOPs-based figure printed beside it.
         scale_layers: with ``profile``, the blocks of the model's stack the trace profiled (4 of 32).
         devices: with ``profile``, (profiled device, target device): names or peak TFLOP/s.
+        pipeline: the model in stages over ``num_nodes`` = stages × replicas ranks (``exonet.pipeline``); the
+            strategy is then what the replicas of each stage do with its parameters: "ddp" (every step) or
+            "diloco:H=..." (every H steps).
     """
     nodes = renamed("estimate", "num_nodes", num_nodes, "nodes", nodes)
     steps = renamed("estimate", "max_steps", max_steps, "steps", steps)
@@ -369,18 +430,7 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
             raise ValueError("estimate: give params= or model=, not both")
         if layers is not None:
             raise ValueError("estimate: layers= shapes the params= stack; a model= has its own layers")
-        if isinstance(model, str):
-            spec = model
-            make_model: Callable[[], torch.nn.Module] = lambda: load_model(spec, torch_dtype)  # noqa: E731
-            described = f"{spec}()"
-        else:
-            factory = model
-
-            def make_model() -> torch.nn.Module:
-                with torch.device("meta"):
-                    return factory().to(dtype=torch_dtype)
-
-            described = f"{getattr(factory, '__name__', repr(factory))}()"
+        make_model, described = _given_model(model, torch_dtype)
         net = make_model()
         params = float(sum(p.numel() for p in net.parameters()))
     elif params is None:
@@ -406,6 +456,9 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
     if model is None and not params / 2 <= real_params <= 2 * params:
         raise ValueError(f"params={params:g}: {blocks} cannot hold about that many parameters (the nearest "
                          f"stack has {real_params:,}); give a count such as 1.5e9, or other layers=")
+    if pipeline is not None:
+        return _pipelined(pipeline, strategy, real_params, getattr(net, "width", None), nodes, steps, step_time,
+                          tokens_per_step, torch_dtype, described, uniform=profile is None and len(set(ratios)) == 1)
     strategy.check_world(nodes)
     compute, profiled = step_compute(net, step_time, flops, profile, scale_layers, devices, tflops, mfu)
     step_time = profiled["step_s"] if profiled else step_time

@@ -1,0 +1,81 @@
+"""Pipelines timed: the schedules' order, their bubble and slow stage boundaries against closed forms."""
+
+from __future__ import annotations
+
+import pytest
+
+from exonet import PipelineSpec
+from exonet.estimate import estimate
+from exonet.netsim import simulate
+from exonet.pipeline import order, pipeline_trace
+from exonet.scenario import Scenario
+from exonet.trace import Collective
+
+
+def test_1f1b_fills_then_alternates_then_drains_and_gpipe_runs_every_forward_first():
+    assert order("1f1b", 0, 4, 6) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("F", 4), ("B", 1),
+                                      ("F", 5), ("B", 2), ("B", 3), ("B", 4), ("B", 5)]
+    assert order("1f1b", 3, 4, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    assert order("gpipe", 1, 4, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("stages", "micro"), [(4, 8), (2, 1), (3, 5), (1, 4)])
+def test_a_step_takes_m_plus_s_minus_one_micro_batch_slots(schedule, stages, micro):
+    """On a free network a step is (M + S − 1) slots of one stage's forward and backward of one micro-batch:
+    (M + S − 1)·T/(S·M) for T seconds of a whole model's step; the rest of S·M slots is the bubble."""
+    free = Scenario.from_dict({"name": "free", "network": {"bandwidth": "100 Gbit/s", "latency": "0 s"},
+                               "compute": {"mode": "wall"}})
+    trace = pipeline_trace(PipelineSpec(stages, micro, schedule), replicas=1, steps=3, step_time=12.0,
+                           activation_bytes=0, stage_bytes=0, sync_every=0)
+    assert simulate(trace, free).wall_clock_s == pytest.approx(3 * (micro + stages - 1) * 12.0 / (stages * micro),
+                                                               rel=1e-9)
+
+
+def test_a_slow_boundary_costs_its_latency_and_transfer_each_way():
+    """Two stages, one micro-batch, 1 Gbit/s and 10 ms between them, 125 MB of activations: a step is both
+    stages' compute (T) plus the activation's and its gradient's trip, 2·(10 ms + 1 s)."""
+    link = Scenario.from_dict({"name": "link", "network": {"bandwidth": "1 Gbit/s", "latency": "10 ms"},
+                               "compute": {"mode": "wall"}})
+    trace = pipeline_trace(PipelineSpec(2, 1, "gpipe"), replicas=1, steps=1, step_time=6.0,
+                           activation_bytes=125_000_000, stage_bytes=0, sync_every=0)
+    assert simulate(trace, link).wall_clock_s == pytest.approx(6.0 + 2 * (0.010 + 1.0), rel=1e-9)
+
+
+def test_replicas_of_a_stage_all_reduce_its_parameters_as_the_strategy_says():
+    trace = pipeline_trace(PipelineSpec(2, 2), replicas=3, steps=4, step_time=1.0, activation_bytes=8,
+                           stage_bytes=1000, sync_every=2)
+    for rank in range(6):
+        reduces = [(e.group, e.nbytes) for e in trace.events[rank] if isinstance(e, Collective)
+                   and e.op == "all_reduce"]
+        assert reduces == [(tuple(range(rank % 2, 6, 2)), 1000)] * 2  # steps 2 and 4, with its stage's replicas
+
+
+def test_estimate_cuts_the_layer_stack_and_sizes_activations_by_tokens_and_width():
+    est = estimate("diloco:H=5", params=1e8, num_nodes=4, max_steps=10, tokens_per_step=4096, tflops=100, mfu=0.5,
+                   dtype="bf16", pipeline=PipelineSpec(2, 4, "1f1b"))
+    width = 512  # the 1e8-parameter stack of 24 blocks: d = 512
+    sends = [e.nbytes for e in est.trace.events[0] if isinstance(e, Collective) and e.op == "send"]
+    assert sends == [4096 // 4 * width * 2] * 4 * 10  # 4 micro-batches a step, bf16
+    reduces = [e for e in est.trace.events[0] if isinstance(e, Collective) and e.op == "all_reduce"]
+    assert len(reduces) == 2 and reduces[0].group == (0, 2) and reduces[0].nbytes == est.params  # bf16: 2 B / 2
+    assert "2 stages × 2 replicas, 4 micro-batches per step, 1f1b" in est.assumptions[1]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"num_nodes": 3}, "num_nodes=3 is not a multiple of stages=2"),
+    ({"strategy": "sparta"}, "ddp .* or diloco"),
+    ({"tokens_per_step": None, "tflops": None, "mfu": None, "step_time": 1.0}, "activations are tokens per micro"),
+])
+def test_what_a_pipeline_estimate_cannot_take_is_named(kwargs, message):
+    args = {"strategy": "ddp", "params": 1e8, "num_nodes": 4, "max_steps": 2, "tokens_per_step": 4096, "tflops": 100,
+            "mfu": 0.5, "pipeline": PipelineSpec(2)}
+    with pytest.raises(ValueError, match=message):
+        estimate(**{**args, **kwargs})
+
+
+def test_a_bad_spec_is_named():
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        PipelineSpec(2, 4, "zigzag")
+    with pytest.raises(ValueError, match="stages"):
+        PipelineSpec(0)
