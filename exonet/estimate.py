@@ -55,7 +55,7 @@ from exonet.pipeline import PipelineSpec, pipeline_trace
 from exonet.scenario import Scenario, ScenarioLike
 from exonet.scenario.schema import did_you_mean
 from exonet.strategies.base import NodeContext, Strategy
-from exonet.trace import Collective, Step, Trace
+from exonet.trace import Collective, Step, Trace, coalesced
 from exonet.units import plural
 
 if TYPE_CHECKING:
@@ -297,11 +297,12 @@ def _fire_grad_hooks(p: torch.nn.Parameter) -> None:
 
 
 def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], rank: int, nodes: int, steps: int,
-              compute: StepCompute, hub: OnlineHub | None = None) -> tuple[list, bool]:
+              compute: StepCompute, hub: OnlineHub | None = None, merge: bool = False) -> tuple[list, bool]:
     """One rank's events, and whether its strategy declared subgroups (then ranks differ).
 
     With ``hub`` (an asynchronous strategy) each step's events are reported to the online clock
-    instead (the hub keeps them), and a server rank serves instead of training.
+    instead (the hub keeps them), and a server rank serves instead of training. ``merge``: when no gradient
+    has a hook (nothing happens between the spans), the forward and backward go in as one span (``coalesced``).
     """
     strat = copy.deepcopy(strategy)
     model = make_model()  # a model of its own: the strategy registers hooks on it
@@ -321,19 +322,26 @@ def _run_rank(strategy: Strategy, make_model: Callable[[], torch.nn.Module], ran
     grads = [_meta_grad(tuple(p.shape), p.dtype) for p in params]
     # the hooks a strategy registered in setup (DDP's buckets ...): the only gradients whose arrival does anything
     hooked = [bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in params]
+    whole = coalesced([compute.forward, *(span for _, span in compute.backward)]) if merge and not any(hooked) else None
     events: list = []
     for _ in range(steps):
         strat.zero_grad()
         strat.prepare_backward(True)
         traced = not comm.sitting_out  # an elastic node that is down: its work is not the run's (as in fit)
-        if traced:
-            comm.events.append(compute.forward)
-        for i, span in compute.backward:
+        if whole is not None:
             if traced:
-                comm.events.append(span)
-            params[i].grad = grads[i]
-            if hooked[i]:
-                _fire_grad_hooks(params[i])
+                comm.events.extend(whole)
+            for p, grad in zip(params, grads):
+                p.grad = grad
+        else:
+            if traced:
+                comm.events.append(compute.forward)
+            for i, span in compute.backward:
+                if traced:
+                    comm.events.append(span)
+                params[i].grad = grads[i]
+                if hooked[i]:
+                    _fire_grad_hooks(params[i])
         strat.step()
         if traced and compute.tail is not None:  # a measured step's optimizer and the rest, after the strategy's
             comm.events.append(compute.tail)
@@ -475,11 +483,13 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         uses_groups = True
     else:
         first, uses_groups = _run_rank(strategy, make_model, 0, nodes, steps, compute)
-        per_rank = [first] + [
-            _run_rank(strategy, make_model, r, nodes, steps, computes[r])[0] if uses_groups
-            else list(first) if computes[r] is compute else [compute.swap_for(computes[r]).get(id(e), e) for e in first]
-            for r in range(1, nodes)
-        ]
+        if uses_groups:  # every rank its own events; adjacent spans merged (the replay's cost is its events)
+            per_rank = [coalesced(first)] + [
+                _run_rank(strategy, make_model, r, nodes, steps, computes[r], merge=True)[0] for r in range(1, nodes)]
+        else:  # every rank rank 0's events (re-timed by its own compute): the replay mirrors them at no cost
+            per_rank = [first] + [list(first) if computes[r] is compute
+                                  else [compute.swap_for(computes[r]).get(id(e), e) for e in first]
+                                  for r in range(1, nodes)]
         trace = Trace(nodes, meta={"estimate": True, "strategy": type(strategy).__name__, "params": real_params,
                                    "steps": steps}, events=per_rank)
     # the compute it was given travels with the trace: simulate times it so on any scenario (exonet.netsim.replay)

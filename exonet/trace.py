@@ -515,6 +515,26 @@ def _collective(rank: int, num_nodes: int, cid: Any, op: Any, nbytes: Any, group
                       _time_stamp("start_s", start_s), _time_stamp("end_s", end_s), key)
 
 
+def coalesced(events: list[Event]) -> list[Event]:
+    """``events`` with every run of adjacent compute spans merged into one (seconds, CPU seconds and FLOPs
+    summed). A replay times a span by its work at the rank's per-step speed and jitter, through any outage
+    window, so a run of spans takes what their sum takes: the same trace, fewer events to replay."""
+    out: list[Event] = []
+    run: list[Compute] = []
+    for e in [*events, None]:
+        if type(e) is Compute:
+            run.append(e)
+            continue
+        if len(run) > 1:
+            out.append(Compute(sum(c.wall_s for c in run), sum(c.cpu_s for c in run), sum(c.flops for c in run)))
+        else:
+            out += run
+        run = []
+        if e is not None:
+            out.append(e)
+    return out
+
+
 def _normalise_group(group: Any, num_nodes: int) -> tuple[int, ...] | None:
     """A group as one canonical value: sorted ranks, or None for the whole world (however it was spelt).
 

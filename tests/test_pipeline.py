@@ -79,3 +79,4 @@ def test_a_bad_spec_is_named():
         PipelineSpec(2, 4, "zigzag")
     with pytest.raises(ValueError, match="stages"):
         PipelineSpec(0)
+
