@@ -24,6 +24,7 @@ from exonet.arguments import check_int, check_range, one_of
 from exonet.files import check_output
 from exonet.runtime.divergence import DivergenceWatch
 from exonet.runtime.node import NodeConfig
+from exonet.scenario import Scenario
 from exonet.strategies.base import Strategy
 
 DEVICES = ("cpu", "cuda", "mps")
@@ -45,13 +46,24 @@ CALLER = 4
 
 @dataclass(frozen=True)
 class FitPlan:
-    """A checked ``fit``: what every node runs (``node``) and what the parent keeps for itself."""
+    """A checked ``fit``: what every node runs (``node``) and everything the parent does with the run, so that
+    ``launch`` takes one value (the scenario coerced here, once; the seed gym's ``kwargs`` as ``extra_config``;
+    ``x_axis`` wandb's; ``watch`` the divergence watch)."""
 
     node: NodeConfig
     run_dir: str | os.PathLike | None
     watch: DivergenceWatch
     extra_config: dict[str, Any] | None
     x_axis: str
+    scenario: Scenario | None = None
+    progress: bool = True
+    progress_timeout_s: float | None = 30.0
+    resume_from: str | os.PathLike | None = None
+    run_name: str | None = None
+    wandb_project: str | None = None
+    wandb_run_name: str | None = None
+    upload_to: str | None = None
+    follow_symlinks: bool = False
 
 
 def get_device() -> str:
@@ -97,7 +109,9 @@ def configure(strategy: Strategy, args: dict[str, Any], legacy: dict[str, Any], 
         profile_dir=tempfile.mkdtemp(prefix="exonet-profile-") if args["profile"] else None,
     )
     return FitPlan(node, run_dir, DivergenceWatch(args["on_divergence"], args["divergence_factor"]), extra_config,
-                   x_axis)
+                   x_axis, None if args["scenario"] is None else Scenario.coerce(args["scenario"]), args["progress"],
+                   args["progress_timeout_s"], args["resume_from"], args["run_name"], args["wandb_project"],
+                   args["wandb_run_name"] or args["run_name"], args["upload_to"], args["follow_symlinks"])
 
 
 def _check_gym_arguments(legacy: dict[str, Any], known: list[str]) -> tuple[dict[str, Any] | None, str]:

@@ -51,6 +51,7 @@ from exonet.rundir import (
 )
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
+from exonet.runtime.fit_config import FitPlan
 from exonet.runtime.forkserver import context
 from exonet.runtime.job import Job
 from exonet.runtime.messages import (
@@ -70,7 +71,7 @@ from exonet.runtime.runlock import RunLock
 from exonet.runtime.signals import deferred, stop_signals
 from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pickle_model, shared_by_value, shared_bytes
 from exonet.runtime.watchdog import BLOCKED, SLOTS, Watchdog
-from exonet.scenario import Scenario, ScenarioLike
+from exonet.scenario import Scenario
 from exonet.strategies.base import Strategy
 from exonet.units import format_time
 
@@ -340,57 +341,45 @@ def _differences(a: Any, b: Any, where: str = "") -> list[tuple[str, Any, Any]]:
             for d in _differences(a.get(k), b.get(k), f"{where}.{k}" if where else str(k))]
 
 
-def launch(job: Job, *, progress: bool, scenario: ScenarioLike | None,
-           run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
-           resume_from: str | os.PathLike | None, wandb_project: str | None = None,
-           wandb_run_name: str | None = None, run_name: str | None = None,
-           upload_to: str | None = None, watch: Any = None, extra_config: dict[str, Any] | None = None,
-           x_axis: str = "step", follow_symlinks: bool = False) -> FitResult:
-    """Run a validated fit: run directory, rendezvous, nodes, supervision, results (``watch``: a DivergenceWatch;
-    ``extra_config``: the seed gym's ``kwargs``, recorded in the config; ``x_axis``: wandb's, "step" or "examples";
-    ``follow_symlinks``: a resumed run directory's links are trusted)."""
-    strategy, cfg = job.strategy, job.cfg
-    chosen = None if scenario is None else Scenario.coerce(scenario)  # the door: a Scenario from here on
+def launch(job: Job, plan: FitPlan) -> FitResult:
+    """Run a checked fit (``plan``, from ``fit_config.configure``): run directory, rendezvous, nodes, supervision,
+    results."""
+    strategy, cfg, chosen = job.strategy, job.cfg, plan.scenario
     if chosen is not None:
         chosen.resolve(cfg.world, servers=cfg.servers)  # fail before training, not after
     config = run_config(strategy, cfg, job.model, chosen)
-    if extra_config:
-        config["kwargs"] = extra_config
-    wandb_at = {"project": wandb_project, "name": wandb_run_name, "x_axis": x_axis}
-    label = run_name or f"{strategy.name}-k{cfg.num_nodes}"
+    if plan.extra_config:
+        config["kwargs"] = plan.extra_config
+    wandb_at = {"project": plan.wandb_project, "name": plan.wandb_run_name, "x_axis": plan.x_axis}
+    label = plan.run_name or f"{strategy.name}-k{cfg.num_nodes}"
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     if cfg.servers:  # the last ranks serve: a scenario places the trainers without them (Scenario.resolve)
         meta["servers"] = cfg.servers
     if dist.is_torchelastic_launched():
         from exonet.runtime.torchrun import train_under_torchrun
 
-        if (resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None
+        if (plan.resume_from is not None or cfg.checkpoint_interval or cfg.max_sim_time_s is not None
                 or strategy.asynchronous):
             raise ValueError("fit: checkpoint_interval, resume_from, max_sim_time_s and asynchronous strategies are "
                              "not supported under torchrun yet")
         is_zero = os.environ.get("RANK") == "0"
-        run_path = create_run(run_dir, label, config) if is_zero and run_dir is not None else None
+        run_path = create_run(plan.run_dir, label, config) if is_zero and plan.run_dir is not None else None
         logger = _wandb(wandb_at, config, run_path) if is_zero else None
-        record, real_time = train_under_torchrun(job, meta, progress and is_zero, logger)
-        return _finish(job, config, record, run_path, real_time, chosen, upload_to, run_name=run_name)
+        record, real_time = train_under_torchrun(job, meta, plan.progress and is_zero, logger)
+        return _finish(job, config, record, run_path, real_time, chosen, plan.upload_to, run_name=plan.run_name)
     with stop_signals():  # SIGTERM and SIGHUP stop the run as Ctrl-C does; then the process ends by that signal
-        return _launch_here(job, config, label, meta, chosen, progress=progress, run_dir=run_dir,
-                            progress_timeout_s=progress_timeout_s, resume_from=resume_from,
-                            wandb_at=wandb_at, run_name=run_name, upload_to=upload_to, watch=watch,
-                            follow_symlinks=follow_symlinks)
+        return _launch_here(job, plan, config, label, meta, wandb_at)
 
 
-def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, Any], scenario: Scenario | None, *,
-                 progress: bool, run_dir: str | os.PathLike | None, progress_timeout_s: float | None,
-                 resume_from: str | os.PathLike | None, wandb_at: dict[str, Any],
-                 run_name: str | None, upload_to: str | None, watch: Any, follow_symlinks: bool = False) -> FitResult:
+def _launch_here(job: Job, plan: FitPlan, config: dict[str, Any], label: str, meta: dict[str, Any],
+                 wandb_at: dict[str, Any]) -> FitResult:
     """``launch`` on this machine: K node processes from the forkserver, a rendezvous on loopback."""
-    strategy, cfg = job.strategy, job.cfg
+    strategy, cfg, scenario, watch = job.strategy, job.cfg, plan.scenario, plan.watch
     model_bytes = pickle_model(job.model)
     store = loopback_store(cfg.world)
     objects = tempfile.mkdtemp(prefix="exonet-objects-")  # comm.put/get (exonet.runtime.object_store), this fit's
     cfg = replace(cfg, store_port=store.port, object_dir=objects)
-    run_path, resume, held, lock = _open_run(config, label, run_dir, resume_from, follow_symlinks)
+    run_path, resume, held, lock = _open_run(config, label, plan.run_dir, plan.resume_from, plan.follow_symlinks)
     try:
         book = None
         if cfg.checkpoint_interval and run_path is not None:
@@ -414,7 +403,7 @@ def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, A
         if clock is not None and resume is not None:  # the clock replays the run it continues first
             for rank, events in enumerate(resume.trace.events):
                 clock.feed(rank, events)
-        sup = Supervisor(cfg, progress, meta, progress_timeout_s, book, resume, clock)
+        sup = Supervisor(cfg, plan.progress, meta, plan.progress_timeout_s, book, resume, clock)
         sup.record.logger = _wandb(wandb_at, config, run_path)
         sup.record.watch = watch
         if run_path is not None:
@@ -422,7 +411,8 @@ def _launch_here(job: Job, config: dict[str, Any], label: str, meta: dict[str, A
         if resume is not None and watch is not None:
             watch.restore(resume.references)
         real_time = _supervise(sup, job, model_bytes, run_path, book, held)
-        return _finish(job, config, sup.record, run_path, real_time, scenario, upload_to, clock, run_name, lock)
+        return _finish(job, config, sup.record, run_path, real_time, scenario, plan.upload_to, clock, plan.run_name,
+                       lock)
     finally:
         shutil.rmtree(objects, ignore_errors=True)
         if lock is not None:

@@ -166,11 +166,7 @@ class LocalTrainer:
         from exonet.runtime.run import launch
 
         job = Job(self.model, self.train_dataset, self.val_dataset, strategy, plan.node)
-        result = launch(job, progress=progress, scenario=scenario, run_dir=plan.run_dir,
-                        progress_timeout_s=progress_timeout_s, resume_from=resume_from,
-                        wandb_project=wandb_project, wandb_run_name=wandb_run_name or run_name, run_name=run_name,
-                        upload_to=upload_to, watch=plan.watch, extra_config=plan.extra_config, x_axis=plan.x_axis,
-                        follow_symlinks=follow_symlinks)
+        result = launch(job, plan)
         if plan.node.profile_dir is not None:
             result.profile = Path(plan.node.profile_dir) / "rank0.json"
         return result
