@@ -198,3 +198,47 @@ def test_a_store_in_a_region_of_its_own_bills_every_read_and_no_upload():
     result = simulate(one_put_two_gets(), scenario)
     assert result.cost == pytest.approx(2 * GBIT * 0.09 / 1e9, rel=1e-12)
     assert result.wall_clock_s == pytest.approx(2 * (1 + 0.025 + 0.030), abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    """A moto S3 server on loopback with the AWS environment pointing at it (nodes inherit it) and a bucket."""
+    import logging
+
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            env.setenv(key, value)
+        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            env.delenv(key, raising=False)
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="peers")
+        yield client
+    server.stop()
+
+
+def test_sparseloco_through_an_s3_bucket_equals_its_all_gather(transports, bucket):
+    torch.manual_seed(0)
+    model = Classifier(nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4)))
+    run = LocalTrainer(model, ShardFactory(n=128, dim=16, classes=4)).fit(
+        SparseLoCoStrategy(OptimSpec("sgd", lr=0.05), H=2, top_k=3, chunk=4, transport="store"), num_nodes=3,
+        max_steps=4, batch_size=8, shuffle=False, progress=False, object_store="s3://peers/exchange")
+    for a, b in zip(transports["all_gather"].model.parameters(), run.model.parameters()):
+        assert torch.equal(a, b)
+    keys = sorted(o["Key"] for o in bucket.list_objects_v2(Bucket="peers")["Contents"])
+    assert len(keys) == 2 * 3 and all(k.startswith("exchange/exonet-") for k in keys)
+    assert sorted(k.split("/", 2)[2] for k in keys) == [f"sparseloco/round{r}/rank{j}" for r in (1, 2)
+                                                        for j in range(3)]
+
+
+def test_object_store_takes_an_s3_url_or_nothing():
+    with pytest.raises(ValueError, match="object_store must be None or an s3://bucket/prefix URL"):
+        LocalTrainer(linear_regressor(), synthetic_regression(n=32)).fit(
+            NeverPut(OptimSpec("sgd", lr=0.1)), num_nodes=2, max_steps=1, batch_size=4, progress=False,
+            object_store="/tmp/somewhere")

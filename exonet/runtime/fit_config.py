@@ -64,6 +64,19 @@ class FitPlan:
     wandb_run_name: str | None = None
     upload_to: str | None = None
     follow_symlinks: bool = False
+    object_store: str | None = None
+
+
+def _object_store(url: Any) -> str | None:
+    """``fit(object_store=)``: None (a directory this fit makes) or an ``s3://bucket/prefix`` URL."""
+    if url is None:
+        return None
+    from exonet.storage import parse_s3_url
+
+    if not isinstance(url, str) or not url.startswith("s3://"):
+        raise ValueError(f"fit: object_store must be None or an s3://bucket/prefix URL, got {url!r}")
+    parse_s3_url(url)
+    return url
 
 
 def get_device() -> str:
@@ -111,7 +124,8 @@ def configure(strategy: Strategy, args: dict[str, Any], legacy: dict[str, Any], 
     return FitPlan(node, run_dir, DivergenceWatch(args["on_divergence"], args["divergence_factor"]), extra_config,
                    x_axis, None if args["scenario"] is None else Scenario.coerce(args["scenario"]), args["progress"],
                    args["progress_timeout_s"], args["resume_from"], args["run_name"], args["wandb_project"],
-                   args["wandb_run_name"] or args["run_name"], args["upload_to"], args["follow_symlinks"])
+                   args["wandb_run_name"] or args["run_name"], args["upload_to"], args["follow_symlinks"],
+                   _object_store(args["object_store"]))
 
 
 def _check_gym_arguments(legacy: dict[str, Any], known: list[str]) -> tuple[dict[str, Any] | None, str]:

@@ -39,7 +39,7 @@ from exonet.runtime.checkpoint import load_node, save_node, wait_for_room
 from exonet.runtime.clock import ClockLink
 from exonet.runtime.dist_calls import routed
 from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
-from exonet.runtime.object_store import DirectoryStore
+from exonet.runtime.object_store import open_objects
 from exonet.runtime.rendezvous import join_store
 from exonet.runtime.watchdog import Heartbeat
 from exonet.seeding import shared_generator
@@ -66,7 +66,7 @@ class NodeConfig:
     count_flops: bool = True
     dataloader_kwargs: dict[str, Any] = field(default_factory=dict)
     store_port: int = 0
-    object_dir: str | None = None  # the fit's object store (comm.put / comm.get), a directory every node shares
+    object_store: str | None = None  # where comm.put / comm.get keep objects: a directory or an s3:// prefix
     parent_pid: int = 0
     timeout_s: float = 1800.0
     checkpoint_interval: int = 0
@@ -99,8 +99,8 @@ class TrainNode:
         self.device = self._device()
         self.model = model.to(self.device)
         self.comm = Communicator(rank, cfg.world, self.device, cfg.backend, blocking=heartbeat.blocked, clock=clock)
-        if cfg.object_dir is not None:
-            self.comm.object_store = DirectoryStore(cfg.object_dir, rank, cfg.timeout_s)
+        if cfg.object_store is not None:
+            self.comm.object_store = open_objects(cfg.object_store, rank, cfg.timeout_s)
         self.strategy = strategy
         self.train_data, self.val_data = train_data, val_data
         self.autocast_dtype = getattr(torch, cfg.autocast) if cfg.autocast else None

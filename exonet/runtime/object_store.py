@@ -1,10 +1,12 @@
-"""The object store a fit's nodes share (``comm.put`` / ``comm.get``): a directory on this machine.
+"""The object store a fit's nodes share (``comm.put`` / ``comm.get``): a directory, or an S3 bucket.
 
-Each key is one file holding a tensor's raw bytes, written under a temporary name and renamed, so a reader
-never sees half an object. A get waits for its key to appear, up to fit's ``timeout_s``, then names the key
-and the rank. Keys are relative paths of letters, digits and ``._-/`` (``round3/rank2``): never absolute,
-never ``..``, so a key cannot write outside the store. The parent makes the directory and removes it when
-the fit ends; a multi-host run (torchrun) has no shared directory, so its nodes refuse puts and gets.
+By default it is a directory on this machine (``DirectoryStore``): each key one file holding a tensor's raw
+bytes, written under a temporary name and renamed, so a reader never sees half an object; the parent makes
+it and removes it when the fit ends. ``fit(object_store="s3://bucket/prefix")`` puts the objects in a bucket
+instead (``BucketStore``, through exonet's one S3 client, ``exonet.data.store``: its retries, its AWS
+environment), under a prefix of the fit's own, which is how nodes on several hosts (torchrun) meet. A get
+waits for its key, up to fit's ``timeout_s``, then names the key and the rank. Keys are relative paths of
+letters, digits and ``._-/`` (``round3/rank2``): never absolute, never ``..``.
 """
 
 from __future__ import annotations
@@ -75,10 +77,60 @@ class DirectoryStore:
                                    f"{self.timeout_s:g} s, fit's timeout_s)")
             time.sleep(pause)
             pause = min(POLL_S[1], pause * 2)
-        data = path.read_bytes()
-        if len(data) != out.nbytes:
-            raise ValueError(f"comm.get on rank {self.rank}: key {key!r} holds {len(data)} bytes, but the tensor "
-                             f"to fill takes {out.nbytes}")
-        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        out.copy_(flat.view(out.dtype).reshape(out.shape).to(out.device))
-        return out
+        return _fill(out, path.read_bytes(), key, self.rank)
+
+
+class BucketStore:
+    """Objects under an ``s3://bucket/prefix`` every node of the fit reaches (a moto server, MinIO, S3).
+
+    Args:
+        url: the fit's own prefix (the parent adds one per fit to the URL given).
+        rank: the node using it, for error messages.
+        timeout_s: how long a get waits for its key.
+    """
+
+    def __init__(self, url: str, rank: int, timeout_s: float) -> None:
+        from exonet.data.store import S3Store
+
+        self.bucket, self.rank, self.timeout_s = S3Store(url), rank, timeout_s
+
+    def put(self, key: str, tensor: torch.Tensor) -> None:
+        data = tensor.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy().tobytes()
+        self.bucket.write(check_key(key, self.rank), data)
+
+    def ready(self, key: str) -> bool:
+        try:
+            self.bucket.client().head_object(Bucket=self.bucket.bucket, Key=self.bucket.key(check_key(key, self.rank)))
+        except Exception:  # noqa: BLE001 - absent (404) or unreachable: not ready; get() says which
+            return False
+        return True
+
+    def get(self, key: str, out: torch.Tensor) -> torch.Tensor:
+        deadline, pause = time.monotonic() + self.timeout_s, POLL_S[0] * 20
+        while True:
+            try:
+                data = self.bucket.read(check_key(key, self.rank))
+                break
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"comm.get on rank {self.rank}: key {key!r} was never put in "
+                                       f"{self.bucket.url} (waited {self.timeout_s:g} s, fit's timeout_s)") from None
+                time.sleep(pause)
+                pause = min(POLL_S[1] * 10, pause * 2)
+        return _fill(out, data, key, self.rank)
+
+
+def _fill(out: torch.Tensor, data: bytes, key: str, rank: int) -> torch.Tensor:
+    """``out`` filled with the object's bytes, which must be its size."""
+    if len(data) != out.nbytes:
+        raise ValueError(f"comm.get on rank {rank}: key {key!r} holds {len(data)} bytes, but the tensor to fill "
+                         f"takes {out.nbytes}")
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return out.copy_(flat.view(out.dtype).reshape(out.shape).to(out.device))
+
+
+def open_objects(location: str, rank: int, timeout_s: float) -> DirectoryStore | BucketStore:
+    """The store at ``location``: an ``s3://`` URL, or a directory."""
+    if location.startswith("s3://"):
+        return BucketStore(location, rank, timeout_s)
+    return DirectoryStore(location, rank, timeout_s)

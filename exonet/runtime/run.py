@@ -28,6 +28,7 @@ import shutil
 import signal
 import tempfile
 import time
+import uuid
 import warnings
 from dataclasses import replace
 from multiprocessing.connection import wait as wait_for
@@ -365,6 +366,9 @@ def launch(job: Job, plan: FitPlan) -> FitResult:
         is_zero = os.environ.get("RANK") == "0"
         run_path = create_run(plan.run_dir, label, config) if is_zero and plan.run_dir is not None else None
         logger = _wandb(wandb_at, config, run_path) if is_zero else None
+        if plan.object_store:  # every host's node finds the others' objects under the run's own prefix
+            run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
+            job = replace(job, cfg=replace(cfg, object_store=f"{plan.object_store.rstrip('/')}/exonet-{run_id}"))
         record, real_time = train_under_torchrun(job, meta, plan.progress and is_zero, logger)
         return _finish(job, config, record, run_path, real_time, chosen, plan.upload_to, run_name=plan.run_name)
     with stop_signals():  # SIGTERM and SIGHUP stop the run as Ctrl-C does; then the process ends by that signal
@@ -377,8 +381,9 @@ def _launch_here(job: Job, plan: FitPlan, config: dict[str, Any], label: str, me
     strategy, cfg, scenario, watch = job.strategy, job.cfg, plan.scenario, plan.watch
     model_bytes = pickle_model(job.model)
     store = loopback_store(cfg.world)
-    objects = tempfile.mkdtemp(prefix="exonet-objects-")  # comm.put/get (exonet.runtime.object_store), this fit's
-    cfg = replace(cfg, store_port=store.port, object_dir=objects)
+    objects = None if plan.object_store else tempfile.mkdtemp(prefix="exonet-objects-")  # comm.put/get's, this fit's
+    where = f"{plan.object_store.rstrip('/')}/exonet-{uuid.uuid4().hex[:12]}" if plan.object_store else objects
+    cfg = replace(cfg, store_port=store.port, object_store=where)
     run_path, resume, held, lock = _open_run(config, label, plan.run_dir, plan.resume_from, plan.follow_symlinks)
     try:
         book = None
@@ -414,7 +419,8 @@ def _launch_here(job: Job, plan: FitPlan, config: dict[str, Any], label: str, me
         return _finish(job, config, sup.record, run_path, real_time, scenario, plan.upload_to, clock, plan.run_name,
                        lock)
     finally:
-        shutil.rmtree(objects, ignore_errors=True)
+        if objects is not None:
+            shutil.rmtree(objects, ignore_errors=True)
         if lock is not None:
             lock.release()
 

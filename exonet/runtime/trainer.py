@@ -88,6 +88,7 @@ class LocalTrainer:
         checkpoint_interval: int | None = None,
         resume_from: str | os.PathLike | None = None,
         follow_symlinks: bool = False,
+        object_store: str | None = None,
         run_name: str | None = None,
         upload_to: str | None = None,
         wandb_project: str | None = None,
@@ -140,6 +141,9 @@ class LocalTrainer:
             follow_symlinks: with ``resume_from``, read through symbolic links in the run directory (a
                 ``checkpoints/`` on another disk) instead of refusing them; only for a run directory you trust.
                 The files a fit writes (metrics, trace, status, CSVs, run.lock, latest.json) are never links.
+            object_store: where ``comm.put``/``comm.get`` keep their objects: None, a directory this fit makes and
+                removes; or an ``s3://bucket/prefix`` URL (the ``s3`` extra), under a prefix of the fit's own, which
+                nodes on several hosts (torchrun) share.
             run_name: names the run: its folder is ``<time>-<run_name>``, it is the default wandb run
                 name, and the gym's ``train.csv``/``validation.csv`` also go to ``logs/<run_name>/`` (the
                 seed gym's spelling and place).
