@@ -16,6 +16,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -51,7 +52,7 @@ class DirectoryStore:
             raise ValueError(f"comm.put on rank {self.rank}: key {key!r} is already in the store; a key is written "
                              "once (put each round under its own key)")
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        data = tensor.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy().tobytes()
+        data = _bytes(tensor)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -70,14 +71,8 @@ class DirectoryStore:
     def get(self, key: str, out: torch.Tensor) -> torch.Tensor:
         """Fill ``out`` with the object ``key`` once it is there (its bytes must be ``out``'s size)."""
         path = self.root / check_key(key, self.rank)
-        deadline, pause = time.monotonic() + self.timeout_s, POLL_S[0]
-        while not path.exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"comm.get on rank {self.rank}: key {key!r} was never put (waited "
-                                   f"{self.timeout_s:g} s, fit's timeout_s)")
-            time.sleep(pause)
-            pause = min(POLL_S[1], pause * 2)
-        return _fill(out, path.read_bytes(), key, self.rank)
+        data = _poll(lambda: path.read_bytes() if path.exists() else None, key, self.rank, self.timeout_s, POLL_S)
+        return _fill(out, data, key, self.rank)
 
 
 class BucketStore:
@@ -95,8 +90,7 @@ class BucketStore:
         self.bucket, self.rank, self.timeout_s = S3Store(url), rank, timeout_s
 
     def put(self, key: str, tensor: torch.Tensor) -> None:
-        data = tensor.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy().tobytes()
-        self.bucket.write(check_key(key, self.rank), data)
+        self.bucket.write(check_key(key, self.rank), _bytes(tensor))
 
     def ready(self, key: str) -> bool:
         try:
@@ -106,18 +100,36 @@ class BucketStore:
         return True
 
     def get(self, key: str, out: torch.Tensor) -> torch.Tensor:
-        deadline, pause = time.monotonic() + self.timeout_s, POLL_S[0] * 20
-        while True:
+        """Fill ``out`` with the object ``key`` once it is there (a request per look, so looks are sparser)."""
+        name = check_key(key, self.rank)
+
+        def look() -> bytes | None:
             try:
-                data = self.bucket.read(check_key(key, self.rank))
-                break
+                return self.bucket.read(name)
             except FileNotFoundError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"comm.get on rank {self.rank}: key {key!r} was never put in "
-                                       f"{self.bucket.url} (waited {self.timeout_s:g} s, fit's timeout_s)") from None
-                time.sleep(pause)
-                pause = min(POLL_S[1] * 10, pause * 2)
+                return None
+
+        data = _poll(look, key, self.rank, self.timeout_s, (POLL_S[0] * 20, POLL_S[1] * 10), f" in {self.bucket.url}")
         return _fill(out, data, key, self.rank)
+
+
+def _bytes(tensor: torch.Tensor) -> bytes:
+    """A tensor's raw bytes, as an object holds them."""
+    return tensor.detach().contiguous().cpu().view(torch.uint8).reshape(-1).numpy().tobytes()
+
+
+def _poll(look: Callable[[], bytes | None], key: str, rank: int, timeout_s: float, pauses: tuple[float, float],
+          where: str = "") -> bytes:
+    """What ``look()`` returns once it returns something, looking again after pauses that double from
+    ``pauses[0]`` to ``pauses[1]``; after ``timeout_s`` a TimeoutError naming the key and the rank."""
+    deadline, pause = time.monotonic() + timeout_s, pauses[0]
+    while (data := look()) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"comm.get on rank {rank}: key {key!r} was never put{where} (waited {timeout_s:g} s, "
+                               "fit's timeout_s)")
+        time.sleep(pause)
+        pause = min(pauses[1], pause * 2)
+    return data
 
 
 def _fill(out: torch.Tensor, data: bytes, key: str, rank: int) -> torch.Tensor:
