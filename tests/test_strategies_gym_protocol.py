@@ -80,3 +80,13 @@ def test_routing_ends_with_the_node_and_never_touches_the_parent():
 
     assert dist.all_reduce is distributed_c10d.all_reduce and dist.P2POp is distributed_c10d.P2POp
     assert torch.distributed.all_gather_object is distributed_c10d.all_gather_object
+
+
+def test_every_routed_call_gives_torchs_result_and_is_traced_once():
+    """K = 2, one step: each routed function returns what torch.distributed would (the strategy asserts every
+    value), and the trace holds each call as exonet's own op, in order."""
+    run = LocalTrainer(linear_regressor(), synthetic_regression(n=32)).fit(
+        FILE.EveryCall(), num_nodes=2, max_steps=1, batch_size=4, progress=False, val_size=0)
+    ops = [e.op for e in run.trace.events[0] if isinstance(e, Collective)]
+    assert ops == ["all_reduce", "all_gather", "all_gather", "broadcast", "reduce", "gather", "scatter",
+                   "reduce_scatter", "all_to_all", "send", "recv", "send", "recv", "barrier"]
