@@ -242,3 +242,12 @@ def test_object_store_takes_an_s3_url_or_nothing():
         LocalTrainer(linear_regressor(), synthetic_regression(n=32)).fit(
             NeverPut(OptimSpec("sgd", lr=0.1)), num_nodes=2, max_steps=1, batch_size=4, progress=False,
             object_store="/tmp/somewhere")
+
+
+def test_describe_names_the_store_and_marks_its_defaults():
+    assert ("store       latency 20 ms, throughput 10 Gbit/s, download 500 Mbit/s per peer, in rank 0's region "
+            "(comm.put/get)") in store_scenario(download="500 Mbit/s").describe(2)
+    bare = Scenario.from_dict({"name": "b", "network": {"bandwidth": "1 Gbit/s"}, "store": {"upload": "1 Gbit/s"}})
+    assert ("store       latency 30 ms (default), throughput 100 Gbit/s (default), upload 1 Gbit/s per peer"
+            in bare.describe(2))
+    assert "store" not in Scenario.load("datacenter").describe(2)

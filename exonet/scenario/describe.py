@@ -13,15 +13,16 @@ from itertools import groupby
 from typing import Any
 
 from exonet import units
-from exonet.scenario.resolved import FLOW_RATE, FailureSpec, NcclSpec, Resolved
+from exonet.scenario.resolved import FLOW_RATE, STORE_LATENCY, STORE_THROUGHPUT, FailureSpec, NcclSpec, Resolved
 from exonet.scenario.schema import FAMILIES, NCCL_ALGORITHMS
 
 
 def sections(p: Mapping[str, Any], family: str, nccl: NcclSpec | None, num_nodes: int | None) -> list[str]:
-    """Every section's lines in order: network, the collective model, hosts, compute, placement, links, nodes,
-    stragglers, events, failures (their expected count for ``num_nodes``, else per node)."""
+    """Every section's lines in order: network, the collective model, hosts, compute, placement, links, the
+    object store, nodes, stragglers, events, failures (their expected count for ``num_nodes``, else per node)."""
     lines = [*_network_lines(p["network"]), *_collective_lines(family, p, nccl), *_host_lines(p), _compute_line(p),
-             *_placement_lines(p), *_link_lines(p), *_node_lines(p), *_straggler_lines(p), *_event_lines(p)]
+             *_placement_lines(p), *_link_lines(p), *_store_lines(p), *_node_lines(p), *_straggler_lines(p),
+             *_event_lines(p)]
     if "failures" in p:
         lines.extend(_failures(FailureSpec(**p["failures"]), num_nodes))
     return lines
@@ -174,6 +175,21 @@ def _link_lines(p: Mapping[str, Any]) -> list[str]:
         price = f", egress {_per_gb(link['egress'])} either way" if "egress" in link else ""
         lines.append(f"  link        {a} <-> {b}: {units.format_rate(link['bandwidth'])}, latency {lat}{price}")
     return lines
+
+
+def _store_lines(p: Mapping[str, Any]) -> list[str]:
+    """The ``[store]`` a trace's puts and gets go through (none without the table), each default marked."""
+    if "store" not in p:
+        return []
+    store = p["store"]
+    latency = (units.format_time(store["latency"]) if "latency" in store
+               else f"{units.format_time(STORE_LATENCY)} (default)")
+    throughput = (units.format_rate(store["throughput"]) if "throughput" in store
+                  else f"{units.format_rate(STORE_THROUGHPUT)} (default)")
+    rates = [f"{key} {units.format_rate(store[key])} per peer" for key in ("upload", "download") if key in store]
+    region = store.get("region", "rank 0's region")
+    return [f"  store       latency {latency}, throughput {throughput}, "
+            f"{', '.join(rates) or 'each peer at its NIC (default)'}, in {region} (comm.put/get)"]
 
 
 def _per_gb(per_byte: float) -> str:
