@@ -180,3 +180,27 @@ def running_fit(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
 def ceiling_s() -> float:
     """How long a test waits for another process's event (its exit, a file it writes) before it fails."""
     return CEILING_S
+
+
+@pytest.fixture(scope="module")
+def moto_s3() -> Iterator[tuple[str, object]]:
+    """A moto S3 server on loopback for one test module, with the AWS environment pointing at it (node processes
+    inherit it, as they would reach a real endpoint): its endpoint URL and a boto3 client on it."""
+    import logging
+
+    moto_server = pytest.importorskip("moto.server")
+    boto3 = pytest.importorskip("boto3")
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+                env.setenv(key, value)
+            for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+                env.delenv(key, raising=False)
+            yield f"http://{host}:{port}", boto3.client("s3")
+    finally:
+        server.stop()

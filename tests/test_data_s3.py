@@ -7,7 +7,6 @@ processes reach it through AWS_ENDPOINT_URL, as they would reach a real endpoint
 from __future__ import annotations
 
 import json
-import logging
 import re
 import socket
 import threading
@@ -33,25 +32,12 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def s3():
-    """A moto server on loopback, the AWS environment pointing at it, and a bucket with DATA in 12 shards."""
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    with pytest.MonkeyPatch.context() as env:
-        for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            env.setenv(key, value)
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-            env.delenv(key, raising=False)
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="exo")
-        write_shards(DATA, "s3://exo/digits", shard_size=8)
-        yield Server(f"http://{host}:{port}", client)
-    server.stop()
+def s3(moto_s3):
+    """The module's moto server (conftest's ``moto_s3``) with a bucket holding DATA in 12 shards."""
+    endpoint, client = moto_s3
+    client.create_bucket(Bucket="exo")
+    write_shards(DATA, "s3://exo/digits", shard_size=8)
+    return Server(endpoint, client)
 
 
 def _same(a, b) -> bool:

@@ -201,26 +201,11 @@ def test_a_store_in_a_region_of_its_own_bills_every_read_and_no_upload():
 
 
 @pytest.fixture(scope="module")
-def bucket():
-    """A moto S3 server on loopback with the AWS environment pointing at it (nodes inherit it) and a bucket."""
-    import logging
-
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    with pytest.MonkeyPatch.context() as env:
-        for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            env.setenv(key, value)
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-            env.delenv(key, raising=False)
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="peers")
-        yield client
-    server.stop()
+def bucket(moto_s3):
+    """The module's moto S3 server (conftest's ``moto_s3``) with a bucket for the peers' objects."""
+    _, client = moto_s3
+    client.create_bucket(Bucket="peers")
+    return client
 
 
 def test_sparseloco_through_an_s3_bucket_equals_its_all_gather(transports, bucket):
