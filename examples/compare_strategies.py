@@ -29,7 +29,6 @@ import torch
 from torch.utils.data import TensorDataset
 
 from exonet import FitResult, LocalTrainer, Scenario, compare
-from exonet.comparison import Comparison
 from exonet.strategies import (
     DDPStrategy,
     DeMoStrategy,
@@ -41,6 +40,7 @@ from exonet.strategies import (
     Strategy,
     StreamingDiLoCoStrategy,
 )
+from exonet.study.comparison import Comparison
 from exonet.toy import digits, digits_mlp
 from exonet.units import format_bytes, format_time
 

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from exonet import FitResult, LocalTrainer, Scenario, simulate
-from exonet.comparison import time_to_loss
 from exonet.strategies import DDPStrategy, DiLoCoStrategy, OptimSpec, SPARTAStrategy, Strategy
+from exonet.study.comparison import time_to_loss
 from exonet.toy import digits, digits_mlp
 from exonet.units import format_rate, format_time
 

@@ -17,13 +17,13 @@ _LAZY = {
     "LocalTrainer": "exonet.runtime.trainer",
     "Trainer": "exonet.runtime.trainer",
     "get_device": "exonet.runtime.trainer",
-    "FitResult": "exonet.fit_result",
+    "FitResult": "exonet.runtime.fit_result",
     "Scenario": "exonet.scenario",
     "simulate": "exonet.netsim",
     "SimResult": "exonet.netsim",
-    "compare": "exonet.comparison",
+    "compare": "exonet.study.comparison",
     "warm_up": "exonet.runtime.forkserver",
-    "PipelineSpec": "exonet.pipeline",
+    "PipelineSpec": "exonet.estimate.pipeline",
 }
 
 __all__ = ["NodeFailure", "ScenarioError", "Trace", "TraceError", *_LAZY]

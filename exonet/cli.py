@@ -16,16 +16,16 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
     check_output(args.out, "--out", folder=True)
     exonet.warm_up()  # the node server's imports run beside the quickstart's own
-    from exonet.quickstart import quickstart
+    from exonet.study.quickstart import quickstart
 
     quickstart(out_dir=Path(args.out), steps=args.steps, nodes=args.nodes, scenarios=args.scenario or None)
     return 0
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from exonet.comparison import Run, expand_runs
     from exonet.netsim import simulate
     from exonet.scenario import Scenario
+    from exonet.study.comparison import Run, expand_runs
 
     if args.chrome_trace:
         check_output(args.chrome_trace, "--chrome-trace")
@@ -54,9 +54,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
-    from exonet import timeline
-    from exonet.comparison import Run, expand_runs
     from exonet.netsim import simulate
+    from exonet.study import timeline
+    from exonet.study.comparison import Run, expand_runs
 
     out = check_output(args.out, "--out")
     runs, notes = expand_runs(Path(args.run).name, args.run)
@@ -74,7 +74,7 @@ def _cmd_timeline(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     import warnings
 
-    from exonet.comparison import compare, run_names
+    from exonet.study.comparison import compare, run_names
 
     if args.plot:
         check_output(args.plot, "--plot")
@@ -146,7 +146,7 @@ def _pipeline(args: argparse.Namespace) -> Any:
     """``--stages``, ``--micro-batches`` and ``--schedule`` as a PipelineSpec (None without --stages)."""
     if args.stages is None:
         return None
-    from exonet.pipeline import PipelineSpec
+    from exonet.estimate.pipeline import PipelineSpec
 
     return PipelineSpec(args.stages, args.micro_batches, args.schedule)
 
@@ -168,8 +168,8 @@ def _estimate(args: argparse.Namespace) -> int:
     import json
 
     from exonet.estimate import estimate, simulate_estimate
-    from exonet.solver import bandwidth_for_utilization, what_bounds
-    from exonet.tokens import trained
+    from exonet.estimate.solver import bandwidth_for_utilization, what_bounds
+    from exonet.study.tokens import trained
 
     try:
         targets = [float(x) for x in args.solve_utilization.split(",")] if args.solve_utilization else []
@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model FLOPs utilisation (default 0.4, or the scenario's with its device)")
     p.add_argument("--dtype", default="fp32", help="parameter/transfer dtype: fp32, bf16, fp16")
     p.add_argument("--stages", type=int, metavar="S",
-                   help="cut the model into S pipeline stages: --nodes is S x replicas (exonet.pipeline)")
+                   help="cut the model into S pipeline stages: --nodes is S x replicas (exonet.estimate.pipeline)")
     p.add_argument("--micro-batches", type=int, default=1, metavar="M", help="with --stages: micro-batches per step")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="with --stages: the pipeline schedule")
     p.add_argument("--hosts", type=int, metavar="G",

@@ -2,7 +2,7 @@
 
 They live in the package (not in tests/) because node processes unpickle them by
 module path, and a spawned process can import ``exonet.toy`` but not a test file.
-Models that fail or stall on purpose are in ``exonet.testing``.
+Models that fail or stall on purpose are in ``exonet.runtime.testing``.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from exonet import LocalTrainer, Trace, compare, simulate
-from exonet.comparison import time_to_loss
 from exonet.scenario import Scenario, list_presets
 from exonet.strategies import DDPStrategy, OptimSpec
+from exonet.study.comparison import time_to_loss
 from exonet.toy import synthetic_classification, tiny_mlp
 
 
@@ -87,7 +87,7 @@ def test_final_loss_is_one_quantity_for_every_row(tiny_run):
 def test_compare_takes_a_folder_of_runs_or_a_list_as_well_as_a_mapping(tiny_run):
     from pathlib import Path
 
-    from exonet.comparison import run_names
+    from exonet.study.comparison import run_names
 
     folder = Path(tiny_run.run_dir).parent
     by_folder, by_list = compare(str(folder), "datacenter"), compare([tiny_run.run_dir], "datacenter")

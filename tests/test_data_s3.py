@@ -149,7 +149,7 @@ def test_a_transient_failure_is_retried_once_with_backoff(s3, caplog):
 
 
 def test_upload_run_goes_through_the_same_retrying_client(s3, tmp_path, monkeypatch, caplog):
-    from exonet.storage import upload_run
+    from exonet.runtime.storage import upload_run
 
     run = tmp_path / "20261201-ddp"
     (run / "sim").mkdir(parents=True)

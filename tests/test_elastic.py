@@ -11,7 +11,7 @@ import pytest
 from exonet import Scenario, Trace, compare, simulate
 from exonet.cli import main
 from exonet.estimate import estimate, simulate_estimate
-from exonet.tokens import trained
+from exonet.study.tokens import trained
 
 S = 100_000_000  # a 100 MB all-reduce: 0.8 s between two nodes at 1 Gbit/s, 2·(2/3)·0.8 s among three
 NET = {"bandwidth": "1 Gbit/s"}

@@ -13,7 +13,7 @@ import pytest
 
 from exonet import Scenario
 from exonet.estimate import estimate, simulate_estimate
-from exonet.solver import bandwidth_for_utilization
+from exonet.estimate.solver import bandwidth_for_utilization
 from exonet.strategies import DDPStrategy
 
 Q = 989e12 * 0.4  # a chip's FLOP/s in T_comp = 6ND/(RQ): H100 dense bf16 at 40 % MFU

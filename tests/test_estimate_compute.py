@@ -91,8 +91,8 @@ def test_payload_and_wire_per_trainer_have_one_definition(monkeypatch):
     sim = simulate_estimate(estimate("async_diloco:H=2", **SMALL, scenario="datacenter"), "datacenter")
     assert sim.trainers == 2 and sim.wire_per_trainer() == pytest.approx(sum(sim.wire_bytes[:2]) / 2)
 
-    from exonet.projection import Scale, project
     from exonet.strategies import DDPStrategy
+    from exonet.study.projection import Scale, project
 
     monkeypatch.setattr(Trace, "payload_per_trainer", lambda self: 12345.0)
     scale = Scale(params=1e6, steps=2, per_steps=4)
@@ -111,7 +111,7 @@ def test_estimate_checks_the_scenario_before_it_builds_a_trace(tmp_path, monkeyp
     def built(*args, **kwargs):
         raise AssertionError("a trace was built before the scenario was checked")
 
-    monkeypatch.setattr(exonet.estimate, "_run_rank", built)
+    monkeypatch.setattr(exonet.estimate, "run_rank", built)
     assert main(["estimate", "--model-params", "1e6", "--strategy", "ddp", "--nodes", "3", "--steps", "2",
                  "--step-time", "1", "--scenario", "datacenter", "--scenario", str(path)]) == 2
     assert "hosted" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import pytest
 from exonet.cli import main
 from exonet.errors import ScenarioError
 from exonet.estimate import LayerStack, estimate, simulate_estimate
-from exonet.solver import bandwidth_for_utilization, utilization_at
+from exonet.estimate.solver import bandwidth_for_utilization, utilization_at
 from exonet.strategies.sparta import SparseAverager
 from exonet.trace import Trace
 
@@ -146,7 +146,7 @@ THREE_SITES = {"name": "three-sites", "network": {"bandwidth": "100 Gbit/s", "la
 
 def test_a_mesh_of_three_sites_is_solved_for_all_its_links_together():
     """One link alone cannot lift a three-site mesh: the message names the two left fixed; all three alike can."""
-    from exonet.solver import links_named, what_bounds
+    from exonet.estimate.solver import links_named, what_bounds
 
     e = estimate("diloco:H=10", params=1e8, num_nodes=6, max_steps=30, step_time=0.1, layers=4)
     assert links_named(THREE_SITES, "links") == [("eu", "us"), ("asia", "eu"), ("asia", "us")]
@@ -162,7 +162,7 @@ def test_a_mesh_of_three_sites_is_solved_for_all_its_links_together():
 
 
 def test_solving_for_nics_under_a_slow_link_names_the_link():
-    from exonet.solver import what_bounds
+    from exonet.estimate.solver import what_bounds
 
     e = estimate("diloco:H=10", params=1e8, num_nodes=4, max_steps=30, step_time=0.1, layers=4)
     assert what_bounds(e, TWO_REGIONS, 0.5) == "the eu/us link at 1 Gbit/s bound it (vary them too: --solve-for " \

@@ -93,3 +93,9 @@ def test_no_import_circle_among_exonet_modules():
     assert "exonet.runtime.run" in graph and "exonet.strategies.base" in graph  # the walk sees the whole tree
     assert "exonet.runtime.node" in graph["exonet.runtime.run"]
     assert cycles(graph) == []
+
+
+def test_the_top_level_keeps_the_face_the_shared_formats_and_the_leaf_utilities():
+    """Everything else lives in the folder of its job (estimate/, study/, runtime/, validate/ ...)."""
+    top = sorted(p.stem for p in (ROOT / "exonet").glob("*.py"))
+    assert len(top) <= 12, top

@@ -82,7 +82,7 @@ def test_estimate_reports_dollars_per_run_and_per_thousand_steps(tmp_path, capsy
 
 
 def test_compare_adds_dollar_columns_only_where_a_scenario_prices_egress():
-    from exonet.comparison import compare
+    from exonet.study.comparison import compare
 
     table = compare({"ar": all_reduce(10**9)}, [two_regions(), two_regions(us=None)])
     assert [row["cost_usd"] for row in table.rows] == [pytest.approx(0.09, rel=1e-12), 0.0]

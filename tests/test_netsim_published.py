@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from exonet.published import (
+from exonet.validate.published import (
     GRID_STEP,
     INTELLECT1,
     METHODS,

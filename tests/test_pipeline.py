@@ -6,8 +6,8 @@ import pytest
 
 from exonet import PipelineSpec
 from exonet.estimate import estimate
+from exonet.estimate.pipeline import order, pipeline_trace
 from exonet.netsim import simulate
-from exonet.pipeline import order, pipeline_trace
 from exonet.scenario import Scenario
 from exonet.trace import Collective
 

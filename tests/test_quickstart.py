@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from exonet.estimate import LayerStack
-from exonet.projection import Scale, project, to_markdown
-from exonet.quickstart import DEFAULT_SCENARIOS, compute_model, quickstart, quickstart_strategies
+from exonet.study.projection import Scale, project, to_markdown
+from exonet.study.quickstart import DEFAULT_SCENARIOS, compute_model, quickstart, quickstart_strategies
 
 SMALL = Scale(params=2e5, steps=4, per_steps=1000)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exonet.reference import documented_args, fit_arguments
+from exonet.runtime.reference import documented_args, fit_arguments
 from exonet.runtime.trainer import LocalTrainer
 
 ROOT = Path(__file__).resolve().parents[1]

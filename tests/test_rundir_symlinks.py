@@ -19,9 +19,9 @@ import pytest
 
 from exonet import LocalTrainer, TraceError
 from exonet.files import atomic_file
-from exonet.gymlog import write_gym_csv
 from exonet.rundir import MetricsLog, read_metrics
 from exonet.runtime.checkpoint import LATEST, MAX_UNFINISHED, step_dir, wait_for_room
+from exonet.runtime.gymlog import write_gym_csv
 from exonet.runtime.runlock import RunLock
 from exonet.strategies import DDPStrategy, OptimSpec
 from exonet.toy import synthetic_classification, tiny_mlp

@@ -12,6 +12,7 @@ from exonet import LocalTrainer, NodeFailure, TraceError
 from exonet.rundir import load_run, run_status
 from exonet.runtime.batches import epoch_indices
 from exonet.runtime.checkpoint import node_file, read_node
+from exonet.runtime.testing import FailingModel, write_checkpoint
 from exonet.strategies import (
     AsyncDiLoCoStrategy,
     DDPStrategy,
@@ -30,7 +31,6 @@ from exonet.strategies import (
     StreamingDiLoCoStrategy,
 )
 from exonet.strategies.base import flatten, unflatten_into
-from exonet.testing import FailingModel, write_checkpoint
 from exonet.toy import synthetic_classification
 
 DATA = synthetic_classification(128, dim=8, classes=4)  # 64 samples per node: 8 steps per epoch

@@ -23,8 +23,8 @@ from exonet.communicator import Communicator
 from exonet.files import plain_name
 from exonet.rundir import create_run, load_run
 from exonet.runtime.checkpoint import load_node, node_file, read_node, save_node
+from exonet.runtime.testing import RunsCode
 from exonet.strategies import DDPStrategy, NodeContext, OptimSpec
-from exonet.testing import RunsCode
 from exonet.toy import synthetic_classification, tiny_mlp
 
 DATA = synthetic_classification(64, dim=8, classes=4)

@@ -67,8 +67,8 @@ def test_the_clock_needs_a_scenario_with_deterministic_compute():
 
 @pytest.mark.slow
 def test_send_and_recv_are_real_counted_traced_and_simulated():
+    from exonet.runtime.testing import RingPassStrategy
     from exonet.strategies.base import OptimSpec as Spec
-    from exonet.testing import RingPassStrategy
 
     steps, numel = 3, 2500
     r = LocalTrainer(tiny_mlp(), synthetic_classification(128, 8, 4)).fit(
@@ -96,7 +96,7 @@ EVEN = Scenario.from_dict({
 def test_a_strategy_asks_the_clock_through_typed_communicator_methods(tmp_path):
     import json
 
-    from exonet.testing import ClockProbeStrategy
+    from exonet.runtime.testing import ClockProbeStrategy
 
     data = synthetic_classification(256, 8, 4)
     result = LocalTrainer(tiny_mlp(), data, data).fit(

@@ -13,9 +13,9 @@ import torch
 
 from exonet import LocalTrainer, NodeFailure
 from exonet.rundir import load_run, run_status
+from exonet.runtime.testing import DyingStrategy, FailingModel, SlowEvalModel
 from exonet.runtime.watchdog import BEAT, CALL, CALL_ID, SLOTS, Heartbeat, Watchdog
 from exonet.strategies import DDPStrategy, Strategy
-from exonet.testing import DyingStrategy, FailingModel, SlowEvalModel
 from exonet.toy import synthetic_classification, tiny_mlp
 
 DATA = synthetic_classification(256, dim=8, classes=4)

@@ -11,8 +11,8 @@ from torch.utils.data import TensorDataset
 
 from exonet import LocalTrainer, NodeFailure, Trainer, simulate
 from exonet.rundir import load_run
+from exonet.runtime.testing import FailingModel, ProbeStrategy
 from exonet.strategies import AllReduceStrategy, DDPStrategy, OptimSpec
-from exonet.testing import FailingModel, ProbeStrategy
 from exonet.toy import (
     ShardFactory,
     bench_mlp,

@@ -18,8 +18,8 @@ from torch.utils.data import Dataset, IterableDataset
 
 from exonet import LocalTrainer, NodeFailure, Trace, TraceError
 from exonet.rundir import load_run
+from exonet.runtime.testing import BadLossModel
 from exonet.strategies import DDPStrategy, OptimSpec
-from exonet.testing import BadLossModel
 from exonet.toy import synthetic_classification, tiny_mlp
 
 DATA = synthetic_classification(64, dim=8, classes=4)

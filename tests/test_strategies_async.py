@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from exonet import LocalTrainer, Scenario, Trace, simulate
+from exonet.runtime.testing import SleepyModel
 from exonet.strategies import AsyncDiLoCoStrategy, DiLoCoStrategy, FedAvgStrategy, FedBuffStrategy, OptimSpec
-from exonet.testing import SleepyModel
 from exonet.toy import synthetic_classification, tiny_mlp
 
 SPEEDS = (1.0, 0.8, 0.4, 0.2)
@@ -75,7 +75,7 @@ def test_the_online_clock_equals_replay_and_the_same_seed_gives_the_same_run(run
     assert [e["step"] for e in evals] == list(range(0, 4 * len(evals) - 3, 4))
     times = [e["sim_time_s"] for e in evals]
     assert times == sorted(times) and times[0] == 0 < times[1] and times[-1] <= a.sim_wall_clock_s
-    from exonet.comparison import time_to_loss
+    from exonet.study.comparison import time_to_loss
 
     assert all(e["updates"] == e["step"] for e in evals)  # steps of the server's model, not of the trainers
     assert time_to_loss(a.history, a.sim.step_end_times, 10.0) == a.sim.step_end_times[0]  # from the training loss

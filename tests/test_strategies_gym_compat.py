@@ -28,8 +28,8 @@ from exonet import (
     Trace,
     Trainer,  # the gym: from exogym.trainer import Trainer
 )
-from exonet.gymlog import TRAIN_COLUMNS, VALIDATION_COLUMNS, write_gym_csv
 from exonet.runtime.fit_config import resolve_device, resolve_steps
+from exonet.runtime.gymlog import TRAIN_COLUMNS, VALIDATION_COLUMNS, write_gym_csv
 from exonet.strategies import (
     DeMoStrategy,
     DiLoCoStrategy,

@@ -8,7 +8,7 @@ from exonet import Trace
 from exonet.cli import main as cli
 from exonet.netsim import simulate
 from exonet.scenario import LinkSpec, Resolved
-from exonet.timeline import text
+from exonet.study.timeline import text
 
 B = 1.0e9
 

@@ -1,7 +1,7 @@
 """Properties of what a resume reads back: node files, latest.json and config.json of a checkpointed run.
 
 As ``exonet.bench._fuzz_files`` does for traces and scenarios, Hypothesis damages a valid run directory
-(one made by exonet's own writers, ``exonet.testing.write_checkpoint``): a field of a file changed,
+(one made by exonet's own writers, ``exonet.runtime.testing.write_checkpoint``): a field of a file changed,
 dropped or given a value that would run code when loaded; a node file's bytes cut or replaced; files
 swapped, copied over each other or removed. Then the parent's checks (``load_latest``) and each node's
 load (``load_node`` into a fresh model and strategy) run in this process, without a fit. Every example
@@ -32,8 +32,8 @@ from exonet import TraceError
 from exonet.bench.fuzz import Property
 from exonet.communicator import Communicator
 from exonet.runtime.checkpoint import LATEST, load_latest, load_node, node_file
+from exonet.runtime.testing import RunsCode, write_checkpoint
 from exonet.strategies import DDPStrategy, NodeContext
-from exonet.testing import RunsCode, write_checkpoint
 from exonet.toy import tiny_mlp
 
 K = 2

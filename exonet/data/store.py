@@ -1,7 +1,7 @@
 """Where shards and uploaded runs live: a local folder or an S3 prefix, behind one small interface.
 
 This is exonet's one S3 client: datasets read through it and ``fit(upload_to=...)`` writes through it
-(exonet.storage), so both get the same retries and the same errors.
+(exonet.runtime.storage), so both get the same retries and the same errors.
 
 ``open_store(url)`` takes ``s3://bucket/prefix``, ``file:///path`` or a plain path. An
 S3 store builds its boto3 client lazily in the process that uses it (a node, a DataLoader

@@ -10,5 +10,9 @@ calls, routed through its Communicator), ``object_store`` (the directory behind 
 ``divergence`` (a runaway loss stops or warns), ``watchdog`` (progress), ``checkpoint``, ``clock``
 (the online simulated clock), ``forkserver`` (the server nodes are forked from), ``rendezvous`` (a
 store on loopback only), ``signals`` (SIGTERM and SIGHUP save like Ctrl-C), ``runlock`` (one fit per
-run directory) and ``torchrun`` (the same fit under an external launcher).
+run directory) and ``torchrun`` (the same fit under an external launcher). What a fit hands back and
+writes on the side: ``fit_result`` (FitResult, the door to simulation), ``gymlog`` (the older gym's CSV
+logs), ``wandb_log`` (Weights & Biases), ``storage`` (a run directory copied to S3). Beside them:
+``testing`` (models and strategies that fail or stall on purpose, importable by nodes) and
+``reference`` (the ``fit`` arguments table the runtime README holds, generated from the code).
 """

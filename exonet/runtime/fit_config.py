@@ -71,7 +71,7 @@ def _object_store(url: Any) -> str | None:
     """``fit(object_store=)``: None (a directory this fit makes) or an ``s3://bucket/prefix`` URL."""
     if url is None:
         return None
-    from exonet.storage import parse_s3_url
+    from exonet.runtime.storage import parse_s3_url
 
     if not isinstance(url, str) or not url.startswith("s3://"):
         raise ValueError(f"fit: object_store must be None or an s3://bucket/prefix URL, got {url!r}")
@@ -157,7 +157,7 @@ def _check_names(args: dict[str, Any], legacy: dict[str, Any]) -> None:
                                  or "\\" in run_name or run_name.startswith(".")):
         raise ValueError(f"fit: run_name must be a non-empty folder name (no path separators), got {run_name!r}")
     if args["upload_to"] is not None:
-        from exonet.storage import parse_s3_url
+        from exonet.runtime.storage import parse_s3_url
 
         parse_s3_url(args["upload_to"])
         if args["run_dir"] is None and legacy.get("save_dir") is None and args["resume_from"] is None:

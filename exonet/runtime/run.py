@@ -39,7 +39,6 @@ import torch
 import torch.distributed as dist
 
 from exonet.errors import NodeFailure
-from exonet.fit_result import FitResult
 from exonet.rundir import (
     MetricsLog,
     check_links,
@@ -53,6 +52,7 @@ from exonet.rundir import (
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
 from exonet.runtime.fit_config import FitPlan
+from exonet.runtime.fit_result import FitResult
 from exonet.runtime.forkserver import context
 from exonet.runtime.job import Job
 from exonet.runtime.messages import (
@@ -468,7 +468,7 @@ def _wandb(at: dict[str, Any], config: dict[str, Any], run_path: Path | None) ->
     """A WandbLogger when ``at`` names a project (lazily imported), else None."""
     if at["project"] is None:
         return None
-    from exonet.wandb_log import WandbLogger
+    from exonet.runtime.wandb_log import WandbLogger
 
     return WandbLogger(at["project"], config, name=at["name"], dir=str(run_path) if run_path is not None else None,
                        x_axis=at["x_axis"])
@@ -501,7 +501,7 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
     if lock is not None:
         lock.release()
     if result.run_dir is not None and upload_to is not None:
-        from exonet.storage import upload_run
+        from exonet.runtime.storage import upload_run
 
         upload_run(result.run_dir, upload_to)
     if scenario is not None:
@@ -559,7 +559,7 @@ def _say_who_stopped_early(clock: SimClock, trace: Any, trainers: int, max_steps
 def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, run_name: str | None) -> None:
     """The older gym's train.csv and validation.csv: in the run directory, and, with a run_name, where the gym wrote
     them whatever ``save_dir`` says (``logs/<run_name>/``), so that a gym script's plotting code finds them."""
-    from exonet.gymlog import GYM_LOG_DIR, write_gym_csv
+    from exonet.runtime.gymlog import GYM_LOG_DIR, write_gym_csv
 
     folders = [run_path] if run_path is not None else []
     if run_name is not None:

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from exonet.fit_result import FitResult
 from exonet.runtime.batches import check_map_style, is_factory, resolve_dataset
 from exonet.runtime.fit_config import configure, get_device
+from exonet.runtime.fit_result import FitResult
 from exonet.runtime.forkserver import complete_imports
 from exonet.runtime.job import Job
 from exonet.scenario import ScenarioLike

@@ -340,7 +340,7 @@ def _node_collectives(cases: list[dict[str, Any]], out: Path) -> None:
 
 
 def _strategy(name: str) -> Any:
-    from exonet.quickstart import quickstart_strategies
+    from exonet.study.quickstart import quickstart_strategies
 
     by_name = {key.split()[0].lower(): s for key, s in quickstart_strategies().items()}
     return by_name[name]

@@ -3,7 +3,7 @@
 Each run (a FitResult, a Trace, or a run directory) is replayed in each scenario;
 one row per (run, scenario) holds the simulated wall-clock, the time to a target
 loss, bytes per node, utilisation, how far nodes drifted apart, and what the run trained
-(node-steps kept, tokens, time per token: exonet.tokens), since a run that discards work
+(node-steps kept, tokens, time per token: exonet.study.tokens), since a run that discards work
 can end sooner by training less. A folder given to
 ``fit(run_dir=...)`` stands for every complete run inside it (exonet.rundir.find_runs).
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from exonet.files import check_output, output_path
-from exonet.fit_result import FitResult
-from exonet.tokens import trained
+from exonet.runtime.fit_result import FitResult
+from exonet.study.tokens import trained
 from exonet.trace import Trace
 
 

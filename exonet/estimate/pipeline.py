@@ -13,9 +13,17 @@ slow links between stages cost (``exonet estimate --stages S --micro-batches M -
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
 
 from exonet.arguments import check_int
+from exonet.estimate.result import Estimate
 from exonet.trace import Trace
+from exonet.units import plural
+
+if TYPE_CHECKING:
+    from exonet.strategies.base import Strategy
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -96,3 +104,44 @@ def pipeline_trace(spec: PipelineSpec, *, replicas: int, steps: int, step_time: 
                     trace.add_collective(rank, "all_reduce", int(round(stage_bytes)), peers, dtype=dtype)
                 trace.add_step(rank)
     return trace
+
+
+def pipelined(spec: PipelineSpec, strategy: Strategy, params: int, width: int | None, nodes: int, steps: int,
+               step_time: float | None, tokens: float | None, dtype: torch.dtype, described: str, *,
+               uniform: bool) -> Estimate:
+    """``estimate`` of a pipeline: ``nodes`` ranks as replicas of ``spec.stages`` stages (``exonet.estimate.pipeline``);
+    ``uniform``: every replica computes alike (no profile, no per-node tokens)."""
+    if step_time is None or not uniform:
+        raise ValueError("estimate: pipeline= takes one step_time or tokens_per_step for every replica, not a "
+                         "profile or per-node tokens")
+    if nodes % spec.stages:
+        raise ValueError(f"estimate: num_nodes={nodes} is not a multiple of stages={spec.stages}: the ranks are "
+                         "replicas of the whole pipeline")
+    replicas = nodes // spec.stages
+    sync_every = {"ddp": 1, "diloco": getattr(strategy, "H", 0)}.get(strategy.name)
+    if sync_every is None:
+        raise ValueError(f"estimate: with a pipeline, the strategy says what a stage's replicas exchange: ddp (every "
+                         f"step) or diloco:H=... (every H steps), not {strategy.name}")
+    size = torch.empty((), dtype=dtype).element_size()
+    activation = spec.activation_bytes
+    if activation is None:
+        if tokens is None or width is None:
+            raise ValueError("estimate: a pipeline's activations are tokens per micro-batch × the model's width; give "
+                             "tokens_per_step= and params= (or the PipelineSpec's activation_bytes=)")
+        activation = tokens / spec.micro_batches * width * size
+    trace = pipeline_trace(spec, replicas=replicas, steps=steps, step_time=step_time, activation_bytes=activation,
+                           stage_bytes=params * size / spec.stages, sync_every=sync_every,
+                           dtype=str(dtype).removeprefix("torch."))
+    trace.meta.update(estimate=True, strategy=type(strategy).__name__, params=params, steps=steps,
+                      compute={"step_time_s": step_time, "tflops": None, "mfu": None})
+    exchange = ("none" if replicas == 1 else f"every {plural(sync_every, 'step')} an all-reduce of the stage's "
+                f"{params * size / spec.stages:.4g} bytes among its {replicas} replicas")
+    assumptions = [
+        f"model: {params:,} parameters: {described}",
+        f"pipeline: {plural(spec.stages, 'stage')} × {plural(replicas, 'replica')}, "
+        f"{spec.micro_batches} micro-batch{'' if spec.micro_batches == 1 else 'es'} per step, "
+        f"{spec.schedule}; {activation:.4g} bytes of activations per micro-batch and boundary, each way; {exchange}",
+        f"compute: {step_time:.4g} s per step for a replica's whole model, 1/{spec.stages} of it per stage, a forward "
+        "a third and a backward two thirds of each micro-batch's share",
+    ]
+    return Estimate(trace, params, step_time, assumptions)

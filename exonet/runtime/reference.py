@@ -2,7 +2,7 @@
 
 ``fit_arguments()`` renders ``LocalTrainer.fit``'s signature and the Args section of its
 docstring as a markdown table; ``exonet/runtime/README.md`` holds its output, and a test
-checks that the two are the same (``python -m exonet.reference`` prints it).
+checks that the two are the same (``python -m exonet.runtime.reference`` prints it).
 """
 
 from __future__ import annotations

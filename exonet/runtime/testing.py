@@ -1,7 +1,7 @@
 """Test doubles: models and strategies that fail, stall or check the runtime on purpose.
 
 They live in the package (not in tests/) because node processes unpickle them by module
-path, and a node can import ``exonet.testing`` but not a test file. The demo data and
+path, and a node can import ``exonet.runtime.testing`` but not a test file. The demo data and
 models are in ``exonet.toy``.
 """
 

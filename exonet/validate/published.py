@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from exonet.estimate.solver import lowest_bandwidth
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
-from exonet.solver import lowest_bandwidth
 from exonet.trace import Collective, Compute, Step, Trace, Wait
 
 GRID_GBPS = np.logspace(-1, 3, 50)  # the bandwidth grid of Table 4, Gbit/s

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from exonet.gymlog import perplexity as _perplexity
+from exonet.runtime.gymlog import perplexity as _perplexity
 
 if TYPE_CHECKING:
     from exonet.netsim import SimResult

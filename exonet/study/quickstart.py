@@ -2,7 +2,7 @@
 
 Trains DDP, DiLoCo, SPARTA and DeMo with K nodes on scikit-learn's digits (no
 download) for their real loss curves, projects each strategy to a 1B-parameter bf16
-model on each preset's devices and network (exonet.projection, the machinery of
+model on each preset's devices and network (exonet.study.projection, the machinery of
 ``exonet estimate``) for the trade-off at a scale that matters, replays each small
 run's own trace in a datacenter, two cloud regions and volunteers on home broadband,
 prints both tables, and writes the plot, the run directories and Chrome traces.
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from exonet.comparison import Comparison
-    from exonet.projection import Scale
+    from exonet.study.comparison import Comparison
+    from exonet.study.projection import Scale
 
 DEFAULT_SCENARIOS = ("datacenter", "cross-region", "home-broadband")
 TARGET_LOSS = 0.25
@@ -53,7 +53,7 @@ def steps_to_target(history: dict, target: float) -> int | None:
 
 def projection_table(results: dict, scenarios: Sequence[str], nodes: int, scale: Scale | None = None) -> str:
     """The quickstart's first table: each strategy at ``scale`` per scenario, beside its small run's real loss."""
-    from exonet.projection import Scale, project, to_markdown
+    from exonet.study.projection import Scale, project, to_markdown
 
     scale = scale or Scale()
     rows = project(quickstart_strategies(), scenarios, nodes=nodes, scale=scale)
@@ -73,7 +73,7 @@ def quickstart(out_dir: Path = Path("exonet_quickstart"), steps: int = 400, node
     Returns the comparison of the small runs (its table is the second one printed).
     """
     from exonet import LocalTrainer, Scenario, compare
-    from exonet.projection import scenario_device
+    from exonet.study.projection import scenario_device
     from exonet.toy import digits, digits_mlp
 
     for value, what in ((steps, "steps"), (nodes, "nodes")):
