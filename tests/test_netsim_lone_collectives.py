@@ -4,7 +4,8 @@ Rooted ops (broadcast, reduce, gather, scatter) root at the group's lowest rank,
 
 The invariant behind every backend model: each op × backend × algorithm × protocol, alone on a uniform
 network, ends at the time its closed form gives (exonet/netsim/nccl.py and gloo.py state them) and puts
-exactly the bytes its algorithm sends on the wire, on the fast path and on the event path alike. Sizes,
+exactly the bytes its algorithm sends on the wire, on the fast path and on the event path alike; so do
+point-to-point sends, alone and batched, and gloo's ring over hosts. Sizes,
 node counts, rates and latencies are drawn from a grid; the TCP window of the backend's Linux hosts is part
 of the model, so the rate a transfer gets is min(NIC, its windows / RTT). Slow start after idle is off: its
 ramp is the TCP model's term on top (tests/test_netsim_backends.py times it).
@@ -55,6 +56,8 @@ def nccl_closed_form(op: str, n: int, nbytes: int, r: Resolved) -> tuple[float, 
     hop = r.latency + nccl._HOP[protocol] * 1e-6
     base = nccl._BASE[algorithm, protocol] * 1e-6
     wire = nccl.WIRE[protocol]
+    if op == "all_to_all":  # grouped send/recv: every rank's n − 1 pieces of S/n at once on its NIC
+        return r.latency + nbytes / n / min(rate, r.uplink[0] / (n - 1)), [(n - 1) / n * nbytes] * n
     if op in ("gather", "scatter"):  # grouped send/recv: the root's NIC carries the n − 1 transfers at once
         each = nbytes if op == "gather" else nbytes / n
         sent = [0.0] + [each] * (n - 1) if op == "gather" else [each * (n - 1)] + [0.0] * (n - 1)
@@ -87,7 +90,7 @@ def nccl_closed_form(op: str, n: int, nbytes: int, r: Resolved) -> tuple[float, 
 NCCL_CASES = [(op, algorithm, protocol) for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
               for algorithm in ("auto", "ring", "tree") for protocol in ("auto", "simple", "ll", "ll128")
               if not (algorithm == "tree" and op != "all_reduce")]
-NCCL_CASES += [(op, "auto", "auto") for op in ("gather", "scatter", "barrier")]
+NCCL_CASES += [(op, "auto", "auto") for op in ("all_to_all", "gather", "scatter", "barrier")]
 
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
@@ -172,6 +175,37 @@ def test_a_lone_gloo_collective_takes_its_closed_form(op: str, fast_path: bool, 
     assert sent == pytest.approx(expected, abs=1.0)
 
 
+# ---------------------------------------------------------------- point to point
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 9), nbytes=st.sampled_from(SIZES), rate=st.sampled_from(RATES),
+       latency=st.sampled_from(LATENCIES), batched=st.booleans())
+def test_lone_sends_take_one_transfer_each_and_a_batch_of_them_runs_at_once(backend: str, fast_path: bool, n: int,
+                                                                             nbytes: int, rate: str, latency: str,
+                                                                             batched: bool) -> None:
+    """Rank 0 sends ``nbytes`` to 1 alone: α + S/R. Batched (``batch_isend_irecv``: every rank sends to the next
+    and receives from the one before, all posted at once, as a ring exchange): every NIC carries one transfer
+    each way, so the whole batch ends with the one transfer's time, and each rank puts S on the wire."""
+    trace = Trace(num_nodes=n)
+    pairs = [(r, (r + 1) % n) for r in range(n)] if batched and n > 2 else [(0, 1)]
+    for src, dst in pairs:  # each a send and its receive, async when batched: the replay runs them together
+        trace.add_collective(src, "send", nbytes, group=(src, dst) if src < dst else (dst, src), async_op=batched)
+        trace.add_collective(dst, "recv", nbytes, group=(src, dst) if src < dst else (dst, src), async_op=batched)
+    for rank in range(n):
+        if batched:
+            for event in list(trace.events[rank]):
+                trace.add_wait(rank, event.cid)
+        trace.add_step(rank)
+    scenario = Scenario.from_dict({"name": "p2p", "network": {"slow_start_after_idle": False, "bandwidth": rate,
+                                                              "latency": latency, "backend": backend}})
+    result = simulate(trace, scenario, fast_path=fast_path)
+    r = scenario.resolve(n)
+    assert result.wall_clock_s == pytest.approx(r.latency + nbytes / window_rate(r), rel=1e-9, abs=1e-12)
+    senders = {src for src, _ in pairs}
+    assert result.wire_bytes == [nbytes if rank in senders else 0 for rank in range(n)]
+
+
 # ---------------------------------------------------------------- one way to say it
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
 def test_collective_names_nccls_algorithm_as_nccl_algo_does(algorithm: str) -> None:
@@ -218,6 +252,27 @@ def test_nccl_over_hosts_runs_a_ring_per_device_through_its_nic(op: str, G: int,
     shared = scenario.replace(hosts={**hosts, "nic": "per-host"})
     assert simulate(trace, shared, fast_path=fast_path).wall_clock_s == pytest.approx(closed_form(r.uplink[0]),
                                                                                       rel=1e-9)
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
+@pytest.mark.parametrize("nic", ["per-device", "per-host"])
+@pytest.mark.parametrize(("G", "H"), [(4, 2), (2, 3), (8, 2)])
+def test_gloo_over_hosts_runs_its_one_ring_over_every_rank(G: int, H: int, nic: str, fast_path: bool) -> None:
+    """gloo knows no hosts: its ring visits every rank in order, each step in lockstep, so the one hop per host that
+    leaves through a NIC sets every step's pace (the fabric's hops wait for it), with one NIC or one per device."""
+    n, S = G * H, 64 * 2**20
+    trace = Trace(num_nodes=n)
+    for rank in range(n):
+        trace.add_collective(rank, "all_reduce", S)
+        trace.add_step(rank)
+    scenario = Scenario.from_dict({"name": "hosts", "network": {"slow_start_after_idle": False, "backend": "gloo",
+                                                                "bandwidth": "10 Gbit/s", "latency": "1 ms"},
+                                   "hosts": {"devices": G, "bandwidth": "450 GB/s", "latency": "1 us", "nic": nic}})
+    result = simulate(trace, scenario, fast_path=fast_path)
+    r = scenario.resolve(n)
+    assert r.algorithms["all_reduce"] == "gloo"
+    assert result.wall_clock_s == pytest.approx(gloo.all_reduce_time(S, n, window_rate(r), r.latency), rel=1e-9)
+    assert result.wire_bytes == pytest.approx([2 * (n - 1) / n * S] * n, abs=1.0)
 
 
 def test_a_phase_algorithm_beside_a_backend_is_refused_naming_what_the_backend_runs() -> None:
