@@ -582,18 +582,19 @@ def test_replace_bandwidth_moves_the_nodes_own_nics_and_keeps_their_ranks_and_sp
 
 def test_scenarios_names_the_backend_the_nic_and_what_runs_each_op(capsys) -> None:
     """From the command line a user can check which model will run: the library, its NIC and sockets, the
-    algorithm and protocol (set or the library's default) and every op, and per level under [hosts]."""
+    algorithm and protocol (set, the preset's, or the library's default) and every op, and per level under [hosts]."""
     from exonet.cli import main
 
     assert main(["scenarios", "cross-region"]) == 0
     out = capsys.readouterr().out
-    for words in ("backend     nccl, NIC aws (set)", "2 channels x 16 sockets (the aws NIC default)",
+    for words in ("backend     nccl, NIC aws (preset)", "2 channels x 16 sockets (the aws NIC default)",
                   "at most 5 Gbit/s per flow", "the tuner's choice of ring or tree per call (NCCL's default)",
                   "reduce: the chain towards the root", "barrier: an all-reduce of one float"):
         assert words in out, words
     hosts = Scenario.load("cross-region").replace(collective="ring", hosts={"devices": 8, "bandwidth": "450 GB/s"})
     text = hosts.describe()
     assert "algorithm: ring (set, as NCCL_ALGO)" in text and "a ring per device (rail) through its NIC" in text
+    assert "NIC aws (set)" in text  # a preset the user replaced is the user's own
     gloo = Scenario.from_dict({"name": "g", "network": {"bandwidth": "1 Gbit/s", "backend": "gloo"}}).describe()
     assert "backend     gloo over TCP sockets, 1 connection per pair (default)" in gloo
     assert "barrier: dissemination" in gloo and "collective  " not in gloo

@@ -3,7 +3,7 @@
 Each section takes the document (or its ``[network]``) and returns its lines, none when the document
 leaves that section out; ``sections`` puts them in order and ``layout`` folds a resolved scenario's
 ranks into rows. A backend's section names the model that will run: the library, its NIC and sockets,
-the algorithm and protocol (each marked set or the library's default) and what runs each op.
+the algorithm and protocol (each marked set, preset, or the library's default) and what runs each op.
 """
 
 from __future__ import annotations
@@ -17,10 +17,13 @@ from exonet.scenario.resolved import FLOW_RATE, STORE_LATENCY, STORE_THROUGHPUT,
 from exonet.scenario.schema import FAMILIES, NCCL_ALGORITHMS
 
 
-def sections(p: Mapping[str, Any], family: str, nccl: NcclSpec | None, num_nodes: int | None) -> list[str]:
+def sections(p: Mapping[str, Any], family: str, nccl: NcclSpec | None, num_nodes: int | None,
+             said: str = "set") -> list[str]:
     """Every section's lines in order: network, the collective model, hosts, compute, placement, links, the
-    object store, nodes, stragglers, events, failures (their expected count for ``num_nodes``, else per node)."""
-    lines = [*_network_lines(p["network"]), *_collective_lines(family, p, nccl), *_host_lines(p), _compute_line(p),
+    object store, nodes, stragglers, events, failures (their expected count for ``num_nodes``, else per node).
+    ``said`` is how a backend setting the document gives is marked: "set" (the user's) or "preset" (a preset's)."""
+    lines = [*_network_lines(p["network"]), *_collective_lines(family, p, nccl, said), *_host_lines(p),
+             _compute_line(p),
              *_placement_lines(p), *_link_lines(p), *_store_lines(p), *_node_lines(p), *_straggler_lines(p),
              *_event_lines(p)]
     if "failures" in p:
@@ -61,45 +64,46 @@ def _transport_settings(net: Mapping[str, Any]) -> list[str]:
     return extras
 
 
-def _collective_lines(family: str, p: Mapping[str, Any], nccl: NcclSpec | None) -> list[str]:
+def _collective_lines(family: str, p: Mapping[str, Any], nccl: NcclSpec | None, said: str) -> list[str]:
     """The model that runs each op: the phase family's algorithms, or the backend's, with where each came from."""
     net = p["network"]
     overrides = net.get("algorithms", {})
     if "backend" not in net:
         algos = {**FAMILIES[family], **overrides}
         return [f"  collective  {family}: {', '.join(f'{op}={algo}' for op, algo in algos.items())}"]
-    lines = _nccl_lines(net, nccl, "hosts" in p) if nccl is not None else _gloo_lines(net, "hosts" in p)
+    lines = _nccl_lines(net, nccl, "hosts" in p, said) if nccl is not None else _gloo_lines(net, "hosts" in p, said)
     for op, algo in overrides.items():
-        lines.append(f"              {op}: exonet's phase {algo} (set in [network.algorithms]) on {family}'s sockets")
+        lines.append(f"              {op}: exonet's phase {algo} ({said} in [network.algorithms]) on {family}'s "
+                     "sockets")
     return lines
 
 
-def _origin(net: Mapping[str, Any], key: str, default: str = "default") -> str:
-    """Where a backend setting came from: the document, or the library's default."""
-    return "set" if key in net else default
+def _origin(net: Mapping[str, Any], key: str, said: str, default: str = "default") -> str:
+    """Where a backend setting came from: the document (``said``: set, or a preset's), or the library's default."""
+    return said if key in net else default
 
 
-def _nccl_lines(net: Mapping[str, Any], spec: NcclSpec, hosts: bool) -> list[str]:
+def _nccl_lines(net: Mapping[str, Any], spec: NcclSpec, hosts: bool, said: str) -> list[str]:
     """What NCCL runs: algorithm and protocol (the tuner's choice unless set), channels, sockets, buffer, levels."""
     given = net.get("nccl", {})
     if "algorithm" in given or net.get("collective") in NCCL_ALGORITHMS:
-        algorithm = f"{spec.algorithm} (set, as NCCL_ALGO)"
+        algorithm = f"{spec.algorithm} ({said}, as NCCL_ALGO)"
     else:
         algorithm = "the tuner's choice of ring or tree per call (NCCL's default)"
-    protocol = (f"{spec.protocol} (set)" if "protocol" in given
+    protocol = (f"{spec.protocol} ({said})" if "protocol" in given
                 else "the tuner's choice of LL or Simple per call (NCCL's default; LL128 is off over sockets)")
     socket = "socket_threads" in given or "socks_per_thread" in given
     wire = ("InfiniBand/RoCE verbs, no TCP" if spec.transport == "ib"
             else f"TCP: {spec.channels * spec.sockets} streams per pair, {spec.channels} channels x {spec.sockets} "
-                 f"sockets ({'set' if socket else f'the {spec.nic} NIC default'})" + _flow_limit(net, spec))
+                 f"sockets ({said if socket else f'the {spec.nic} NIC default'})" + _flow_limit(net, spec, said))
     lines = [
-        f"  backend     nccl, NIC {spec.nic} ({_origin(given, 'nic')}), transport {spec.transport} "
-        f"({_origin(given, 'transport')})",
+        f"  backend     nccl, NIC {spec.nic} ({_origin(given, 'nic', said)}), transport {spec.transport} "
+        f"({_origin(given, 'transport', said)})",
         f"              {wire}",
         f"              algorithm: {algorithm}",
         f"              protocol: {protocol}",
-        f"              channels: {spec.channels} ({_origin(given, 'channels', 'NCCL default for one NIC')}), "
-        f"buffer {units.format_bytes(spec.buffsize, binary=True)} ({_origin(given, 'buffsize', 'NCCL default')})",
+        f"              channels: {spec.channels} ({_origin(given, 'channels', said, 'NCCL default for one NIC')}), "
+        f"buffer {units.format_bytes(spec.buffsize, binary=True)} ({_origin(given, 'buffsize', said, 'NCCL default')})",
         "  ops         all_reduce: ring or tree as above; all_gather, reduce_scatter: NCCL's ring;",
         "              broadcast: NCCL's ring as a pipelined chain, reduce: the chain towards the root;",
         "              all_to_all, gather, scatter: grouped send/recv; barrier: an all-reduce of one float",
@@ -110,22 +114,22 @@ def _nccl_lines(net: Mapping[str, Any], spec: NcclSpec, hosts: bool) -> list[str
     return lines
 
 
-def _flow_limit(net: Mapping[str, Any], spec: NcclSpec) -> str:
+def _flow_limit(net: Mapping[str, Any], spec: NcclSpec, said: str) -> str:
     """The per-flow limit NCCL's sockets get: set, the NIC vendor's documented one, or none."""
     if "flow_rate" in net:
-        return f", at most {units.format_rate(net['flow_rate'])} per flow (set)"
+        return f", at most {units.format_rate(net['flow_rate'])} per flow ({said})"
     if spec.nic in FLOW_RATE:
         return f", at most {units.format_rate(FLOW_RATE[spec.nic])} per flow ({spec.nic}'s documented limit)"
     return ""
 
 
-def _gloo_lines(net: Mapping[str, Any], hosts: bool) -> list[str]:
+def _gloo_lines(net: Mapping[str, Any], hosts: bool, said: str) -> list[str]:
     """What gloo runs: its ring over every rank, one TCP connection per pair, two collectives of a group in flight."""
     streams = net.get("streams", 1)
     lines = [
         f"  backend     gloo over TCP sockets, {streams} connection{'s' if streams > 1 else ''} per pair "
-        f"({_origin(net, 'streams')}), {net.get('group_concurrency', 2)} collectives of a group in flight "
-        f"({_origin(net, 'group_concurrency')})",
+        f"({_origin(net, 'streams', said)}), {net.get('group_concurrency', 2)} collectives of a group in flight "
+        f"({_origin(net, 'group_concurrency', said)})",
         "  ops         all_reduce: gloo's segmented ring; all_gather: gloo's ring in halves; reduce_scatter: ring;",
         "              broadcast: binomial tree, a node sending to all its children at once; all_to_all: direct;",
         "              reduce: its ring reduce-scatter, then a gather to the root; gather, scatter: direct;",

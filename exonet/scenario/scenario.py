@@ -449,8 +449,10 @@ class Scenario:
         """A readable summary; with ``num_nodes`` (trainers), also the per-rank layout it resolves to, with
         ``servers`` serving ranks after them."""
         family = self._collective()
+        preset = self._source.startswith("scenarios/") and " + " not in self._source  # as shipped, unreplaced
         lines = [f"{self.name}: {self.description}" if self.description else self.name, f"  source      {self._source}",
-                 *sections(self._parsed, family, self._nccl() if family == "nccl" else None, num_nodes)]
+                 *sections(self._parsed, family, self._nccl() if family == "nccl" else None, num_nodes,
+                           "preset" if preset else "set")]
         if num_nodes is not None:
             serving = f" and {units.plural(servers, 'server')}" if servers else ""
             lines.append(f"  resolved for {units.plural(num_nodes, 'node')}{serving}:")
