@@ -33,8 +33,9 @@ def test_custom_int8_strategy_sends_P_plus_4_bytes_and_learns():
 
 @pytest.mark.slow
 def test_parameter_server_example_reduces_and_broadcasts_as_ddp_learns():
-    """reduce + broadcast through rank 0 trains the model DDP trains, with twice its payload; through a hub both are
-    the same messages, so the same simulated time, and the server sends n − 1 times what a node does."""
+    """reduce + broadcast through rank 0 (after a barrier) trains the model DDP trains, with twice its payload;
+    through a hub both are the same messages, so the same simulated time, and the server sends n − 1 times what a
+    node does. Gathering every gradient instead trains the same model."""
     out = run_example("parameter_server.py", "--steps", "20", "--nodes", "3")
     rows = {(m.group(1), m.group(4)): m.groups() for m in re.finditer(
         r"^\| (parameter server|DDP) \| ([\d.]+) \| ([\d,]+) \| (\w+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", out, re.M)}
@@ -42,10 +43,20 @@ def test_parameter_server_example_reduces_and_broadcasts_as_ddp_learns():
     ps, ddp = rows["parameter server", "star"], rows["DDP", "star"]
     assert float(ps[1]) < 2.2 and abs(float(ps[1]) - float(ddp[1])) < 1e-3  # learns (chance: ln 10 = 2.3), as DDP
     assert int(ps[2].replace(",", "")) == 2 * int(ddp[2].replace(",", ""))  # a reduce and a broadcast of P floats
-    assert ps[4] == ddp[4]  # through the hub: the same messages
+    seconds = {"ms": 1e-3, "s": 1.0}
+    ps_s, ddp_s = (float(x.split()[0]) * seconds[x.split()[1]] for x in (ps[4], ddp[4]))
+    assert ps_s == pytest.approx(ddp_s + 2 * 0.010, abs=1.5e-3)  # through the hub: the same messages, and the
+    # barrier's empty round trip to the hub (2 × 10 ms)
     params = int(re.search(r"parameters: (\d+)", out).group(1))
     server, node = (float(x.split()[0]) * {"kB": 1e3, "MB": 1e6}[x.split()[1]] for x in ps[5:7])
     assert server == pytest.approx(2 * 4 * params * 20, rel=5e-3) and node == pytest.approx(4 * params * 20, rel=5e-3)
+    assert "node 1's calls: barrier x1, broadcast x20, reduce x20" in out
+    # the classic server gathers every gradient and averages it there: the same model, other messages
+    gathered = run_example("parameter_server.py", "--steps", "20", "--nodes", "3", "--collect", "gather")
+    assert "node 1's calls: barrier x1, broadcast x20, gather x20" in gathered
+    loss = re.search(r"^\| parameter server \| ([\d.]+) \| ([\d,]+) \| nccl \| ([^|]+) \|", gathered, re.M)
+    assert abs(float(loss.group(1)) - float(ps[1])) < 1e-3 and loss.group(2) == ps[2]
+    assert loss.group(3) != rows["parameter server", "nccl"][4]  # a gather is not the reduce's chain
 
 
 @pytest.mark.slow
