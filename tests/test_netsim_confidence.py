@@ -29,16 +29,19 @@ def ring(n: int = 4, nbytes: int = 64_000_000, compute: float = 1.0, steps: int 
     return t
 
 
-@pytest.mark.parametrize("network, regime", [
-    ({"backend": "gloo", "latency": "10 ms"}, "library"),
-    ({"backend": "nccl", "latency": "10 ms"}, "library"),
-    ({"latency": "10 ms"}, "phase"),
-    ({"latency": "10 ms", "queue": "5 ms", "tcp_window": "4 MiB"}, "lossy"),
-    ({"latency": "10 ms", "queue": "5 ms", "tcp_window": "4 MiB", "streams": 16}, "lossy-streams"),
+@pytest.mark.parametrize("network, nbytes, regime", [
+    ({"backend": "gloo", "latency": "10 ms"}, 64_000_000, "library"),
+    ({"backend": "nccl", "latency": "10 ms"}, 64_000_000, "library"),
+    ({"backend": "gloo", "latency": "10 ms"}, 100_000, "library-calls"),  # 8 ms of bytes, ~100 ms of latency
+    ({"backend": "nccl", "latency": "10 ms"}, 100_000, "library-calls"),
+    ({"latency": "10 ms"}, 64_000_000, "phase"),
+    ({"latency": "10 ms"}, 100_000, "phase"),  # the phase model's own band covers its small calls
+    ({"latency": "10 ms", "queue": "5 ms", "tcp_window": "4 MiB"}, 64_000_000, "lossy"),
+    ({"latency": "10 ms", "queue": "5 ms", "tcp_window": "4 MiB", "streams": 16}, 64_000_000, "lossy-streams"),
 ])
-def test_the_range_scales_the_communication_by_its_regimes_band(network: dict, regime: str) -> None:
+def test_the_range_scales_the_communication_by_its_regimes_band(network: dict, nbytes: int, regime: str) -> None:
     scenario = Scenario.from_dict({"name": "r", "network": {"bandwidth": "100 Mbit/s", **network}})
-    result = simulate(ring(), scenario)
+    result = simulate(ring(nbytes=nbytes), scenario)
     p10, p90 = confidence.band(regime)
     comm = result.wall_clock_s - max(node.compute_s for node in result.per_node)
     low, high = result.wall_clock_range

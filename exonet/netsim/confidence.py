@@ -7,8 +7,12 @@ percent. ``SimResult.expected_range`` adds what the model does not know: every r
 replay takes the p10 and p90 of the ratios of its own regime (``bands.json``, written by
 ``python -m exonet.validate --bands``):
 
-- ``library``: a ``backend`` and no queue overflowing (the delay line's gloo, NCCL-like and windowed
-  cases: real ÷ model from 0.99 to 1.08);
+- ``library``: a ``backend`` and no queue overflowing, its collectives' time mostly their bytes' (the delay
+  line's gloo, NCCL-like and windowed cases);
+- ``library-calls``: the same, but most of the collectives' time is in calls that take more than twice their
+  bytes' time at the NIC's rate (``latency_bound``): small calls back to back, where what each call costs
+  besides its bytes (fill, notices, windows) decides, and where gloo's back-to-back calls overlap one call's
+  tail with the next call's start, which the model does not;
 - ``phase``: exonet's phase model, nothing overflowing (the same cases without their library, and the
   shaped links that lose nothing: 1.00 to 1.49, the phase model pays no library's pipelining);
 - ``lossy``: a queue overflows with one stream per transfer (0.96 to 1.12);
@@ -33,11 +37,28 @@ _BANDS: dict[str, dict[str, float]] = json.loads(
     resources.files("exonet.netsim").joinpath("bands.json").read_text())["regimes"]
 
 
-def regime(resolved: Resolved, lossy: bool) -> str:
+LATENCY_BOUND = 2.0  # a call is latency-bound past this many times its bytes' time at the NIC rate
+
+
+def latency_bound(result: SimResult, resolved: Resolved) -> bool:
+    """Whether most of a replay's collective time is in latency-bound calls (module docstring)."""
+    rate = min(resolved.uplink)
+    spent = bound = 0.0
+    for span in result.collectives:
+        took = span.end_s - span.start_s
+        spent += took
+        if took > LATENCY_BOUND * span.nbytes / rate:
+            bound += took
+    return bound > spent / 2
+
+
+def regime(resolved: Resolved, lossy: bool, result: SimResult) -> str:
     """The regime a replay is in, as the testbed's cases were grouped (module docstring)."""
     if lossy:
         return "lossy" if resolved.streams == 1 else "lossy-streams"
-    return "phase" if resolved.backend is None else "library"
+    if resolved.backend is None:
+        return "phase"
+    return "library-calls" if latency_bound(result, resolved) else "library"
 
 
 def band(name: str) -> tuple[float, float]:
@@ -48,7 +69,7 @@ def band(name: str) -> tuple[float, float]:
 
 def expected_range(result: SimResult, resolved: Resolved, lossy: bool) -> tuple[str, tuple[float, float]]:
     """The regime of ``result`` and where a real run is expected to fall (p10, p90 seconds; module docstring)."""
-    name = regime(resolved, lossy)
+    name = regime(resolved, lossy, result)
     p10, p90 = band(name)
     trainers = result.per_node[:result.trainers] or result.per_node
     compute = max((node.compute_s for node in trainers), default=0.0)

@@ -175,7 +175,8 @@ def _delay() -> int:
             print(line_rate(delay, mbit * 1e6 / 8).row(), flush=True)
     for title, cases in (("gloo's window", windows.window_limited()), ("Linux's window", windows.tcp_window()),
                          ("slow start after idle", windows.slow_start()),
-                         ("the NCCL-like pipelined ring", windows.pipelined())):
+                         ("the NCCL-like pipelined ring", windows.pipelined()),
+                         ("sequences of calls", windows.sequences())):
         print(f"\n{len(cases)} cases ({title}), load average {os.getloadavg()[0]:.2f}", flush=True)
         measured = [windows.run_case(case, runs=2) for case in cases]
         windows.report(measured)

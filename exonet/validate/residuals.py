@@ -6,7 +6,9 @@ prediction. The ratios are grouped by the regime the replay is in, as a replay o
 can tell it (exonet/netsim/confidence.py):
 
 - ``library``: a backend's model (gloo, NCCL, a window-limited transfer), no queue overflowing: the
-  delay line's cases, which model the library's pipelining, windows and slow start;
+  delay line's cases, which model the library's pipelining, windows and slow start; ``library-calls``:
+  those whose replay spends most of its collective time in latency-bound calls (confidence.py), as the
+  delay line's gloo sequences of 8 and 32 calls;
 - ``phase``: exonet's phase model (no backend) and no queue overflowing: the delay line's cases
   replayed without their library, and the shaped links' cases that lose nothing;
 - ``lossy``: a queue overflows, one TCP stream per transfer; ``lossy-streams``: several streams
@@ -24,19 +26,23 @@ import statistics
 from pathlib import Path
 
 from exonet import simulate
+from exonet.netsim import confidence
 from exonet.validate.slowlinks import SlowCase, back_to_back, corners, held_out, matrix
 from exonet.validate.windows import recorded
 
 SLOW_MEDIANS = Path(__file__).with_name("slowlinks_medians.json")
 BANDS = Path(__file__).resolve().parents[1] / "netsim" / "bands.json"
-REGIMES = ("library", "phase", "lossy", "lossy-streams")
+REGIMES = ("library", "library-calls", "phase", "lossy", "lossy-streams")
 
 
 def residuals() -> dict[str, list[float]]:
     """Real median ÷ model, per regime, over every recorded case."""
     out: dict[str, list[float]] = {regime: [] for regime in REGIMES}
     for r in recorded():
-        out["library"].append(r.median / r.case.predict(r.case.model, r.sysctls))
+        sim = r.case.replay(r.case.model, r.sysctls)
+        resolved = r.case.scenario(r.case.model, r.sysctls).resolve(r.case.k)
+        calls = confidence.latency_bound(sim, resolved)  # a windowed transfer is the library's regime too
+        out["library-calls" if calls else "library"].append(r.median / r.case.predict(r.case.model, r.sysctls))
         out["phase"].append(r.median / r.case.predict("phase", r.sysctls))
     medians = json.loads(SLOW_MEDIANS.read_text())
     bound = set(medians["testbed_bound"])
@@ -46,8 +52,8 @@ def residuals() -> dict[str, list[float]]:
             continue
         sim = simulate(case.trace(), case.scenario())
         lossy = sim.wall_clock_range[1] > sim.wall_clock_range[0]
-        regime = "phase" if not lossy else "lossy" if case.streams == 1 else "lossy-streams"
-        out[regime].append(medians["cases"][case.name] / sim.wall_clock_s)
+        which = confidence.regime(case.scenario().resolve(case.k), lossy, sim)
+        out[which].append(medians["cases"][case.name] / sim.wall_clock_s)
     return out
 
 

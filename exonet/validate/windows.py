@@ -36,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from exonet.netsim import simulate
+from exonet.netsim import SimResult, simulate
 from exonet.scenario import Scenario
 from exonet.scenario.resolved import linux_window
 from exonet.trace import Trace
@@ -86,6 +86,12 @@ class DelayCase:
     streams: int = 16  # streams: TCP connections per neighbour pair
     slice_bytes: int = 512 * 1024  # streams: pipelined in slices of this size (0: step by step)
     shaper: Shaper = field(default_factory=lambda: Shaper(latency=0.2))
+    calls: int = 1  # gloo: each repetition is this many blocking all-reduces of nbytes / calls, back to back
+
+    def __post_init__(self) -> None:
+        if self.calls < 1 or self.nbytes % (4 * self.calls) or (self.calls > 1 and self.transport != "gloo"):
+            raise ValueError(f"DelayCase: calls={self.calls} must be >= 1, split nbytes={self.nbytes} into whole "
+                             "floats, and be 1 unless the transport is gloo")
 
     @property
     def name(self) -> str:
@@ -93,8 +99,9 @@ class DelayCase:
         what = "gloo" if self.transport == "gloo" else f"{self.streams} stream{'s' * (self.streams > 1)} {how}"
         idle = f", after {self.idle:g} s idle" if self.idle else ", back to back" if self.transport == "gloo" else ""
         size = f"{self.nbytes / MIB:g} MiB" if self.nbytes % MIB == 0 else f"{self.nbytes / 1e6:g} MB"
+        split = f" as {self.calls} calls" if self.calls > 1 else ""
         return (f"K={self.k} {self.rate * 8 / 1e6:g} Mbit/s RTT {2 * self.delay * 1e3:g} ms {self.congestion}, "
-                f"{what} all_reduce {size}{idle}")
+                f"{what} all_reduce {size}{split}{idle}")
 
     @property
     def model(self) -> str:
@@ -129,20 +136,28 @@ class DelayCase:
         return Scenario.from_dict({"name": "delay-line", "network": net})
 
     def trace(self) -> Trace:
-        """The nodes' sequence: a warm-up all-reduce, then ``repeats``, each after ``idle`` s of compute."""
+        """The nodes' sequence: a warm-up repetition, then ``repeats``, each after ``idle`` s of compute; each
+        repetition ``calls`` all-reduces of ``nbytes / calls``."""
         t = Trace(num_nodes=self.k)
         for r in range(self.k):
             for i in range(self.repeats + 1):
                 if i and self.idle:
                     t.add_compute(r, self.idle)
-                t.add_collective(r, "all_reduce", self.nbytes)
+                for _ in range(self.calls):
+                    t.add_collective(r, "all_reduce", self.nbytes // self.calls)
         return t
 
+    def replay(self, model: str, sysctls: dict[str, str], restart: bool | None = None) -> SimResult:
+        """The case's trace replayed under ``model`` in the scenario its configuration describes."""
+        return simulate(self.trace(), self.scenario(model, sysctls, restart))
+
     def predict(self, model: str, sysctls: dict[str, str], restart: bool | None = None) -> float:
-        """The model's median time of the measured all-reduces (the warm-up's left out, as in the measurement)."""
-        result = simulate(self.trace(), self.scenario(model, sysctls, restart))
+        """The model's median time of the measured repetitions (the warm-up's left out, as in the measurement):
+        from the first call's start to the last call's end."""
+        result = self.replay(model, sysctls, restart)
         spans = sorted((c for c in result.collectives if c.op == "all_reduce"), key=lambda c: c.start_s)
-        return statistics.median(c.end_s - c.start_s for c in spans[1:])
+        reps = [spans[i:i + self.calls] for i in range(self.calls, len(spans), self.calls)]
+        return statistics.median(rep[-1].end_s - rep[0].start_s for rep in reps)
 
 
 @dataclass
@@ -219,6 +234,13 @@ def pipelined() -> list[DelayCase]:
     mbit = 1e6 / 8
     return [DelayCase(4, 100 * mbit, delay, 12_000_000, transport="streams", slice_bytes=s)
             for delay in (0.025, 0.05) for s in (512 * 1024, 0)]
+
+
+def sequences() -> list[DelayCase]:
+    """One gloo all-reduce of 16 MiB against the same bytes as 8 and 32 blocking calls back to back (a gradient
+    synced tensor by tensor): K = 3, 150 Mbit/s, RTT 50 and 100 ms. What a call costs besides its bytes shows here."""
+    mbit = 1e6 / 8
+    return [DelayCase(3, 150 * mbit, delay, 16 * MIB, calls=calls) for delay in (0.025, 0.05) for calls in (1, 8, 32)]
 
 
 def report(ms: Sequence[DelayMeasurement], log: Callable[[str], None] = print) -> None:
@@ -313,7 +335,8 @@ def recorded_report(log: Callable[[str], None] = print) -> dict[str, list[float]
 
 # ---------------------------------------------------------------- the node side
 def _node(spec: dict[str, Any], out: Path) -> None:
-    """One gloo node: ``repeats`` + 1 blocking all-reduces, each measured on the clock the namespaces share."""
+    """One gloo node: ``repeats`` + 1 repetitions of ``calls`` blocking all-reduces, each repetition measured on the
+    clock the namespaces share."""
     import pickle
 
     import torch
@@ -323,14 +346,16 @@ def _node(spec: dict[str, Any], out: Path) -> None:
 
     rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=k, timeout=timedelta(seconds=600))
-    x = torch.zeros(spec["nbytes"] // 4)
+    calls = spec.get("calls", 1)
+    xs = [torch.zeros(spec["nbytes"] // 4 // calls) for _ in range(calls)]
     dist.barrier()
     starts, ends = [], []
     for i in range(spec["repeats"] + 1):
         if i and spec["idle"]:
             time.sleep(spec["idle"])
         starts.append(time.monotonic())
-        dist.all_reduce(x)
+        for x in xs:
+            dist.all_reduce(x)
         ends.append(time.monotonic())
     dist.barrier()
     (out / f"rank{rank}.pkl").write_bytes(pickle.dumps({"starts": starts, "ends": ends}))
