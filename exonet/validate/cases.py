@@ -349,18 +349,18 @@ def _strategy(name: str) -> Any:
 def _node_train(spec: dict[str, Any], out: Path) -> None:
     """One node of a training run (the torchrun path of ``fit``); records when training began and ended here."""
     from exonet import LocalTrainer
-    from exonet.communicator import Communicator
+    from exonet.communicator import CommCore, Communicator
     from exonet.toy import digits, digits_mlp
 
     case = Case(**spec)
     marks: dict[str, float] = {}
     begin, mark_step = Communicator.begin, Communicator.mark_step
 
-    def timed_begin(self: Communicator) -> None:
+    def timed_begin(self: CommCore) -> None:
         marks["begin"] = time.perf_counter()
         begin(self)
 
-    def timed_mark_step(self: Communicator) -> list[Event]:
+    def timed_mark_step(self: CommCore) -> list[Event]:
         events = mark_step(self)
         marks["last_step"] = time.perf_counter()
         return events
