@@ -33,4 +33,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'exonet' has no attribute {name!r}")
+    if name in ("LocalTrainer", "Trainer"):  # a fit is coming: the server that forks its nodes starts its imports
+        from exonet.runtime.forkserver import warm_up_by_default  # now, beside this process's import of torch
+
+        warm_up_by_default()
     return getattr(importlib.import_module(module), name)

@@ -228,3 +228,15 @@ def test_warm_up_starts_the_server_every_fit_forks_from_without_importing_torch(
     LocalTrainer(linear_regressor(4, 1), TensorDataset(torch.randn(32, 4), torch.randn(32, 1))).fit(
         DDPStrategy(OptimSpec("sgd", lr=0.1)), num_nodes=2, max_steps=2, batch_size=4, progress=False)
     assert forkserver._forkserver._forkserver_pid == server and node_pids() == []
+
+
+def test_a_fit_says_where_its_start_up_went(ddp_run):
+    """``FitResult.startup``: seconds from fit's call to each part, the parent's and then the last trainer's, in the
+    order they happen (``python -m exonet.bench runtime --startup`` prints them)."""
+    _, result = ddp_run
+    parts = ["imported", "configured", "nodes started", "forked", "joined", "loaded", "set up", "first step"]
+    assert list(result.startup) == parts
+    times = [result.startup[part] for part in parts]
+    assert 0 <= times[0] <= times[1] <= times[2]  # the parent imports, checks, then starts the nodes
+    assert times[1] <= times[3] and times[3:] == sorted(times[3:])  # a node forks, joins, loads, sets up, steps
+    assert times[-1] < result.real_time_s + times[2]  # the first step ends inside the run

@@ -5,13 +5,21 @@ same number of steps with K gloo processes and one flattened all-reduce per step
 The floor has nothing else: no tracing, no loss reporting, no evaluation. Times
 include process start-up, as a user waits for it.
 
-    python -m exonet.bench runtime [--nodes 4] [--steps 200] [--repeat 1]
+``--startup`` times where a first fit's start-up goes instead: each run a fresh Python process that imports
+exonet, builds the bench MLP and runs one fit, reading ``FitResult.startup`` (seconds from ``fit``'s call to
+each part: imports, checks, nodes started, then the last node forked, joined, loaded, set up, first step).
+
+    python -m exonet.bench runtime [--nodes 4] [--steps 200] [--repeat 1] [--startup] [--no-warm-up]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
+import sys
 import time
 from typing import Any, cast
 
@@ -72,17 +80,64 @@ def run_exonet(k: int, steps: int, batch: int) -> float:
     return time.perf_counter() - t0
 
 
+# A first fit in a fresh process, as a script or a notebook's first cell runs it; prints its parts as JSON.
+_FIRST_FIT = """
+import json, os, sys, time
+t0 = time.monotonic()
+import exonet
+from exonet import LocalTrainer
+from exonet.strategies import DDPStrategy, OptimSpec
+from exonet.toy import bench_mlp, synthetic_classification
+imported = time.monotonic()
+trainer = LocalTrainer(bench_mlp(), synthetic_classification(4096))
+strategy = DDPStrategy(OptimSpec("adamw", lr=1e-3))
+built = time.monotonic()
+result = trainer.fit(strategy, num_nodes={nodes}, max_steps={steps}, batch_size=32, device="cpu", progress=False)
+print(json.dumps({{"import exonet": imported - t0, "model and strategy": built - t0,
+                  **{{part: built - t0 + s for part, s in result.startup.items()}},
+                  "fit returned": time.monotonic() - t0}}))
+"""
+
+
+def first_fit(k: int, steps: int, warm_up: bool) -> dict[str, float]:
+    """Seconds from a fresh process's start to each part of its first fit (``_FIRST_FIT``); ``warm_up`` False
+    turns the default warm-up off (``EXONET_WARM_UP=0``)."""
+    code = _FIRST_FIT.format(nodes=k, steps=steps)
+    env = {**os.environ, "EXONET_WARM_UP": "1" if warm_up else "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def startup(k: int, steps: int, repeat: int, warm_up: bool) -> dict[str, Any]:
+    """Print the median of each part over ``repeat`` fresh processes, and return them with every run."""
+    runs = [first_fit(k, steps, warm_up) for _ in range(repeat)]
+    parts = {part: statistics.median(run[part] for run in runs) for part in runs[0]}
+    how = "" if warm_up else ", no warm-up (EXONET_WARM_UP=0)"
+    print(f"start-up of a first fit: K={k}, {steps} steps, bench MLP, DDP, gloo{how}; median of {repeat} fresh "
+          "processes, seconds since the process started")
+    previous = 0.0
+    for part, at in parts.items():
+        print(f"  {part:<16} {at:6.2f} s  (+{at - previous:.2f})")
+        previous = at
+    return {"parts": parts, "runs": runs}
+
+
 def main(argv: list[str]) -> dict[str, Any]:
     """Print the figures and return them: ``exonet_s`` and ``floor_s`` (medians of whole runs, seconds),
     their ``ratio`` and every run's seconds (``exonet_runs``, ``floor_runs``); with ``--only``, that side's
-    ``exonet_s`` or ``floor_s`` alone."""
+    ``exonet_s`` or ``floor_s`` alone; with ``--startup``, each part's median (``parts``) and every run."""
     parser = argparse.ArgumentParser(prog="python -m exonet.bench runtime", description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=1, help="alternate the two this many times, report medians")
     parser.add_argument("--only", choices=("exonet", "floor"), help="run one side only (to time whole processes)")
+    parser.add_argument("--startup", action="store_true", help="time each part of a first fit's start-up instead")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="with --startup: EXONET_WARM_UP=0 (the server starts at the first fit)")
     args = parser.parse_args(argv)
+    if args.startup:
+        return startup(args.nodes, args.steps, args.repeat, not args.no_warm_up)
     if args.only:
         run = run_exonet if args.only == "exonet" else run_floor
         seconds = run(args.nodes, args.steps, args.batch)

@@ -38,6 +38,10 @@ class FitResult:
             else None; the model, history and trace here are whole either way.
         profile: with ``fit(profile=True)``, rank 0's torch.profiler trace (Kineto JSON), which
             ``estimate(profile=...)`` replays with its measured per-layer times; else None.
+        startup: seconds from ``fit``'s call to each part of the start-up: "imported" (what fit imports on its
+            way), "configured" (the arguments checked), "nodes started" (every node asked of the server that forks
+            them), then when the last trainer was "forked", had "joined" the process group, "loaded" the model,
+            "set up" its strategy and ended its "first step" (``python -m exonet.bench runtime --startup``).
 
     The older gym's fit returned the model itself, so a FitResult stands in for it: ``result(batch)``,
     ``result.state_dict()``, ``result.parameters()``, ``result.eval()``, ``result.to(...)`` and the other
@@ -52,6 +56,7 @@ class FitResult:
     real_time_s: float = 0.0
     sim: "SimResult | None" = None
     sim_wall_clock_s: float | None = None
+    startup: dict[str, float] = field(default_factory=dict)
     save_error: OSError | None = None
     profile: Path | None = None
 

@@ -14,17 +14,23 @@ from typing import Any, final
 
 from exonet.trace import Event
 
-
 # ---------------------------------------------------------------- node -> parent
+# A node's start-up, in order: forked from the server, joined the process group, unpickled the model, set up its
+# strategy (the initial weights broadcast, the first batch drawn), ended its first step.
+STARTUP = ("forked", "joined", "loaded", "set up", "first step")
+
+
 @final
 @dataclass(slots=True)
 class StepDone:
-    """A finished step: its mean loss on this node and the step's trace events."""
+    """A finished step: its mean loss on this node and the step's trace events; a node's first also carries when
+    (``time.monotonic()``) it reached each part of its start-up (``STARTUP``)."""
 
     rank: int
     step: int
     loss: float
     events: list[Event]
+    marks: dict[str, float] | None = None
 
 
 @final

@@ -93,8 +93,9 @@ class TrainNode:
 
     def __init__(self, rank: int, cfg: NodeConfig, model: torch.nn.Module, train_data: Any, val_data: Any,
                  strategy: Strategy, send: Callable[[NodeMessage], None], heartbeat: Heartbeat,
-                 clock: ClockLink | None = None) -> None:
+                 clock: ClockLink | None = None, marks: dict[str, float] | None = None) -> None:
         self.rank, self.cfg, self.send, self.heartbeat = rank, cfg, send, heartbeat
+        self.marks = {} if marks is None else marks  # when this node reached each part of its start-up
         self.clock = clock  # the online clock: whether each step runs, who a server receives next
         self.device = self._device()
         self.model = model.to(self.device)
@@ -189,6 +190,7 @@ class TrainNode:
         if cfg.resume_dir is not None:
             load_node(Path(cfg.resume_dir), self.rank, self.model, self.strategy)
         self.heartbeat.started()
+        self.marks["set up"] = time.monotonic()
         self.comm.begin()
 
         # a server evaluates itself
@@ -213,7 +215,11 @@ class TrainNode:
             loss = self._forward_backward(batch)
             self.comm.flops_done(flops)
             self.strategy.step()
-            self.send(StepDone(self.rank, step, loss, self.comm.mark_step()))
+            marks = None
+            if step == cfg.start_step:
+                self.marks["first step"] = time.monotonic()
+                marks = self.marks
+            self.send(StepDone(self.rank, step, loss, self.comm.mark_step(), marks))
             if prof is not None:
                 prof.step()
             self.heartbeat.beat()
@@ -244,6 +250,7 @@ class TrainNode:
         val_loader = self._val_loader()
         self._setup_strategy()
         self.heartbeat.started()
+        self.marks["set up"] = time.monotonic()
         self.comm.begin()
 
         last = [0, 0.0, 0]  # the updates applied, the simulated time of the last, the updates last evaluated
@@ -493,6 +500,7 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
     read end of the online clock's step decisions (exonet.runtime.clock), or None. ``model_bytes`` is the
     model as torch.save wrote it: a uint8 array over the parent's shared memory, or the bytes themselves.
     """
+    marks = {"forked": time.monotonic()}
     for signum in (signal.SIGINT, signal.SIGHUP):  # a terminal sends them to us too: the parent stops us
         signal.signal(signum, signal.SIG_IGN)
     heartbeat = Heartbeat(beats, rank)
@@ -513,11 +521,13 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
             store = join_store(cfg.store_port, cfg.world)
             dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world,
                                     timeout=timedelta(seconds=cfg.timeout_s))
+        marks["joined"] = time.monotonic()
         model = torch.load(io.BytesIO(model_bytes), weights_only=False)
+        marks["loaded"] = time.monotonic()
         clock = None if control is None else ClockLink(control, pipe.send, rank, heartbeat.blocked,
                                                        gated=cfg.max_sim_time_s is not None,
                                                        announces=strategy.asynchronous)
-        TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock).run()
+        TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock, marks).run()
     except BaseException:
         pipe.send(NodeError(rank, traceback.format_exc(), time.monotonic()))
         code = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from exonet.runtime.messages import Evaluated, Events, NodeDone, NodeMessage, Query, StepDone
+from exonet.runtime.messages import STARTUP, Evaluated, Events, NodeDone, NodeMessage, Query, StepDone
 from exonet.trace import Event, Step, Trace
 
 if TYPE_CHECKING:
@@ -56,6 +56,9 @@ class RunRecord:
         self.metrics: Any = None  # a MetricsLog (exonet.rundir) writing metrics.jsonl as the run goes
         self.watch: Any = None  # a DivergenceWatch (exonet.runtime.divergence) checking every reported loss
         self.done: set[int] = set()
+        # time.monotonic() at each part of the start-up: the parent's, and each node's from its first step
+        self.started: dict[str, float] = {}
+        self.marks: dict[int, dict[str, float]] = {}
         self._losses: dict[int, dict[int, float]] = {}
         self._bar = None
         if progress:
@@ -68,6 +71,8 @@ class RunRecord:
         """Take a StepDone, Evaluated, NodeDone, Events or Query message."""
         rank = msg.rank
         if type(msg) is StepDone:
+            if msg.marks is not None:
+                self.marks[rank] = msg.marks
             self.events[rank].extend(msg.events)
             self._losses.setdefault(msg.step, {})[rank] = msg.loss
             if self.watch is not None:
@@ -103,6 +108,16 @@ class RunRecord:
                 self._bar.set_postfix(loss=f"{self.history['train_loss'][-1]:.4f}", refresh=False)
         if nxt > start and self.metrics is not None:
             self.metrics.sync()
+
+    def startup(self) -> dict[str, float]:
+        """When (``time.monotonic()``) the parent, then the last trainer, reached each part of the start-up."""
+        out = dict(self.started)
+        trainers = [m for rank, m in self.marks.items() if rank < self.trainers]
+        for part in STARTUP:
+            reached = [m[part] for m in trainers if part in m]
+            if reached:
+                out[part] = max(reached)
+        return out
 
     def trace(self) -> Trace:
         return Trace(meta=dict(self.meta), events=self.events, num_ranks=self.num_nodes)

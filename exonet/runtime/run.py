@@ -157,6 +157,7 @@ class Supervisor:
                 writer.close()  # the node holds the only write end: its death reads as end-of-file here
                 if control is not None:
                     control.close()
+        self.record.started["nodes started"] = time.monotonic()
 
     def _cannot_send(self, exc: Exception, train: Any, val: Any, strategy: Strategy) -> NoReturn:
         """Raise the TypeError that names what cannot travel to the nodes (pickling ``exc`` failed)."""
@@ -488,7 +489,8 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
     model = copy.deepcopy(job.model)
     if record.state is not None:
         model.load_state_dict(torch.load(io.BytesIO(record.state), weights_only=True))
-    result = FitResult(model=model, history=record.history, trace=record.trace(), config=config, real_time_s=real_time)
+    result = FitResult(model=model, history=record.history, trace=record.trace(), config=config, real_time_s=real_time,
+                       startup=record.startup())
     try:
         with deferred():  # a signal now waits for the run directory to be whole
             _gym_logs(result, config, run_path, run_name)

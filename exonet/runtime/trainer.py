@@ -12,6 +12,7 @@ stops them all and raises NodeFailure naming the node; nothing is left running
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -161,8 +162,10 @@ class LocalTrainer:
                 its ``correlation_interval`` is accepted and ignored with a warning (exonet measures correlation
                 at every evaluation).
         """
+        called = time.monotonic()
         args = {name: value for name, value in locals().items() if name not in ("self", "strategy", "legacy")}
         complete_imports()  # what fit imports on its way, whole: Ctrl-C now cannot leave half a package behind
+        imported = time.monotonic()
         args["device"] = device if device is not None else self.device
         args["devices"] = devices if devices is not None else self.devices
         strategy = as_strategy(strategy)  # an object with the seed gym's protocol runs as the gym ran it
@@ -170,7 +173,10 @@ class LocalTrainer:
         from exonet.runtime.run import launch
 
         job = Job(self.model, self.train_dataset, self.val_dataset, strategy, plan.node)
+        configured = time.monotonic()
         result = launch(job, plan)
+        marks = {"imported": imported, "configured": configured, **result.startup}
+        result.startup = {part: at - called for part, at in marks.items()}
         if plan.node.profile_dir is not None:
             result.profile = Path(plan.node.profile_dir) / "rank0.json"
         return result
