@@ -1,4 +1,4 @@
-"""The server that forks a fit's nodes starts when a fit is coming (``exonet.LocalTrainer`` asked for), and only then."""
+"""The server that forks a fit's nodes starts when a fit is coming (``exonet.LocalTrainer`` asked for), only then."""
 
 from __future__ import annotations
 

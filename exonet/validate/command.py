@@ -117,13 +117,14 @@ def _link(pairs: list[str]) -> dict[str, object]:
 
 
 def _slow_links() -> int:
-    """Run the real-slow-links matrix, its held-out cases, its corners, back-to-back all-reduces and DDP's buckets;
-    print real, ideal and model per case."""
+    """Run the real-slow-links matrix, its held-out cases, its corners, back-to-back all-reduces, the sweep of
+    streams through a shallow queue and DDP's buckets; print real, ideal and model per case."""
     from exonet.validate import buckets
-    from exonet.validate.slowlinks import back_to_back, corners, held_out, matrix, report, run_case
+    from exonet.validate.slowlinks import back_to_back, corners, held_out, matrix, report, run_case, stream_sweep
 
     for title, cases in (("read the recovery constant from", matrix()), ("held out", held_out()),
-                         ("the matrix's corners", corners()), ("back to back", back_to_back())):
+                         ("the matrix's corners", corners()), ("back to back", back_to_back()),
+                         ("many streams in a shallow queue", stream_sweep())):
         print(f"\n{len(cases)} cases ({title}), load average {os.getloadavg()[0]:.2f}", flush=True)
         report([run_case(case) for case in cases])
     ddp = buckets.matrix()

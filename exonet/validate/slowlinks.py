@@ -152,6 +152,15 @@ def corners() -> list[SlowCase]:
     return cases
 
 
+def stream_sweep() -> list[SlowCase]:
+    """Many streams through one shallow queue: 1, 8, 16, 24 and 32 TCP streams per pair (32 is NCCL's on AWS: 2
+    channels x 16 sockets) at 50, 100 and 200 Mbit/s, behind tbf queues of rate x 50 ms + 32 KB. K = 2, each
+    case about 1.3 s of bytes at the link's rate, so throughput and losses can be read against the stream count."""
+    mbit = 1e6 / 8
+    return [SlowCase(2, rate * mbit, streams, int(rate * mbit * 1.3), Shaper(latency=0.05))
+            for rate in (50, 100, 200) for streams in (1, 8, 16, 24, 32)]
+
+
 def back_to_back() -> list[SlowCase]:
     """Per-tensor all-reduces back to back, as the outer sync of issue 19's cluster (57 blocking all-reduces):
     K = 4, MTU 9001, eight tensors per repeat, over gloo's one stream, 16 streams step by step and NCCL's
