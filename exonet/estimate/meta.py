@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from exonet.communicator import Communicator, any_source_question
+from exonet.communicator import Communicator, Handle, any_source_question
 from exonet.estimate.compute import StepCompute
 from exonet.estimate.hub import OnlineHub, RankLink
 from exonet.estimate.result import scenario_for_estimate
@@ -46,8 +46,6 @@ class RecordingCommunicator(Communicator):
         self.events.append(Collective(cid, op, payload.numel() * payload.element_size(), self._members(group),
                                       async_op, dtype, key=key))
         if async_op:
-            from exonet.communicator import Handle
-
             return Handle(self, cid, None, finish)
         return finish()
 

@@ -42,7 +42,7 @@ def residuals() -> dict[str, list[float]]:
         sim = r.case.replay(r.case.model, r.sysctls)
         resolved = r.case.scenario(r.case.model, r.sysctls).resolve(r.case.k)
         calls = confidence.latency_bound(sim, resolved)  # a windowed transfer is the library's regime too
-        out["library-calls" if calls else "library"].append(r.median / r.case.predict(r.case.model, r.sysctls))
+        out["library-calls" if calls else "library"].append(r.median / r.case.repetition_time(sim))
         out["phase"].append(r.median / r.case.predict("phase", r.sysctls))
     medians = json.loads(SLOW_MEDIANS.read_text())
     bound = set(medians["testbed_bound"])

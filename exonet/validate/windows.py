@@ -154,7 +154,10 @@ class DelayCase:
     def predict(self, model: str, sysctls: dict[str, str], restart: bool | None = None) -> float:
         """The model's median time of the measured repetitions (the warm-up's left out, as in the measurement):
         from the first call's start to the last call's end."""
-        result = self.replay(model, sysctls, restart)
+        return self.repetition_time(self.replay(model, sysctls, restart))
+
+    def repetition_time(self, result: SimResult) -> float:
+        """A replay's median repetition, the warm-up left out: from its first call's start to its last call's end."""
         spans = sorted((c for c in result.collectives if c.op == "all_reduce"), key=lambda c: c.start_s)
         reps = [spans[i:i + self.calls] for i in range(self.calls, len(spans), self.calls)]
         return statistics.median(rep[-1].end_s - rep[0].start_s for rep in reps)
