@@ -296,6 +296,9 @@ def _print_profile(profile: dict) -> None:
 
     used = f"median of {profile['steps_used']} steps" + ("; the first dropped as warm-up" if profile["warmup_dropped"]
                                                           else "") + f"; they spread {profile['spread']:.0%}"
+    overhead = profile["profiler_overhead"]
+    used += ("; the profiler's overhead not measured, so included" if overhead is None
+             else f"; less the profiler's measured overhead, {overhead:.0%}")
     print(f"profiled step: {format_time(profile['profiled_step_s'])} on {profile['device']} ({used}); optimizer "
           f"{format_time(profile['optimizer_s'])}, device idle {format_time(profile['idle_s'])}; replayed as "
           f"{format_time(profile['step_s'])} per step")

@@ -101,7 +101,7 @@ def step_compute(net: Any, step_time: float | None, flops: float, profile: Any, 
     step = measure(given, net, scale_layers=scale_layers, devices=devices)
     report: dict[str, Any] = {"path": given.path, "step_s": step.step_s, "profiled_step_s": given.step_s,
                               "steps_used": given.steps_used, "warmup_dropped": given.warmup_dropped,
-                              "spread": given.spread,
+                              "spread": given.spread, "profiler_overhead": given.overhead,
                               "optimizer_s": given.optimizer_s, "idle_s": given.idle_s, "device": given.device,
                               "notes": list(step.notes)}
     if flops and tflops and mfu:

@@ -16,9 +16,13 @@ What a step is made of comes from names the profiler itself writes:
   ``correlation`` id: on a GPU trace a gradient is ready when the last kernel launched before its
   AccumulateGrad ends, and the device is idle where no kernel runs;
 * collectives (``c10d::allreduce_`` where the node issues or waits on one, the backend's ``gloo:all_reduce``,
-  ``nccl:...``, NCCL kernels): a step profiled inside a distributed run (``fit(profile=True)``) waits on
-  them; time when one runs and no op outside a collective does is exposed communication, left out of the
-  step (``comm_s``), since the simulator times its own.
+  ``nccl:...``, NCCL kernels, and ``exonet::<call>`` around each call a ``fit(profile=True)`` node blocks
+  in): a step profiled inside a distributed run waits on them; time when one runs and no op outside a
+  collective does is exposed communication, left out of the step (``comm_s``), since the simulator times
+  its own;
+* ``exonet_step_compute`` (top level, written by ``fit(profile=True)``): the traced compute of steps run
+  without the profiler and with it. The first's median is the step's compute (the profile gives only how it
+  splits), so neither the profiler's overhead (their ratio) nor a wait the profile counts as compute is in it.
 
 The file is parsed with an ``object_hook`` that keeps only these few fields of each event, so a trace of
 hundreds of MB costs a fraction of what its whole event dicts would (``python -m exonet.bench profile``).
@@ -38,7 +42,7 @@ import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 from exonet.errors import TraceError
 
@@ -51,7 +55,9 @@ GRAD_OP = "torch::autograd::AccumulateGrad"
 OPTIMIZER = "Optimizer.step#"
 MODULE = "nn.Module: "
 KERNELS = ("kernel", "gpu_memcpy", "gpu_memset")
-COLLECTIVES = ("c10d::", "gloo:", "nccl:", "ncclDevKernel", "ncclKernel")  # a collective's issue, wait and run
+BLOCKED = "exonet::"  # fit(profile=True): a call the node blocked in, as its trace counts it (exonet.profile.record)
+COLLECTIVES = ("c10d::", "gloo:", "nccl:", "ncclDevKernel", "ncclKernel", BLOCKED)  # a collective's issue, wait, run
+STEP_COMPUTE = "exonet_step_compute"  # fit(profile=True): traced compute of unprofiled and profiled steps
 LAUNCHES = ("cuda_runtime", "cuda_driver")
 NOT_MODULES = (STEP, "Optimizer.", "PyTorch Profiler")  # annotations the profiler writes itself
 # The largest trace read, on disk and decompressed: 1 GiB, five times the 198 MB of `python -m exonet.bench profile`
@@ -69,8 +75,9 @@ class StepProfile:
     ``backward_s[i]`` is the backward compute before the i-th gradient to become ready (so the
     i-th gradient is ready ``forward_s + sum(backward_s[:i+1])`` into the step); ``tail_s`` runs from
     the last gradient to the step's end (the optimizer step, ``zero_grad``, logging). The three add up
-    to ``step_s``, the median ``ProfilerStep`` less its exposed communication ``comm_s`` (each median part
-    is scaled by the same factor so they add up).
+    to ``step_s``: the median ``ProfilerStep`` less its exposed communication ``comm_s`` or, in a profile from
+    ``fit(profile=True)``, the median traced compute of its unprofiled steps (each median part is scaled by
+    the same factor so they add up).
     """
 
     path: str
@@ -88,6 +95,7 @@ class StepProfile:
     device: str
     notes: list[str] = field(default_factory=list)
     spread: float = 0.0  # (slowest − fastest) ÷ median of the steps used: how far one step is from another
+    overhead: float | None = None  # the profiler's share of each profiled part, measured and taken out (None: unknown)
 
 
 def _slim(d: dict) -> Any:
@@ -309,6 +317,10 @@ def _step_profile(path: Path, data: dict) -> StepProfile:
     spread = _check_steps(path, [p["span"] for p in parts], step_s, notes)
     forward, tail = med(p["forward"] for p in parts), med(p["tail"] for p in parts)
     backward = [med(p["backward"][i] for p in parts) for i in range(counts.pop())]
+    traced = _traced_step(data.get(STEP_COMPUTE), notes)
+    overhead = None if traced is None else traced[1]
+    if traced is not None:
+        step_s = traced[0]
     scale = step_s / max(forward + sum(backward) + tail, 1e-300)
     comm = med(p["comm"] for p in parts)
     if comm > 0:
@@ -320,11 +332,36 @@ def _step_profile(path: Path, data: dict) -> StepProfile:
                    if isinstance(d, dict) and isinstance(d.get("name"), str)), "GPU") if clock.gpu else "CPU"
     return StepProfile(
         path=str(path), step_s=step_s, forward_s=forward * scale, backward_s=tuple(b * scale for b in backward),
-        grad_shapes=parts[0]["shapes"], tail_s=tail * scale, optimizer_s=med(p["optimizer"] for p in parts),
+        grad_shapes=parts[0]["shapes"], tail_s=tail * scale,
+        optimizer_s=med(p["optimizer"] for p in parts) * (1 - (overhead or 0.0)),  # as profiled, less the overhead
         idle_s=med(p["idle"] for p in parts), comm_s=comm,
-        modules={n: med(p["modules"].get(n, 0.0) for p in parts) for n in names},
+        modules={n: med(p["modules"].get(n, 0.0) for p in parts) * (1 - (overhead or 0.0)) for n in names},
         steps_used=len(steps), warmup_dropped=dropped, device=device,
-        notes=notes, spread=spread)
+        notes=notes, spread=spread, overhead=overhead)
+
+
+def _traced_step(stamp: object, notes: list[str]) -> tuple[float, float] | None:
+    """The step's compute as the run's own trace measured it without the profiler, and the profiler's overhead
+    (its share of a profiled step's traced compute), from ``exonet_step_compute``; None, and a note saying
+    so, where the profile has no steps run unprofiled."""
+    plain = stamp.get("unprofiled_s") if isinstance(stamp, dict) else None
+    profiled = stamp.get("profiled_s") if isinstance(stamp, dict) else None
+    if not (_durations(plain) and _durations(profiled)):
+        notes.append("the profiler's own overhead is in these figures: no step ran unprofiled to measure it against "
+                     "(fit(profile=True) leaves the first quarter of a run of 8 or more steps unprofiled)")
+        return None
+    base, slowed = statistics.median(plain), statistics.median(profiled)
+    notes.append(f"the step's compute is the median traced compute of {len(plain)} steps run without the profiler, "
+                 f"{base * 1e3:.3g} ms, split as the profile splits it: the profiler's own overhead "
+                 f"({len(profiled)} profiled steps traced {slowed * 1e3:.3g} ms, {slowed / base - 1:+.0%}) and "
+                 "any wait the profile cannot tell from compute are left out")
+    return base, max(0.0, 1 - base / slowed)
+
+
+def _durations(values: object) -> TypeGuard[list[float]]:
+    """A non-empty list of finite, positive seconds."""
+    return isinstance(values, list) and bool(values) and all(
+        isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values)
 
 
 def _check_steps(path: Path, spans: list[float], median: float, notes: list[str]) -> float:

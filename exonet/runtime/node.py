@@ -9,6 +9,7 @@ The node beats into the parent's progress watchdog (exonet.runtime.watchdog) as 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -44,6 +45,7 @@ from exonet.runtime.rendezvous import join_store
 from exonet.runtime.watchdog import Heartbeat
 from exonet.seeding import shared_generator
 from exonet.strategies.base import NodeContext, Strategy
+from exonet.trace import Compute
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,12 @@ class TrainNode:
         self.clock = clock  # the online clock: whether each step runs, who a server receives next
         self.device = self._device()
         self.model = model.to(self.device)
-        self.comm = Communicator(rank, cfg.world, self.device, cfg.backend, blocking=heartbeat.blocked, clock=clock)
+        blocking: Callable[..., contextlib.AbstractContextManager[None]] = heartbeat.blocked
+        if cfg.profile_dir is not None:  # the profile marks what the trace counts as communication
+            from exonet.profile.record import marked
+
+            blocking = marked(blocking)
+        self.comm = Communicator(rank, cfg.world, self.device, cfg.backend, blocking=blocking, clock=clock)
         if cfg.object_store is not None:
             self.comm.object_store = open_objects(cfg.object_store, rank, cfg.timeout_s)
         self.strategy = strategy
@@ -200,10 +207,10 @@ class TrainNode:
         done = cfg.start_step
         prof = None
         if cfg.profile_dir is not None:
-            from exonet.profile.record import step_profiler
+            from exonet.profile.record import StepProfiler
 
-            prof = step_profiler(Path(cfg.profile_dir) / f"rank{self.rank}.json", cfg.max_steps - cfg.start_step,
-                                 cfg.device_type)
+            prof = StepProfiler(Path(cfg.profile_dir) / f"rank{self.rank}.json", cfg.max_steps - cfg.start_step,
+                                cfg.device_type)
         if evaluates and done == 0:  # the seed gym evaluates the initial model too, and its plots start there
             self._evaluate_own(0, val_loader) if alone else self._evaluate(0, val_loader)
         for step in range(cfg.start_step, cfg.max_steps):
@@ -219,9 +226,10 @@ class TrainNode:
             if step == cfg.start_step:
                 self.marks["first step"] = time.monotonic()
                 marks = self.marks
-            self.send(StepDone(self.rank, step, loss, self.comm.mark_step(), marks))
+            events = self.comm.mark_step()
+            self.send(StepDone(self.rank, step, loss, events, marks))
             if prof is not None:
-                prof.step()
+                prof.step(sum(e.wall_s for e in events if type(e) is Compute))
             self.heartbeat.beat()
             done = step + 1
             if evaluates and done % cfg.val_interval == 0 and done < cfg.max_steps:
