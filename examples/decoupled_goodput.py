@@ -1,14 +1,14 @@
 """Decoupled DiLoCo's goodput grid: 150k to 2.4M chips that fail once a year each, trained six ways.
 
-Decoupled DiLoCo (arXiv 2604.21428) splits a machine into M learners that never wait for each
-other (quorum 1), so a chip failure stalls only its learner. Its goodput figure, redone with
-exonet's learner model (exonet.netsim.learners; a learner is one unit failing at the summed rate
+Decoupled DiLoCo (arXiv 2604.21428) splits a machine into M workers that never wait for each
+other (quorum 1), so a chip failure stalls only its worker. Its goodput figure, redone with
+exonet's worker model (exonet.netsim.workers; a worker is one unit failing at the summed rate
 of its chips, so 2.4M chips cost what 150k do):
 
 * ``dp``: data-parallel without elasticity: every failure stalls the whole job ``restart``;
 * ``elastic``: elastic data-parallel: every failure stalls the whole job ``pause``, then it
   trains without the failed ``slice`` until the ``repair``;
-* ``M=2`` ... ``M=16``: Decoupled DiLoCo, M elastic learners of N/M chips each.
+* ``M=2`` ... ``M=16``: Decoupled DiLoCo, M elastic workers of N/M chips each.
 
 The timings are not all in the paper; they are chosen once, for every cell, from it and from
 comparable systems (strategies/README.md, "Goodput at a million chips", says why):
@@ -31,11 +31,11 @@ import time
 from typing import Any
 
 from exonet import Scenario
-from exonet.netsim.learners import learner_goodput
+from exonet.netsim.workers import worker_goodput
 
 CHIPS = (150_000, 300_000, 600_000, 1_200_000, 2_400_000)
 METHODS = {"dp": (1, False), "elastic": (1, True), "M=2": (2, True), "M=4": (4, True), "M=8": (8, True),
-           "M=16": (16, True)}  # label: (learners, elastic)
+           "M=16": (16, True)}  # label: (workers, elastic)
 FAILURES = {"mtbf": "8766 h", "restart": "75 s", "pause": "20 s", "slice": 64, "repair": "2 h"}
 PUBLISHED = {("dp", 1_200_000): 0.27, ("elastic", 1_200_000): 0.58, ("M=8", 1_200_000): 0.88,
              ("M=16", 1_200_000): 0.93}  # the paper's cells at 1.2M chips, as its summaries report them
@@ -46,9 +46,9 @@ def grid(days: float, seed: int) -> list[dict[str, Any]]:
     scenario = Scenario.from_dict({"name": "chips-fail-once-a-year", "network": {"bandwidth": "100 Gbit/s"},
                                    "failures": {**FAILURES, "seed": seed}})
     rows = []
-    for method, (learners, elastic) in METHODS.items():
+    for method, (workers, elastic) in METHODS.items():
         for chips in CHIPS:
-            r = learner_goodput(scenario, chips, learners, elastic=elastic, horizon_s=days * 86400)
+            r = worker_goodput(scenario, chips, workers, elastic=elastic, horizon_s=days * 86400)
             rows.append({"method": method, "chips": chips, "goodput": r.goodput, "failures": r.failures,
                          "stalled": r.stalled, "missing": r.missing})
     return rows

@@ -1,4 +1,4 @@
-"""Failures at scale: goodput of 1,024 devices trained as one elastic data-parallel job or as decoupled learners.
+"""Failures at scale: goodput of 1,024 devices trained as one elastic data-parallel job or as decoupled workers.
 
 The question of Decoupled DiLoCo (arXiv 2604.21428): when chips fail at a rate, how much of the
 machine's time still trains the model? Here 1,024 devices are grouped into units that fail as
@@ -9,11 +9,11 @@ and each unit is one exonet node:
   failed replica to be repaired, restarted and to redo its step;
 * elastic DDP: the same 16 replicas; the replicas that stayed up average each step and go on, a
   failed one sits out until it is back and then receives the state (torchft's quorum);
-* elastic DiLoCo with M learners (M = 8, 16) of 1,024 / M devices, H inner steps per round: the
-  learners that stayed up average each round, a failed one loses its round and rejoins later;
-* asynchronous DiLoCo with M learners: a synchronizer applies each learner's update as it comes,
-  and a down learner simply stops sending (the nearest of exonet's strategies to Decoupled
-  DiLoCo's learners). The synchronizer does not fail (``[failures] servers = false``) unless
+* elastic DiLoCo with M workers (M = 8, 16) of 1,024 / M devices, H inner steps per round: the
+  workers that stayed up average each round, a failed one loses its round and rejoins later;
+* asynchronous DiLoCo with M workers: a synchronizer applies each worker's update as it comes,
+  and a down worker simply stops sending (the nearest of exonet's strategies to Decoupled
+  DiLoCo's workers). The synchronizer does not fail (``[failures] servers = false``) unless
   ``--servers-fail``.
 
 Every membership change makes a new process group, whose first collective pays ``--reform``
@@ -51,8 +51,8 @@ def cases(H: int) -> list[tuple[str, str, int]]:
     return [
         (f"DDP (blocking), {REPLICAS} replicas", "ddp", REPLICAS),
         (f"elastic DDP, {REPLICAS} replicas", "ddp:elastic=True", REPLICAS),
-        *((f"elastic DiLoCo, {m} learners", f"diloco:H={H},elastic=True", m) for m in (8, 16)),
-        *((f"async DiLoCo, {m} learners", f"async_diloco:H={H}", m) for m in (8, 16)),
+        *((f"elastic DiLoCo, {m} workers", f"diloco:H={H},elastic=True", m) for m in (8, 16)),
+        *((f"async DiLoCo, {m} workers", f"async_diloco:H={H}", m) for m in (8, 16)),
     ]
 
 

@@ -1,39 +1,39 @@
-"""Decoupled DiLoCo (Google DeepMind, arXiv 2604.21428): learners that never wait for each other.
+"""Decoupled DiLoCo (Google DeepMind, arXiv 2604.21428): workers (the paper's "learners") that never wait.
 
-M learners, each a data-parallel group of G ranks (``replica_size``), train on their own and
+M workers, each a data-parallel group of G ranks (``replica_size``), train on their own and
 stream parameter fragments to a syncer, a parameter server (the rank after the K trainers). The
-syncer merges a fragment once a minimum quorum of learners has sent it, so a slow or failed
-learner stalls nobody. Built from Streaming DiLoCo's fragments and schedule
+syncer merges a fragment once a minimum quorum of workers has sent it, so a slow or failed
+worker stalls nobody. Built from Streaming DiLoCo's fragments and schedule
 (exonet.strategies.streaming_diloco) and the server of asynchronous DiLoCo
 (exonet.strategies.server): the syncer acts in simulated arrival order (``comm.recv_any``).
 
-Exact rules (t counts a learner's inner steps):
+Exact rules (t counts a worker's inner steps):
 
 * Fragments and schedule: Streaming DiLoCo's. F fragments (``num_fragments``) of whole tensors; fragment f starts a
   sync after inner step t when ``t >= o_f = (f+1)·H // F`` and ``(t − o_f) % H == 0``; its merged
   value is taken τ steps later.
-* Learner, at a start: Δ_f = θ_global,f − θ_local,f (fp32, sent in the parameters' dtype, by the
-  learner's first rank). At completion: receive θ_global,f from the syncer (shared inside the
-  learner by a broadcast), ``θ_local,f ← (1 − α)·θ_global,f + α·θ_local,f``.
-* Syncer, per fragment: the r-th sync of a learner belongs to round r of the fragment. Round r
-  merges once it holds Q = ``quorum`` contributions of its own (or every learner that can still send
-  one), after a grace window of γ·τ·(the learner's step time, measured from its arrivals): the
+* Worker, at a start: Δ_f = θ_global,f − θ_local,f (fp32, sent in the parameters' dtype, by the
+  worker's first rank). At completion: receive θ_global,f from the syncer (shared inside the
+  worker by a broadcast), ``θ_local,f ← (1 − α)·θ_global,f + α·θ_local,f``.
+* Syncer, per fragment: the r-th sync of a worker belongs to round r of the fragment. Round r
+  merges once it holds Q = ``quorum`` contributions of its own (or every worker that can still send
+  one), after a grace window of γ·τ·(the worker's step time, measured from its arrivals): the
   arrivals inside it join (with γ = 0, those of the same instant). The first arrival after it, or a
-  learner asking for the merged fragment, closes it: with Q < M each learner sends a 1-element pull
-  a step before it needs the fragment, so the window never holds a learner up.
+  worker asking for the merged fragment, closes it: with Q < M each worker sends a 1-element pull
+  a step before it needs the fragment, so the window never holds a worker up.
 * Merge: the outer optimizer's step on the weighted mean Σ w_i·Δ_i / Σ w_i, w_i = n_i / √(1 + s_i):
-  n_i the tokens (inner steps × G) learner i trained since its previous sync of that fragment, s_i
+  n_i the tokens (inner steps × G) worker i trained since its previous sync of that fragment, s_i
   the merges of the fragment since the θ_f it trained from (0 on time; FedBuff's staleness factor).
 * Late: a contribution to a round already merged is stale. It is not dropped: it joins the
-  fragment's next merge, and its learner gets the latest θ_global,f back at once (so a learner back
+  fragment's next merge, and its worker gets the latest θ_global,f back at once (so a worker back
   from an outage takes the latest fragments and goes on). One that arrives after its fragment's
   last merge of the run is not applied: a last outer step (momentum included) on stale work alone
-  moves the final model away from what the learners trained. With a learner at half speed and one
+  moves the final model away from what the workers trained. With a worker at half speed and one
   down for a sixth of a digits run, the loss was 0.113 with stale work at full weight, 0.104 with
   the staleness factor, 0.098 with it dropped, 0.099 for Streaming DiLoCo on healthy hardware.
-* Leaving: a learner stopped before ``max_steps`` (a ``max_sim_time_s`` budget) sends one message of
+* Leaving: a worker stopped before ``max_steps`` (a ``max_sim_time_s`` budget) sends one message of
   the size the syncer expects next, holding NaN, so the quorum no longer counts on it; the syncer
-  answers it once it has sent the learner's last fragment (1 element), and the learner then ends.
+  answers it once it has sent the worker's last fragment (1 element), and the worker then ends.
 
 With Q = M, γ = 0, equal speeds and no failures every round merges all M contributions with equal
 weights: the run equals Streaming DiLoCo with the same outer optimizer, and each trainer sends the
@@ -69,11 +69,11 @@ if TYPE_CHECKING:
     from exonet.communicator import Communicator, Handle
 
 
-def learner_sends(offsets: Sequence[int], H: int, tau: int, pulls: bool,
+def worker_sends(offsets: Sequence[int], H: int, tau: int, pulls: bool,
                   max_steps: int) -> Iterator[tuple[str, int, int]]:
-    """Every message a learner sends the syncer, in order: ("delta" | "pull", fragment, step), then ("done", -1, ·).
+    """Every message a worker sends the syncer, in order: ("delta" | "pull", fragment, step), then ("done", -1, ·).
 
-    The learner and the syncer both walk it: the syncer so knows the size of each learner's next
+    The worker and the syncer both walk it: the syncer so knows the size of each worker's next
     message, and the step and tokens a Δ stands for, without a header on the wire.
     """
     def starting(s: int) -> list[int]:
@@ -95,10 +95,10 @@ def learner_sends(offsets: Sequence[int], H: int, tau: int, pulls: bool,
     yield "done", -1, max_steps
 
 
-def pulls(quorum: int, learners: int) -> bool:
-    """Whether learners ask for each merged fragment: when a round may merge before every learner is in, the
-    syncer holds it in a window (of γ·slack, or of one instant with γ = 0) that a learner's need must end."""
-    return quorum < learners
+def pulls(quorum: int, workers: int) -> bool:
+    """Whether workers ask for each merged fragment: when a round may merge before every worker is in, the
+    syncer holds it in a window (of γ·slack, or of one instant with γ = 0) that a worker's need must end."""
+    return quorum < workers
 
 
 @dataclass
@@ -108,13 +108,13 @@ class Merge:
     fragment: int
     round: int
     time: float
-    weights: dict[int, float]  # learner -> its share of the mean (summed over its contributions)
-    stale: tuple[int, ...]  # learners whose contribution came from an earlier round
+    weights: dict[int, float]  # worker -> its share of the mean (summed over its contributions)
+    stale: tuple[int, ...]  # workers whose contribution came from an earlier round
 
 
 @dataclass
 class _Owed:
-    """A reply the syncer owes a learner: the fragment, once merged (ready) and, with pulls, asked for."""
+    """A reply the syncer owes a worker: the fragment, once merged (ready) and, with pulls, asked for."""
 
     fragment: int
     ready: bool
@@ -126,7 +126,7 @@ class _Fragment:
     """The syncer's state of one fragment: its round, the contributions it holds, its grace window."""
 
     version: int = 0  # the round the next merge closes
-    ontime: dict[int, tuple[torch.Tensor, float]] = field(default_factory=dict)  # learner -> (Δ, weight)
+    ontime: dict[int, tuple[torch.Tensor, float]] = field(default_factory=dict)  # worker -> (Δ, weight)
     stale: list[tuple[int, torch.Tensor, float]] = field(default_factory=list)
     deadline: float | None = None  # the grace window's end, once the quorum is reached
 
@@ -137,65 +137,65 @@ class Syncer:
     Args:
         global_params: θ_global of each fragment (fp32), stepped in place.
         outer_optim_spec: the outer optimizer (one per fragment).
-        learners: M.
+        workers: M.
         quorum: K, contributions a round needs before it may merge.
-        grace_fraction: γ, the share of the slack (τ of the learner's steps) the syncer waits past the quorum.
+        grace_fraction: γ, the share of the slack (τ of the worker's steps) the syncer waits past the quorum.
         delay_steps: τ.
 
-    With quorum < learners, replies wait for the learner's pull (``pulls``).
+    With quorum < workers, replies wait for the worker's pull (``pulls``).
 
     Each of ``arrive``, ``pull`` and ``leave`` returns the replies to send now, in
-    order: (learner, fragment); the reply carries θ_global of that fragment as it is then.
+    order: (worker, fragment); the reply carries θ_global of that fragment as it is then.
     """
 
-    def __init__(self, global_params: list[torch.Tensor], outer_optim_spec: OptimSpec, learners: int, quorum: int,
+    def __init__(self, global_params: list[torch.Tensor], outer_optim_spec: OptimSpec, workers: int, quorum: int,
                  grace_fraction: float, delay_steps: int) -> None:
         self.global_params = global_params
         self.outer_optimizers = [outer_optim_spec.build([g]) for g in global_params]
-        self.learners, self.quorum, self.grace = learners, quorum, grace_fraction
-        self.tau, self.pulls = delay_steps, pulls(quorum, learners)
+        self.workers, self.quorum, self.grace = workers, quorum, grace_fraction
+        self.tau, self.pulls = delay_steps, pulls(quorum, workers)
         self.fragments = [_Fragment() for _ in global_params]
-        self.owed: list[deque[_Owed]] = [deque() for _ in range(learners)]
+        self.owed: list[deque[_Owed]] = [deque() for _ in range(workers)]
         self.left: set[int] = set()
-        self.last: dict[int, tuple[float, int]] = {}  # learner -> (time, step) of its latest Δ
-        self.step_s: dict[int, float] = {}  # learner -> its step time, from its arrivals
+        self.last: dict[int, tuple[float, int]] = {}  # worker -> (time, step) of its latest Δ
+        self.step_s: dict[int, float] = {}  # worker -> its step time, from its arrivals
         self.merges: list[Merge] = []
-        self.base = [[0] * len(global_params) for _ in range(learners)]  # merges in the θ_f each learner holds
+        self.base = [[0] * len(global_params) for _ in range(workers)]  # merges in the θ_f each worker holds
 
-    def arrive(self, learner: int, fragment: int, round_: int, delta: torch.Tensor, tokens: float, step: int,
+    def arrive(self, worker: int, fragment: int, round_: int, delta: torch.Tensor, tokens: float, step: int,
                time: float) -> list[tuple[int, int]]:
-        """``learner``'s Δ of its ``round_``-th sync of ``fragment``, trained over ``tokens``, sent after ``step``."""
+        """``worker``'s Δ of its ``round_``-th sync of ``fragment``, trained over ``tokens``, sent after ``step``."""
         self._expire(time)
-        if learner in self.last and step > self.last[learner][1]:
-            t0, s0 = self.last[learner]
-            self.step_s[learner] = (time - t0) / (step - s0)
-        self.last[learner] = (time, step)
+        if worker in self.last and step > self.last[worker][1]:
+            t0, s0 = self.last[worker]
+            self.step_s[worker] = (time - t0) / (step - s0)
+        self.last[worker] = (time, step)
         frag = self.fragments[fragment]
-        weight = tokens / math.sqrt(1 + frag.version - self.base[learner][fragment])
-        if round_ < frag.version:  # stale: weighted into the next merge; the learner takes the latest fragment now
-            frag.stale.append((learner, delta, weight))
-            self.owed[learner].append(_Owed(fragment, True, not self.pulls))
+        weight = tokens / math.sqrt(1 + frag.version - self.base[worker][fragment])
+        if round_ < frag.version:  # stale: weighted into the next merge; the worker takes the latest fragment now
+            frag.stale.append((worker, delta, weight))
+            self.owed[worker].append(_Owed(fragment, True, not self.pulls))
         elif round_ == frag.version:
-            frag.ontime[learner] = (delta, weight)
-            self.owed[learner].append(_Owed(fragment, False, not self.pulls))
-            self._consider(fragment, time, learner)
+            frag.ontime[worker] = (delta, weight)
+            self.owed[worker].append(_Owed(fragment, False, not self.pulls))
+            self._consider(fragment, time, worker)
         else:
-            raise RuntimeError(f"syncer: learner {learner} sent round {round_} of fragment {fragment} before round "
+            raise RuntimeError(f"syncer: worker {worker} sent round {round_} of fragment {fragment} before round "
                                f"{frag.version} was merged")
         return self._flush(time)
 
-    def pull(self, learner: int, fragment: int, time: float) -> list[tuple[int, int]]:
-        """``learner`` asks for its next reply of ``fragment``: a round still in its grace window merges now."""
+    def pull(self, worker: int, fragment: int, time: float) -> list[tuple[int, int]]:
+        """``worker`` asks for its next reply of ``fragment``: a round still in its grace window merges now."""
         self._expire(time)
-        owed = next(o for o in self.owed[learner] if o.fragment == fragment and not o.pulled)
+        owed = next(o for o in self.owed[worker] if o.fragment == fragment and not o.pulled)
         owed.pulled = True
         return self._flush(time)
 
-    def leave(self, learner: int, time: float) -> list[tuple[int, int]]:
-        """``learner`` sends no more: rounds stop counting on it, and its owed replies need no pull."""
+    def leave(self, worker: int, time: float) -> list[tuple[int, int]]:
+        """``worker`` sends no more: rounds stop counting on it, and its owed replies need no pull."""
         self._expire(time)
-        self.left.add(learner)
-        for owed in self.owed[learner]:
+        self.left.add(worker)
+        for owed in self.owed[worker]:
             owed.pulled = True
         for f in range(len(self.fragments)):
             self._consider(f, time, None)
@@ -205,7 +205,7 @@ class Syncer:
         """Merge fragment f now, open its grace window, or keep waiting for its quorum."""
         frag = self.fragments[f]
         have = len(frag.ontime)
-        possible = have + sum(1 for m in range(self.learners) if m not in self.left and m not in frag.ontime)
+        possible = have + sum(1 for m in range(self.workers) if m not in self.left and m not in frag.ontime)
         if have == 0 or have < min(self.quorum, possible):
             return
         if have == possible:
@@ -240,9 +240,9 @@ class Syncer:
         frag.ontime, frag.stale, frag.deadline = {}, [], None
 
     def _flush(self, time: float) -> list[tuple[int, int]]:
-        """The replies now due, each learner's in the order it waits for them.
+        """The replies now due, each worker's in the order it waits for them.
 
-        A round in its grace window whose learner already waits for it (pulled, or left) merges now.
+        A round in its grace window whose worker already waits for it (pulled, or left) merges now.
         """
         for f, frag in enumerate(self.fragments):
             if frag.deadline is not None and any(o.pulled for m in frag.ontime for o in self.owed[m]
@@ -259,7 +259,7 @@ class Syncer:
 
 @dataclass
 class _Round:
-    """A learner's sync of one fragment in flight."""
+    """A worker's sync of one fragment in flight."""
 
     fragment: int
     due: int
@@ -272,16 +272,16 @@ class DecoupledDiLoCoStrategy(Strategy):
     """Streaming DiLoCo's fragments merged by a syncer with a quorum, a grace window and token weights.
 
     Args:
-        optim_spec: the learners' inner optimizer. Default AdamW lr 1e-3.
+        optim_spec: the workers' inner optimizer. Default AdamW lr 1e-3.
         outer_optim_spec: the syncer's outer optimizer, one per fragment. Default SGD(lr=0.7, momentum=0.9,
             nesterov=True).
         H: inner steps between two syncs of the same fragment, >= num_fragments.
         num_fragments: P, at most H and at most the model's parameter tensors (checked at setup).
         delay_steps: τ, inner steps between sending a fragment and taking its merged value, 0 <= τ <= H.
-        quorum: K, learners' contributions a merge needs (at most the number of learners M).
-        grace_fraction: γ in [0, 1): the share of the slack the syncer waits past the quorum for more learners.
+        quorum: K, workers' contributions a merge needs (at most the number of workers M).
+        grace_fraction: γ in [0, 1): the share of the slack the syncer waits past the quorum for more workers.
         merge_alpha: α in [0, 1]: θ_local ← (1 − α)·θ_global + α·θ_local after a merge.
-        replica_size: G, ranks per learner (data-parallel inside it; G must divide the trainers).
+        replica_size: G, ranks per worker (data-parallel inside it; G must divide the trainers).
         max_norm, lr_scheduler, lr_scheduler_kwargs, warmup_steps, cosine_min_ratio: as ``Strategy``.
     """
 
@@ -315,33 +315,33 @@ class DecoupledDiLoCoStrategy(Strategy):
 
     def check_world(self, num_nodes: int) -> None:
         check_replica_world(self.replica_size, num_nodes)
-        learners = num_nodes // self.replica_size
-        if self.quorum > learners:
-            raise ValueError(f"quorum={self.quorum} exceeds the {learners} learners (num_nodes={num_nodes} / "
+        workers = num_nodes // self.replica_size
+        if self.quorum > workers:
+            raise ValueError(f"quorum={self.quorum} exceeds the {workers} workers (num_nodes={num_nodes} / "
                              f"replica_size={self.replica_size}); a merge could never happen")
 
     def setup(self, model: torch.nn.Module, comm: "Communicator", ctx: NodeContext) -> None:
-        """Cut the model into fragments; a learner keeps its copy of θ_global, the syncer the outer optimizers."""
+        """Cut the model into fragments; a worker keeps its copy of θ_global, the syncer the outer optimizers."""
         super().setup(model, comm, ctx)
         self.check_world(ctx.num_nodes)
         self.fragments, self.global_params = cut_fragments(self.params, self.num_fragments)
         self.offsets = fragment_offsets(self.H, self.num_fragments)
         self.server = ctx.num_nodes
-        self.learners = ctx.num_nodes // self.replica_size
-        self.pulls = pulls(self.quorum, self.learners)
+        self.workers = ctx.num_nodes // self.replica_size
+        self.pulls = pulls(self.quorum, self.workers)
         self._wire_dtype = self.params[0].dtype if self.params else torch.float32
         G = self.replica_size
-        if G > 1:  # every rank, the syncer too, creates the learners' groups alike
-            comm.declare_groups([tuple(range(w * G, (w + 1) * G)) for w in range(self.learners)])
+        if G > 1:  # every rank, the syncer too, creates the workers' groups alike
+            comm.declare_groups([tuple(range(w * G, (w + 1) * G)) for w in range(self.workers)])
         if self.rank == self.server:
             return
         self._replicas = ReplicaGroups(self.rank, ctx.num_nodes, G) if G > 1 else None
         self.leader = self.rank % G == 0
-        self._sends = learner_sends(self.offsets, self.H, self.delay_steps, self.pulls, ctx.max_steps)
+        self._sends = worker_sends(self.offsets, self.H, self.delay_steps, self.pulls, ctx.max_steps)
         self._next = next(self._sends)
         self._in_flight: list[_Round] = []
 
-    # ---------------------------------------------------------------- learner
+    # ---------------------------------------------------------------- worker
     def step(self) -> None:
         if self._replicas is not None:
             self._replicas.average_gradients(self.comm, self.params)
@@ -357,7 +357,7 @@ class DecoupledDiLoCoStrategy(Strategy):
                     self._pull(r)
 
     def finish(self) -> None:
-        """Take every fragment still in flight; a learner stopped early first tells the syncer it leaves."""
+        """Take every fragment still in flight; a worker stopped early first tells the syncer it leaves."""
         leave = None
         with torch.no_grad():
             if self.local_step < self.ctx.max_steps and self._next[0] != "done":
@@ -374,7 +374,7 @@ class DecoupledDiLoCoStrategy(Strategy):
             leave.wait()
 
     def _advance(self, kind: str, fragment: int) -> None:
-        """Walk ``learner_sends`` with each message, as the syncer does (a mismatch is a bug, said at once)."""
+        """Walk ``worker_sends`` with each message, as the syncer does (a mismatch is a bug, said at once)."""
         if self._next[:2] != (kind, fragment):
             raise RuntimeError(f"decoupled_diloco: rank {self.rank} sends {kind} {fragment}, the syncer expects "
                                f"{self._next}")
@@ -415,15 +415,15 @@ class DecoupledDiLoCoStrategy(Strategy):
 
     # ----------------------------------------------------------------- syncer
     def serve(self, updated: Callable[[int, float], None]) -> None:
-        """The syncer's life: take each learner's messages in simulated arrival order until none can come."""
+        """The syncer's life: take each worker's messages in simulated arrival order until none can come."""
         G = self.replica_size
-        syncer = Syncer(self.global_params, self.outer_optim_spec, self.learners, self.quorum, self.grace_fraction,
+        syncer = Syncer(self.global_params, self.outer_optim_spec, self.workers, self.quorum, self.grace_fraction,
                         self.delay_steps)
-        expected = [learner_sends(self.offsets, self.H, self.delay_steps, self.pulls, self.ctx.max_steps)
-                    for _ in range(self.learners)]
+        expected = [worker_sends(self.offsets, self.H, self.delay_steps, self.pulls, self.ctx.max_steps)
+                    for _ in range(self.workers)]
         heads = [next(e) for e in expected]
-        rounds = [[0] * self.num_fragments for _ in range(self.learners)]
-        synced = [[0] * self.num_fragments for _ in range(self.learners)]  # the step of each learner's last sync
+        rounds = [[0] * self.num_fragments for _ in range(self.workers)]
+        synced = [[0] * self.num_fragments for _ in range(self.workers)]  # the step of each worker's last sync
         device = self.global_params[0].device
         buffers: dict[str | int, torch.Tensor] = {"pull": torch.empty(1, dtype=self._wire_dtype, device=device)}
         merges = 0
@@ -436,11 +436,11 @@ class DecoupledDiLoCoStrategy(Strategy):
             return buffers[f]
 
         sent: list[Handle] = []
-        leaving: set[int] = set()  # learners that left and are owed the acknowledgement
+        leaving: set[int] = set()  # workers that left and are owed the acknowledgement
 
         def reply(out: list[tuple[int, int]]) -> None:
-            # async: a learner may be steps away from its receive, and the clock must see the syncer's next
-            # receive (recv_any) meanwhile, or the replay would wait at the send while the learner waits on it
+            # async: a worker may be steps away from its receive, and the clock must see the syncer's next
+            # receive (recv_any) meanwhile, or the replay would wait at the send while the worker waits on it
             for m, f in out:
                 sent.append(self.comm.send(self.global_params[f].to(self._wire_dtype, copy=True), m * G,
                                            async_op=True))

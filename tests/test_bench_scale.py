@@ -47,3 +47,13 @@ def test_memory_bench_returns_the_extra_pss_of_a_dataset_against_a_tiny_one(caps
 def test_scale_exponent_and_slope_are_least_squares_fits():
     assert scale.exponent([8, 16, 32], [1.0, 2.0, 4.0]) == pytest.approx(1.0)
     assert scale.slope([8, 16, 32], [100.0, 180.0, 340.0]) == pytest.approx(10.0)
+
+
+def test_the_worker_model_figures_take_workers_and_the_old_learners_flag_warns(capsys):
+    args = ["--chips", "4096", "--hours", "1", "--startup-nodes", "0", "--models", ""]
+    figures = scale.main([*args, "--workers", "4"])["workers"]
+    assert figures["chips"] == 4096 and figures["workers"] == 4
+    with pytest.warns(DeprecationWarning, match="--learners is now --workers"):
+        again = scale.main([*args, "--learners", "4"])["workers"]
+    assert again["workers"] == 4 and again["goodput"] == figures["goodput"]
+    assert "4,096 chips in 4 workers" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 """A failure always costs what it costs (issue 42): zero-length outages strike, defaults are named, waits end.
 
 A failure of ``repair`` 0 and ``restart`` 0 is a zero-length outage: it pauses nothing, but it still throws
-the rank's work since its last sync away, in the estimate, the trace replay and the learner model alike.
+the rank's work since its last sync away, in the estimate, the trace replay and the worker model alike.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from exonet import Scenario, ScenarioError, Trace, simulate
 from exonet.bench import failures as failures_bench
 from exonet.cli import main
 from exonet.netsim.failures import FailureProcess, all_up_wait
-from exonet.netsim.learners import learner_goodput
+from exonet.netsim.workers import worker_goodput
 from exonet.scenario import FailureSpec
 
 NET = {"bandwidth": "100 Mbit/s", "latency": "2 ms"}
@@ -106,21 +106,21 @@ def test_a_failures_table_without_restart_warns_naming_the_default():
                                          r'"0 s".*set failures.restart'):
         simulate(trace, {"name": "d", "network": NET, "failures": {"mtbf": "100 h"}})
     with pytest.warns(UserWarning, match="gives no restart"):
-        learner_goodput(Scenario.from_dict({"name": "c", "network": NET, "failures": {"mtbf": "1000 h"}}),
+        worker_goodput(Scenario.from_dict({"name": "c", "network": NET, "failures": {"mtbf": "1000 h"}}),
                         100, elastic=False, horizon_s=HOUR)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # elastic learners stall pause, not restart: nothing to warn about
-        learner_goodput(Scenario.from_dict({"name": "c", "network": NET, "failures": {"mtbf": "1000 h"}}),
+        warnings.simplefilter("error")  # elastic workers stall pause, not restart: nothing to warn about
+        worker_goodput(Scenario.from_dict({"name": "c", "network": NET, "failures": {"mtbf": "1000 h"}}),
                         100, horizon_s=HOUR)
 
 
-def test_a_learner_throws_away_its_work_since_its_last_sync():
-    """Decoupled DiLoCo, not elastic, no restart: each failure restarts the learner's round of S seconds, so
+def test_a_worker_throws_away_its_work_since_its_last_sync():
+    """Decoupled DiLoCo, not elastic, no restart: each failure restarts the worker's round of S seconds, so
     g = λS / (e^(λS) − 1) with λ = chips / mtbf (before: goodput 1, failures for free)."""
     s = Scenario.from_dict({"name": "c", "network": NET, "failures": {"mtbf": "1000 h", "restart": "0 s"}})
-    free = learner_goodput(s, 1000, 1, elastic=False, horizon_s=500 * HOUR)
+    free = worker_goodput(s, 1000, 1, elastic=False, horizon_s=500 * HOUR)
     assert free.failures > 400 and free.goodput == pytest.approx(1.0) and free.lost == 0.0  # syncing always: none lost
-    r = learner_goodput(s, 1000, 1, elastic=False, horizon_s=500 * HOUR, sync_s=600.0)
+    r = worker_goodput(s, 1000, 1, elastic=False, horizon_s=500 * HOUR, sync_s=600.0)
     lam_s = 1000 / (1000 * HOUR) * 600.0
     g = lam_s / math.expm1(lam_s)
     assert r.goodput == pytest.approx(g, abs=0.01) and r.goodput < 0.95
@@ -128,11 +128,11 @@ def test_a_learner_throws_away_its_work_since_its_last_sync():
 
 
 @pytest.mark.parametrize("horizon", [1e300, math.inf, math.nan, -1.0])
-def test_an_absurd_learner_horizon_is_refused_at_once(horizon):
+def test_an_absurd_worker_horizon_is_refused_at_once(horizon):
     s = Scenario.from_dict({"name": "c", "network": NET, "failures": {"mtbf": "1000 h", "pause": "1 s"}})
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=r"^learner_goodput: horizon_s"):
-        learner_goodput(s, 1000, horizon_s=horizon)
+    with pytest.raises(ValueError, match=r"^worker_goodput: horizon_s"):
+        worker_goodput(s, 1000, horizon_s=horizon)
     assert time.perf_counter() - start < 1.0
 
 

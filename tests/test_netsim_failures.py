@@ -367,7 +367,7 @@ def test_an_elastic_estimate_goes_on_without_its_failed_nodes():
 
 
 @pytest.mark.slow
-def test_the_failures_at_scale_example_compares_elastic_ddp_with_learners():
+def test_the_failures_at_scale_example_compares_elastic_ddp_with_workers():
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "examples" / "failures_at_scale.py"

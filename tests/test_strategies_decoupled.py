@@ -13,7 +13,7 @@ from exonet import LocalTrainer, Scenario, compare
 from exonet.estimate import estimate
 from exonet.strategies import STRATEGIES, DecoupledDiLoCoStrategy, OptimSpec, StreamingDiLoCoStrategy
 from exonet.strategies.base import NodeContext, flatten
-from exonet.strategies.decoupled_diloco import Syncer, learner_sends
+from exonet.strategies.decoupled_diloco import Syncer, worker_sends
 from exonet.toy import synthetic_classification, tiny_mlp
 
 FLAT = Scenario.from_dict({"name": "flat", "network": {"bandwidth": "10 Gbit/s", "latency": "50 us"},
@@ -32,8 +32,8 @@ def test_bad_arguments_fail_at_construction_naming_the_argument(kwargs, name):
         DecoupledDiLoCoStrategy(**kwargs)
 
 
-def test_a_quorum_above_the_learners_and_more_fragments_than_tensors_are_named():
-    with pytest.raises(ValueError, match=r"quorum=3 exceeds the 2 learners \(num_nodes=4 / replica_size=2\)"):
+def test_a_quorum_above_the_workers_and_more_fragments_than_tensors_are_named():
+    with pytest.raises(ValueError, match=r"quorum=3 exceeds the 2 workers \(num_nodes=4 / replica_size=2\)"):
         LocalTrainer(tiny_mlp(), synthetic_classification(64, 8, 4)).fit(
             DecoupledDiLoCoStrategy(quorum=3, replica_size=2), num_nodes=4, max_steps=2, scenario=FLAT,
             progress=False)
@@ -52,9 +52,9 @@ def test_the_spec_and_the_vocabulary_are_the_others():
 
 
 # ---------------------------------------------------------------- the syncer on a scripted arrival order
-def syncer(learners: int, quorum: int, grace: float, fragments: int = 2) -> Syncer:
+def syncer(workers: int, quorum: int, grace: float, fragments: int = 2) -> Syncer:
     """θ_global = 0 per fragment; outer SGD lr 1 without momentum, so θ after a merge is −(the weighted mean)."""
-    return Syncer([torch.zeros(2) for _ in range(fragments)], OptimSpec("sgd", lr=1.0), learners, quorum, grace,
+    return Syncer([torch.zeros(2) for _ in range(fragments)], OptimSpec("sgd", lr=1.0), workers, quorum, grace,
                   delay_steps=2)
 
 
@@ -62,13 +62,13 @@ def delta(value: float) -> torch.Tensor:
     return torch.full((2,), value)
 
 
-def test_a_round_merges_at_its_quorum_with_the_same_instants_arrivals_and_answers_a_late_learner_at_once():
-    s = syncer(learners=3, quorum=2, grace=0.0)
-    assert s.pulls  # the quorum is below the learners: replies wait for each learner's pull
+def test_a_round_merges_at_its_quorum_with_the_same_instants_arrivals_and_answers_a_late_worker_at_once():
+    s = syncer(workers=3, quorum=2, grace=0.0)
+    assert s.pulls  # the quorum is below the workers: replies wait for each worker's pull
     assert s.arrive(0, 0, 0, delta(1.0), 4, 4, time=1.0) == []  # one of two: no merge
     assert s.arrive(1, 0, 0, delta(3.0), 4, 4, time=2.0) == []  # the quorum, at 2.0: the instant may bring more
     assert s.merges == []
-    # learner 2 arrives later: the round merged at 2.0 without it; its Δ is kept for the next merge, and it is
+    # worker 2 arrives later: the round merged at 2.0 without it; its Δ is kept for the next merge, and it is
     # answered with the latest fragment as soon as it asks
     assert s.arrive(2, 0, 0, delta(6.0), 4, 4, time=2.5) == []
     assert (s.merges[0].fragment, s.merges[0].round, s.merges[0].time, s.merges[0].weights) == (
@@ -79,8 +79,8 @@ def test_a_round_merges_at_its_quorum_with_the_same_instants_arrivals_and_answer
     assert s.pull(1, 0, time=2.7) == [(1, 0)]
     assert s.arrive(0, 0, 1, delta(0.0), 4, 8, time=3.0) == []
     assert s.arrive(1, 0, 1, delta(0.0), 4, 8, time=3.5) == []
-    assert s.pull(0, 0, time=3.6) == [(0, 0)]  # learner 0 needs it: the round merges now
-    # learner 2's Δ trained from θ before one merge: weighted 4/√2, not dropped
+    assert s.pull(0, 0, time=3.6) == [(0, 0)]  # worker 0 needs it: the round merges now
+    # worker 2's Δ trained from θ before one merge: weighted 4/√2, not dropped
     stale = 4 / math.sqrt(2)
     last = s.merges[-1]
     assert (last.round, last.time, last.stale, last.weights) == (
@@ -88,8 +88,8 @@ def test_a_round_merges_at_its_quorum_with_the_same_instants_arrivals_and_answer
     assert s.global_params[0].tolist() == pytest.approx([-2.0 - 6 * stale / (8 + stale)] * 2)
 
 
-def test_all_learners_in_merge_at_once_and_are_answered_without_a_pull():
-    s = syncer(learners=2, quorum=2, grace=0.5)
+def test_all_workers_in_merge_at_once_and_are_answered_without_a_pull():
+    s = syncer(workers=2, quorum=2, grace=0.5)
     assert not s.pulls
     assert s.arrive(0, 1, 0, delta(1.0), 4, 4, time=1.0) == []
     assert s.arrive(1, 1, 0, delta(3.0), 4, 4, time=1.0) == [(0, 1), (1, 1)]
@@ -97,39 +97,39 @@ def test_all_learners_in_merge_at_once_and_are_answered_without_a_pull():
 
 
 def test_the_grace_window_takes_who_arrives_within_gamma_of_the_slack_and_a_pull_ends_it():
-    s = syncer(learners=3, quorum=1, grace=0.5)
+    s = syncer(workers=3, quorum=1, grace=0.5)
     assert s.arrive(0, 0, 0, delta(1.0), 1, 1, time=1.0) == []  # no step time known yet: a window of one instant
     assert s.pull(0, 0, time=1.5) == [(0, 0)]
     assert (s.merges[0].time, s.merges[0].weights) == (1.0, {0: 1.0})
-    # learner 0's step time is now 1 s: the slack is τ = 2 steps = 2 s, the window γ·2 s = 1 s past the quorum
+    # worker 0's step time is now 1 s: the slack is τ = 2 steps = 2 s, the window γ·2 s = 1 s past the quorum
     assert s.arrive(0, 1, 0, delta(2.0), 2, 2, time=2.0) == []
-    assert s.arrive(1, 1, 0, delta(4.0), 2, 2, time=2.9) == []  # inside the window: it waits with learner 0
+    assert s.arrive(1, 1, 0, delta(4.0), 2, 2, time=2.9) == []  # inside the window: it waits with worker 0
     assert len(s.merges) == 1
     assert s.arrive(2, 1, 0, delta(8.0), 2, 2, time=3.5) == []  # after it: the round merged at 3.0 without it
     merged = s.merges[1]
     assert (merged.fragment, merged.time, merged.weights, merged.stale) == (1, 3.0, {0: 0.5, 1: 0.5}, ())
     assert s.pull(0, 1, time=3.6) == [(0, 1)]
-    # the next round of fragment 1: learner 2's late Δ joins it; learner 0 asks before the window ends
+    # the next round of fragment 1: worker 2's late Δ joins it; worker 0 asks before the window ends
     assert s.arrive(0, 1, 1, delta(0.0), 4, 6, time=6.0) == []
-    assert s.pull(2, 1, time=6.1) == [(2, 1)]  # the late learner takes the latest fragment
+    assert s.pull(2, 1, time=6.1) == [(2, 1)]  # the late worker takes the latest fragment
     assert s.pull(0, 1, time=6.2) == [(0, 1)]  # waiting for it ends the window early
-    merged = s.merges[2]  # learner 2's 2 tokens, one merge stale: 2/√2
+    merged = s.merges[2]  # worker 2's 2 tokens, one merge stale: 2/√2
     stale = 2 / math.sqrt(2)
     assert (merged.time, merged.stale, merged.weights) == (
         6.2, (2,), pytest.approx({0: 4 / (4 + stale), 2: stale / (4 + stale)}))
 
 
 def test_updates_are_weighted_by_the_tokens_trained_since_the_last_sync():
-    s = syncer(learners=2, quorum=2, grace=0.0)
+    s = syncer(workers=2, quorum=2, grace=0.0)
     s.arrive(0, 0, 0, delta(1.0), 30, 3, time=1.0)
     s.arrive(1, 0, 0, delta(4.0), 10, 1, time=1.0)
     assert s.merges[0].weights == {0: 0.75, 1: 0.25}
     assert s.global_params[0].tolist() == [-(0.75 * 1.0 + 0.25 * 4.0)] * 2
 
 
-def test_a_learner_back_from_a_failure_takes_the_latest_fragments_and_its_stale_work_counts():
-    s = syncer(learners=2, quorum=1, grace=0.0)
-    for r in range(3):  # learner 1 is down: learner 0 alone merges three rounds
+def test_a_worker_back_from_a_failure_takes_the_latest_fragments_and_its_stale_work_counts():
+    s = syncer(workers=2, quorum=1, grace=0.0)
+    for r in range(3):  # worker 1 is down: worker 0 alone merges three rounds
         assert s.arrive(0, 0, r, delta(1.0), 4, 4 * (r + 1), time=float(r)) == []
         assert s.pull(0, 0, time=r + 0.5) == [(0, 0)]
     assert s.global_params[0].tolist() == [-3.0, -3.0]
@@ -142,8 +142,8 @@ def test_a_learner_back_from_a_failure_takes_the_latest_fragments_and_its_stale_
     assert s.global_params[0].tolist() == pytest.approx([-3.0 - (2 / 3 * 1.0 + 1 / 3 * 5.0)] * 2)
 
 
-def test_a_learner_that_leaves_no_longer_holds_back_the_quorum():
-    s = syncer(learners=3, quorum=3, grace=0.0)
+def test_a_worker_that_leaves_no_longer_holds_back_the_quorum():
+    s = syncer(workers=3, quorum=3, grace=0.0)
     s.arrive(0, 0, 0, delta(1.0), 4, 4, time=1.0)
     s.arrive(1, 0, 0, delta(1.0), 4, 4, time=1.0)
     assert s.merges == []
@@ -151,11 +151,11 @@ def test_a_learner_that_leaves_no_longer_holds_back_the_quorum():
     assert s.merges[0].weights == {0: 0.5, 1: 0.5}
 
 
-def test_learners_send_each_fragment_every_H_steps_staggered_with_a_pull_a_step_before_it_is_due():
-    sends = list(learner_sends([2, 4], H=4, tau=2, pulls=True, max_steps=8))  # learner_sends(offsets, ...)
+def test_workers_send_each_fragment_every_H_steps_staggered_with_a_pull_a_step_before_it_is_due():
+    sends = list(worker_sends([2, 4], H=4, tau=2, pulls=True, max_steps=8))  # worker_sends(offsets, ...)
     assert sends == [("delta", 0, 2), ("pull", 0, 3), ("delta", 1, 4), ("pull", 1, 5), ("delta", 0, 6),
                      ("pull", 0, 7), ("delta", 1, 8), ("pull", 1, 8), ("done", -1, 8)]
-    assert [k for k, _, _ in learner_sends([2, 4], H=4, tau=2, pulls=False, max_steps=8)].count("pull") == 0
+    assert [k for k, _, _ in worker_sends([2, 4], H=4, tau=2, pulls=False, max_steps=8)].count("pull") == 0
 
 
 # ---------------------------------------------------------------- equivalence with Streaming DiLoCo
@@ -178,7 +178,7 @@ class KeptDecoupled(KeepLocal, DecoupledDiLoCoStrategy):
 
 
 @pytest.mark.parametrize("num_nodes, replica_size", [(2, 1), pytest.param(4, 2, marks=pytest.mark.slow)])
-def test_all_learners_no_grace_equal_speeds_equals_streaming_diloco(tmp_path, monkeypatch, num_nodes, replica_size):
+def test_all_workers_no_grace_equal_speeds_equals_streaming_diloco(tmp_path, monkeypatch, num_nodes, replica_size):
     monkeypatch.setenv("DECOUPLED_KEEP", str(tmp_path))
     raw = synthetic_classification(256, 8, 4)
     data = TensorDataset(raw.tensors[0].double(), raw.tensors[1])
@@ -204,15 +204,15 @@ def test_estimate_runs_the_strategy_on_meta_tensors_with_its_syncer():
     e = estimate("decoupled_diloco:H=4,num_fragments=2", model=lambda: torch.nn.Sequential(
         torch.nn.Linear(100, 100), torch.nn.Linear(100, 10)), num_nodes=2, max_steps=8, step_time=1.0, scenario=FLAT)
     params = 100 * 100 + 100 + 100 * 10 + 10
-    # two whole models of Δ per learner over 8 steps (each fragment twice), and a 4-byte pull per sync (quorum 1 < 2)
+    # two whole models of Δ per worker over 8 steps (each fragment twice), and a 4-byte pull per sync (quorum 1 < 2)
     assert e.trace.payload_bytes(0) == e.trace.payload_bytes(1) == 2 * 4 * params + 4 * 4
     assert e.trace.meta["servers"] == 1
 
 
-# ---------------------------------------------------------------- a real run: K = 8, one learner slow, one failing
+# ---------------------------------------------------------------- a real run: K = 8, one worker slow, one failing
 DIGITS_NET = {"name": "digits-eight", "network": {"bandwidth": "1 Gbit/s", "latency": "1 ms"},
               "compute": {"mode": "flops", "tflops": 1e-4, "mfu": 1.0}}
-# 4 learners x 2 ranks; learner 1 (ranks 2, 3) at half speed, learner 3 (ranks 6, 7) down for a sixth of the run
+# 4 workers x 2 ranks; worker 1 (ranks 2, 3) at half speed, worker 3 (ranks 6, 7) down for a sixth of the run
 ROUGH = Scenario.from_dict({**DIGITS_NET, "name": "digits-eight-rough", "nodes": [{"ranks": [2, 3], "speed": 0.5}],
                             "events": [{"kind": "down", "ranks": [6, 7], "from_s": 1.0, "to_s": 1.5}]})
 SHAPE = {"H": 12, "num_fragments": 3, "delay_steps": 2, "merge_alpha": 0.5, "replica_size": 2}
@@ -232,21 +232,21 @@ def rough_runs():
         return digits_fit(DecoupledDiLoCoStrategy(OptimSpec("adamw", lr=3e-3), **SHAPE), ROUGH, max_steps=1000,
                           max_sim_time_s=3.0)
 
-    # the baseline: Streaming DiLoCo on healthy hardware for the steps the healthy learners take in 3 s
+    # the baseline: Streaming DiLoCo on healthy hardware for the steps the healthy workers take in 3 s
     healthy = digits_fit(StreamingDiLoCoStrategy(OptimSpec("adamw", lr=3e-3), **SHAPE),
                          Scenario.from_dict(DIGITS_NET), max_steps=120)
     return decoupled(), decoupled(), healthy
 
 
 @pytest.mark.slow
-def test_a_slow_and_a_failing_learner_stall_nobody_and_the_loss_stays_within_10pct_of_healthy_streaming(rough_runs):
+def test_a_slow_and_a_failing_worker_stall_nobody_and_the_loss_stays_within_10pct_of_healthy_streaming(rough_runs):
     run, again, healthy = rough_runs
     steps = [run.trace.num_steps(r) for r in range(8)]
-    assert steps[0] == steps[1] == steps[4] == steps[5] >= 115  # the healthy learners train the whole 3 s
+    assert steps[0] == steps[1] == steps[4] == steps[5] >= 115  # the healthy workers train the whole 3 s
     assert steps[2] == steps[3] < 0.6 * steps[0]  # the slow one at its own pace
     assert steps[6] == steps[7] < steps[0]  # the failed one lost its outage, and came back
     assert run.sim.lost["down"] == pytest.approx(1.0)  # two ranks down for 0.5 s
-    assert 0.75 < run.sim.goodput < 0.95  # reported: the outage is the loss, nobody waits for the slow learner
+    assert 0.75 < run.sim.goodput < 0.95  # reported: the outage is the loss, nobody waits for the slow worker
     assert run.sim.lost["waiting"] < 0.01 * 8 * run.sim.wall_clock_s
     loss, baseline = run.history["eval"][-1]["loss"], healthy.history["eval"][-1]["loss"]
     assert loss < 1.1 * baseline, (loss, baseline)
@@ -260,7 +260,7 @@ def test_a_slow_and_a_failing_learner_stall_nobody_and_the_loss_stays_within_10p
 
 
 # ---------------------------------------------------------------- uneven hardware: the quorum's worth
-# 8 learners of one rank (and the syncer: 9 processes); ranks 4-7 on chips 18% slower, every step 10% noisy
+# 8 workers of one rank (and the syncer: 9 processes); ranks 4-7 on chips 18% slower, every step 10% noisy
 UNEVEN = Scenario.from_dict({"name": "uneven-eight", "network": {"bandwidth": "10 Gbit/s", "latency": "100 us"},
                              "compute": {"mode": "flops", "tflops": 1e-4, "mfu": 1.0},
                              "nodes": [{"ranks": [4, 5, 6, 7], "speed": 1 / 1.18}],

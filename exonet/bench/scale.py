@@ -14,13 +14,13 @@ torch once) and a later one (``warm``), both a whole 1-step fit; and the first f
 interpreter whose first line is ``exonet.warm_up()``, followed by the script's own imports (torch,
 this module) and ``--setup-s`` seconds of CPU work on one core, as a caller's set-up would (``prepared``).
 
-At the other end of scale, the learner model (exonet.netsim.learners) estimates goodput at
-``--chips`` chips in ``--learners`` learners over ``--hours`` of simulated training (default: 2.4M
+At the other end of scale, the worker model (exonet.netsim.workers) estimates goodput at
+``--chips`` chips in ``--workers`` workers over ``--hours`` of simulated training (default: 2.4M
 chips, M = 16, a day; chip MTBI a year, the decoupled_goodput example's timings): its seconds and
 peak traced memory, whose targets are 60 s and 2 GiB.
 
     python -m exonet.bench scale [--nodes 8,16,32] [--steps 40] [--models mlp,cnn] [--startup-nodes 8] [--setup-s 0]
-                                 [--chips 2400000] [--learners 16] [--hours 24]
+                                 [--chips 2400000] [--workers 16] [--hours 24]
 
 Models: ``mlp`` is the bench MLP on synthetic blobs; ``cnn`` a two-layer CNN on
 scikit-learn's 8×8 digits (bundled with scikit-learn, no download).
@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -181,29 +182,29 @@ def report(name: str, rows: list[dict[str, Any]], steps: int, out: Callable[[str
 CHIP_FAILURES = {"mtbf": "8766 h", "restart": "75 s", "pause": "20 s", "slice": 64, "repair": "2 h"}
 
 
-def learner_estimate(chips: int, learners: int, hours: float) -> dict[str, Any]:
-    """Goodput of ``chips`` chips in ``learners`` elastic learners over ``hours``, with the seconds it took and the
+def worker_estimate(chips: int, workers: int, hours: float) -> dict[str, Any]:
+    """Goodput of ``chips`` chips in ``workers`` elastic workers over ``hours``, with the seconds it took and the
     peak memory it allocated (tracemalloc; numpy reports there too)."""
     from exonet import Scenario
-    from exonet.netsim.learners import learner_goodput
+    from exonet.netsim.workers import worker_goodput
 
     scenario = Scenario.from_dict({"name": "chips", "network": {"bandwidth": "100 Gbit/s"}, "failures": CHIP_FAILURES})
     tracemalloc.start()
     t0 = time.perf_counter()
     try:
-        r = learner_goodput(scenario, chips, learners, horizon_s=hours * 3600)
+        r = worker_goodput(scenario, chips, workers, horizon_s=hours * 3600)
         seconds = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    print(f"learner model: {chips:,} chips in {learners} learners, {hours:g} h simulated: {r.failures:,} failures, "
+    print(f"worker model: {chips:,} chips in {workers} workers, {hours:g} h simulated: {r.failures:,} failures, "
           f"goodput {r.goodput:.1%}, in {seconds:.2f} s, peak {peak / MIB:.1f} MiB (targets: 60 s, 2 GiB)")
-    return {"chips": chips, "learners": learners, "hours": hours, "failures": r.failures, "goodput": r.goodput,
+    return {"chips": chips, "workers": workers, "hours": hours, "failures": r.failures, "goodput": r.goodput,
             "seconds": seconds, "peak_bytes": peak}
 
 
 def main(argv: list[str]) -> dict[str, Any]:
-    """Print the figures and return them: ``learners`` (``learner_estimate``'s; absent with ``--chips 0``),
+    """Print the figures and return them: ``workers`` (``worker_estimate``'s; absent with ``--chips 0``),
     ``startup`` (seconds: ``cold``, ``prepared``, ``warm``, ``spawn``; absent with ``--startup-nodes 0``) and
     ``models``, ``report``'s figures per model name (none with ``--models ""``)."""
     parser = argparse.ArgumentParser(prog="python -m exonet.bench scale", description=__doc__.splitlines()[0])
@@ -215,11 +216,16 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--setup-s", type=float, default=0.0,
                         help="CPU seconds of set-up after exonet.warm_up() and the script's imports, "
                              "before its first fit (prepared start-up)")
-    parser.add_argument("--chips", type=int, default=2_400_000, help="chips for the learner-model estimate (0: skip)")
-    parser.add_argument("--learners", type=int, default=16, help="learners for the learner-model estimate")
-    parser.add_argument("--hours", type=float, default=24.0, help="simulated hours for the learner-model estimate")
+    parser.add_argument("--chips", type=int, default=2_400_000, help="chips for the worker-model estimate (0: skip)")
+    parser.add_argument("--workers", type=int, default=16, help="workers for the worker-model estimate")
+    parser.add_argument("--hours", type=float, default=24.0, help="simulated hours for the worker-model estimate")
+    parser.add_argument("--learners", type=int, help=argparse.SUPPRESS)  # --workers' old name, for one release
     parser.add_argument("--cold", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.learners is not None:
+        warnings.warn("python -m exonet.bench scale: --learners is now --workers (the same number); the old "
+                      "spelling goes in the next release", DeprecationWarning, stacklevel=2)
+        args.workers = args.learners
     if args.cold:
         busy(args.setup_s)
         model, data = workload("mlp")
@@ -228,7 +234,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         return {"cold_s": seconds}
     figures: dict[str, Any] = {}
     if args.chips:
-        figures["learners"] = learner_estimate(args.chips, args.learners, args.hours)
+        figures["workers"] = worker_estimate(args.chips, args.workers, args.hours)
     if args.startup_nodes:
         s = figures["startup"] = startup(args.startup_nodes, args.repeat, args.setup_s)
         print(f"start-up bench: K={args.startup_nodes}, a whole 1-step exonet fit against mp.spawn of "

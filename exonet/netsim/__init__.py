@@ -15,8 +15,8 @@ asks) and ``outcome`` (the result), ``replay`` (``simulate``, a whole trace or s
 ``store`` (puts and gets as messages to a store rank),
 ``diagnose`` (why a replay cannot finish), ``result``, ``spread`` (the stochastic range),
 ``confidence`` (the range from the model's measured errors), ``spans`` (the kinds of a node's
-time), ``chrome`` (the Chrome/Perfetto trace), ``progress`` (a long replay's bar); ``learners``
-works a level above the replay (goodput of N chips in M learners under failures, at any chip count).
+time), ``chrome`` (the Chrome/Perfetto trace), ``progress`` (a long replay's bar); ``workers``
+works a level above the replay (goodput of N chips in M workers under failures, at any chip count).
 """
 
 from exonet.netsim.engine import Simulation

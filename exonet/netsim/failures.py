@@ -25,7 +25,7 @@ that alone passes ``MAX_FAILURES`` (mtbf 1 h, repair 10 h, 8 ranks: 2·10^7 fail
 replay); mtbf 50 h, repair 2 h, 256 ranks expects 2·10^4 and is replayed.
 
 ``UnitFailures`` is the same process for a unit of many devices that is one thing to the model (a
-learner of N/M chips, exonet.netsim.learners): its devices fail independently with mean ``mtbf`` each,
+worker of N/M chips, exonet.netsim.workers): its devices fail independently with mean ``mtbf`` each,
 so the unit's failures arrive at the summed rate, live devices / ``mtbf``, with no object per device.
 """
 
@@ -101,7 +101,7 @@ def all_up_wait(spec: FailureSpec, members: int) -> float:
 
 def warn_default_restart(failures: dict | None, elastic: bool = False) -> None:
     """Warn that a ``[failures]`` table (as written) gives no ``restart``, naming the default taken: a failure
-    then costs its repair and the work thrown away, but no reload (an elastic learner stalls ``pause`` instead)."""
+    then costs its repair and the work thrown away, but no reload (an elastic worker stalls ``pause`` instead)."""
     if failures is None or "restart" in failures or elastic:
         return
     warnings.warn(f"scenario: [failures] gives no restart: took the default restart = \"{format_time(0.0)}\", so a "

@@ -241,8 +241,8 @@ def _failures(f: FailureSpec, num_nodes: int | None) -> list[str]:
             f"seed {f.seed}{'' if f.servers else '; server ranks do not fail'}",
             f"              expected failures: {nodes} x T / {cycle} = {per_hour:.4g} per hour of run"
             + ("" if num_nodes is not None else " per node"),
-            *([f"              learner model: a failure takes down {units.plural(f.slice, 'device')}; an elastic "
-               f"learner pauses {secs(f.pause)} per failure"] if f.slice > 1 or f.pause > 0 else [])]
+            *([f"              worker model: a failure takes down {units.plural(f.slice, 'device')}; an elastic "
+               f"worker pauses {secs(f.pause)} per failure"] if f.slice > 1 or f.pause > 0 else [])]
 
 
 def _who(entry: Mapping[str, Any]) -> str:

@@ -67,8 +67,8 @@ class FailureSpec:
     sigma: float = 0.0  # the lognormal's sigma
     seed: int = 0
     servers: bool = True  # whether server ranks (a parameter server) fail too; False: only trainers do
-    slice: int = 1  # devices one failure takes down (its blast radius), for the learner model (netsim.learners)
-    pause: float = 0.0  # seconds an elastic learner stalls on each failure (netsim.learners)
+    slice: int = 1  # devices one failure takes down (its blast radius), for the worker model (netsim.workers)
+    pause: float = 0.0  # seconds an elastic worker stalls on each failure (netsim.workers)
 
     def expected_failures(self, num_nodes: int, seconds: float) -> float:
         """Expected failures over ``seconds`` of run on ``num_nodes`` ranks: nodes × T / (mtbf + repair + restart)."""

@@ -1,29 +1,29 @@
-"""Learner-level goodput: a machine of N chips split into M learners, at any chip count.
+"""Worker-level goodput: a machine of N chips split into M workers, at any chip count.
 
 The replay (exonet.netsim.engine) gives every rank a node, and a million chips would be a million
-nodes. This model works a level up, as Decoupled DiLoCo (arXiv 2604.21428) reasons: a learner of
+nodes. This model works a level up, as Decoupled DiLoCo (arXiv 2604.21428) reasons: a worker of
 N/M chips is one unit whose chips fail independently, each with mean ``[failures] mtbf`` (the
 paper's MTBI per chip), so its failures arrive at the summed rate, live chips / mtbf, exponential
-and seeded per learner (``UnitFailures``). The cost is one event per failure, whatever the chip count.
+and seeded per worker (``UnitFailures``). The cost is one event per failure, whatever the chip count.
 
-What a failure costs its learner (``learner_goodput``):
+What a failure costs its worker (``worker_goodput``):
 
-* not elastic: the learner throws away its training since its last sync (``sync_s``: a Decoupled
-  DiLoCo learner's outer step; 0 syncs continuously and loses nothing) and stalls ``restart`` (a
+* not elastic: the worker throws away its training since its last sync (``sync_s``: a Decoupled
+  DiLoCo worker's outer step; 0 syncs continuously and loses nothing) and stalls ``restart`` (a
   synchronous job re-forms on spare chips and reloads its state), then goes on whole. A failure
   strikes whatever its length: ``restart`` 0 still throws the work away;
-* elastic: the learner stalls ``pause`` (its quorum re-forms without the failed chips), then trains
+* elastic: the worker stalls ``pause`` (its quorum re-forms without the failed chips), then trains
   without the ``slice`` chips the failure took down until ``repair`` after the failure.
 
 No failure arrives during a stall (the alternating renewal of exonet.netsim.failures), so one
-learner of n chips that stalls d per failure and never misses a slice keeps g = 1 / (1 + d·n/mtbf);
+worker of n chips that stalls d per failure and never misses a slice keeps g = 1 / (1 + d·n/mtbf);
 with syncs every S seconds of training, λ = n/mtbf, g = λS / ((e^(λS) − 1)(1 + λd)) (a round of S
 is started again after every failure within it).
-Learners are independent: Decoupled DiLoCo with a quorum of 1, where a failure stalls only its
-learner. One learner of all the chips is data-parallel training (elastic or not). Goodput is the
+Workers are independent: Decoupled DiLoCo with a quorum of 1, where a failure stalls only its
+worker. One worker of all the chips is data-parallel training (elastic or not). Goodput is the
 share of the machine's chip-time that trains the model.
 
-``quorum_goodput`` is the other half of the paper's argument: learners at uneven speeds, whose
+``quorum_goodput`` is the other half of the paper's argument: workers at uneven speeds, whose
 every sync waits for a quorum of them; ``scenario_quorum_goodput`` reads those speeds from a scenario.
 """
 
@@ -43,16 +43,16 @@ _QUORUM_STREAM = 0x0A0F  # the speed noise of quorum_goodput, apart from every f
 
 
 @dataclass(frozen=True)
-class LearnerGoodput:
-    """What ``learner_goodput`` found, in chip-seconds over ``chips`` × ``horizon_s``.
+class WorkerGoodput:
+    """What ``worker_goodput`` found, in chip-seconds over ``chips`` × ``horizon_s``.
 
-    ``goodput + stalled + missing + lost == 1``: trained, stalled (a whole learner waiting out a pause or
-    restart), missing (a slice out for repair while its learner trains on) and lost (trained since the
-    learner's last sync, then thrown away by a failure).
+    ``goodput + stalled + missing + lost == 1``: trained, stalled (a whole worker waiting out a pause or
+    restart), missing (a slice out for repair while its worker trains on) and lost (trained since the
+    worker's last sync, then thrown away by a failure).
     """
 
     chips: int
-    learners: int
+    workers: int
     elastic: bool
     horizon_s: float
     failures: int
@@ -62,40 +62,40 @@ class LearnerGoodput:
     lost: float = 0.0
 
 
-def learner_goodput(scenario: Scenario, chips: int, learners: int = 1, *, elastic: bool = True,
-                    horizon_s: float = 86400.0, sync_s: float = 0.0) -> LearnerGoodput:
-    """Goodput of ``chips`` chips in ``learners`` independent learners under ``scenario``'s ``[failures]``.
+def worker_goodput(scenario: Scenario, chips: int, workers: int = 1, *, elastic: bool = True,
+                    horizon_s: float = 86400.0, sync_s: float = 0.0) -> WorkerGoodput:
+    """Goodput of ``chips`` chips in ``workers`` independent workers under ``scenario``'s ``[failures]``.
 
     Args:
         scenario: its ``[failures]`` gives the per-chip ``mtbf``, ``restart`` (not elastic), ``pause``,
             ``slice`` and ``repair`` (elastic), and the ``seed``.
         chips: the machine's chips, split as evenly as can be.
-        learners: M; 1 is data-parallel training.
+        workers: M; 1 is data-parallel training.
         elastic: whether a failure costs ``pause`` and a missing slice (True) or a ``restart``.
         horizon_s: simulated seconds of training; its expected failures (chips × horizon_s / mtbf, one event
             each) must stay within ``MAX_FAILURES``.
-        sync_s: training seconds between a learner's syncs, whose work a failure throws away when not elastic
+        sync_s: training seconds between a worker's syncs, whose work a failure throws away when not elastic
             (0: none is lost).
     """
     spec = scenario.failures
     if spec is None:
-        raise scenario.key_error("failures", "learner_goodput needs a [failures] table (e.g. mtbf = \"8766 h\")")
-    if not 1 <= learners <= chips:
-        raise ValueError(f"learner_goodput: learners must be in [1, chips = {chips:,}], got {learners}")
+        raise scenario.key_error("failures", "worker_goodput needs a [failures] table (e.g. mtbf = \"8766 h\")")
+    if not 1 <= workers <= chips:
+        raise ValueError(f"worker_goodput: workers must be in [1, chips = {chips:,}], got {workers}")
     _check_horizon(horizon_s, chips * horizon_s / spec.mtbf if math.isfinite(horizon_s) else math.inf)
     if not 0 <= sync_s < math.inf:
-        raise ValueError(f"learner_goodput: sync_s must be a finite number of seconds >= 0, got {sync_s!r}")
+        raise ValueError(f"worker_goodput: sync_s must be a finite number of seconds >= 0, got {sync_s!r}")
     warn_default_restart(scenario.to_dict().get("failures"), elastic)
-    smallest = chips // learners
+    smallest = chips // workers
     if spec.slice > smallest:
-        raise scenario.key_error("failures.slice", f"{spec.slice:,} devices is larger than a learner "
-                                 f"({chips:,} chips / {learners} learners = {smallest:,} devices); a failure takes "
-                                 f"down at most its learner")
-    sizes = [smallest + (i < chips % learners) for i in range(learners)]
+        raise scenario.key_error("failures.slice", f"{spec.slice:,} devices is larger than a worker "
+                                 f"({chips:,} chips / {workers} workers = {smallest:,} devices); a failure takes "
+                                 f"down at most its worker")
+    sizes = [smallest + (i < chips % workers) for i in range(workers)]
     sync = 0.0 if elastic else sync_s
-    runs = [_learner(spec, UnitFailures(spec, i), n, elastic, horizon_s, sync) for i, n in enumerate(sizes)]
+    runs = [_worker(spec, UnitFailures(spec, i), n, elastic, horizon_s, sync) for i, n in enumerate(sizes)]
     total = chips * horizon_s
-    return LearnerGoodput(chips=chips, learners=learners, elastic=elastic, horizon_s=horizon_s,
+    return WorkerGoodput(chips=chips, workers=workers, elastic=elastic, horizon_s=horizon_s,
                           failures=sum(r[0] for r in runs), goodput=sum(r[1] for r in runs) / total,
                           stalled=sum(r[2] for r in runs) / total, missing=sum(r[3] for r in runs) / total,
                           lost=sum(r[4] for r in runs) / total)
@@ -105,16 +105,16 @@ def _check_horizon(horizon_s: float, expected: float) -> None:
     """ValueError naming ``horizon_s`` unless it is finite, > 0, and expects at most ``MAX_FAILURES`` failures (each
     one event: a horizon of 1e300 s would never end)."""
     if not 0 < horizon_s < math.inf:
-        raise ValueError(f"learner_goodput: horizon_s must be a finite number of seconds > 0, got {horizon_s!r}")
+        raise ValueError(f"worker_goodput: horizon_s must be a finite number of seconds > 0, got {horizon_s!r}")
     if not expected <= MAX_FAILURES:
-        raise ValueError(f"learner_goodput: horizon_s = {horizon_s:.4g} s expects about {expected:.3g} failures "
+        raise ValueError(f"worker_goodput: horizon_s = {horizon_s:.4g} s expects about {expected:.3g} failures "
                          f"(chips × horizon_s / mtbf), more than {MAX_FAILURES:,}, one event each: shorten horizon_s "
                          f"(the goodput of a shorter one is the same within its sampling error)")
 
 
-def _learner(spec: FailureSpec, failures: UnitFailures, n: int, elastic: bool, horizon: float,
+def _worker(spec: FailureSpec, failures: UnitFailures, n: int, elastic: bool, horizon: float,
              sync: float) -> tuple[int, float, float, float, float]:
-    """One learner of ``n`` chips over ``horizon`` seconds: (failures, trained, stalled, missing, lost chip-seconds),
+    """One worker of ``n`` chips over ``horizon`` seconds: (failures, trained, stalled, missing, lost chip-seconds),
     which add up to n · horizon; a failure throws away the training since its last sync, every ``sync`` (0: none)."""
     stall = spec.pause if elastic else spec.restart
     out: list[tuple[float, int]] = []  # (back at, chips) of the slices out for repair
@@ -139,7 +139,7 @@ def _learner(spec: FailureSpec, failures: UnitFailures, n: int, elastic: bool, h
                 live -= down
                 heapq.heappush(out, (t + failures.repair(), down))
             until = min(t + stall, horizon)
-            while t < until:  # the whole learner waits; slices may come back meanwhile
+            while t < until:  # the whole worker waits; slices may come back meanwhile
                 step = min(until, out[0][0]) if out else until
                 stalled += live * (step - t)
                 missing += (n - live) * (step - t)
@@ -150,19 +150,19 @@ def _learner(spec: FailureSpec, failures: UnitFailures, n: int, elastic: bool, h
 
 def quorum_goodput(speeds: Sequence[float], quorum: int, *, sigma: float = 0.0, rounds: int = 2000,
                    seed: int = 0) -> float:
-    """Goodput of learners at ``speeds`` whose every sync waits for ``quorum`` of them.
+    """Goodput of workers at ``speeds`` whose every sync waits for ``quorum`` of them.
 
-    Learner i computes a round in (1 / speeds[i]) · exp(σz − σ²/2), z ~ N(0, 1) drawn per learner and
-    round (the stragglers' lognormal jitter, mean 1). Round r closes when ``quorum`` learners have
-    delivered it; a learner that delivered before the close waits for it, one that delivers after
+    Worker i computes a round in (1 / speeds[i]) · exp(σz − σ²/2), z ~ N(0, 1) drawn per worker and
+    round (the stragglers' lognormal jitter, mean 1). Round r closes when ``quorum`` workers have
+    delivered it; a worker that delivered before the close waits for it, one that delivers after
     starts its next round at once (its late update is merged, stale). Goodput: compute over the
-    learners' time. A quorum of 1 never waits; a quorum of all of them waits for the slowest.
+    workers' time. A quorum of 1 never waits; a quorum of all of them waits for the slowest.
     """
     if not speeds or not all(s > 0 for s in speeds):
-        raise ValueError(f"quorum_goodput: speeds must be positive numbers, one per learner, got {list(speeds)}")
+        raise ValueError(f"quorum_goodput: speeds must be positive numbers, one per worker, got {list(speeds)}")
     m = len(speeds)
     if not 1 <= quorum <= m:
-        raise ValueError(f"quorum_goodput: quorum must be in [1, learners = {m}], got {quorum}")
+        raise ValueError(f"quorum_goodput: quorum must be in [1, workers = {m}], got {quorum}")
     rng = np.random.default_rng([seed, _QUORUM_STREAM])
     work = np.exp(sigma * rng.standard_normal((rounds, m)) - sigma**2 / 2) / np.asarray(speeds, dtype=float)
     start = np.zeros(m)
@@ -172,11 +172,11 @@ def quorum_goodput(speeds: Sequence[float], quorum: int, *, sigma: float = 0.0, 
     return float(work.sum() / start.sum())
 
 
-def scenario_quorum_goodput(scenario: Scenario, learners: int, quorum: int, *, rounds: int = 2000) -> float:
-    """``quorum_goodput`` of ``learners`` learners, one rank each, at the speeds of ``scenario``'s ``[[nodes]]`` and
+def scenario_quorum_goodput(scenario: Scenario, workers: int, quorum: int, *, rounds: int = 2000) -> float:
+    """``quorum_goodput`` of ``workers`` workers, one rank each, at the speeds of ``scenario``'s ``[[nodes]]`` and
     the lognormal jitter (sigma, seed) of its ``[stragglers]``: the scenario a real run of them would use."""
-    r = scenario.resolve(learners)
+    r = scenario.resolve(workers)
     if r.jitter not in ("none", "lognormal"):
-        raise scenario.key_error("stragglers.jitter", f"the learner model draws lognormal speed noise; got "
+        raise scenario.key_error("stragglers.jitter", f"the worker model draws lognormal speed noise; got "
                                  f"{r.jitter!r} (use \"lognormal\" or \"none\")")
     return quorum_goodput(r.speed, quorum, sigma=r.sigma, rounds=rounds, seed=r.seed)
