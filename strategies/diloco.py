@@ -17,7 +17,9 @@ from exonet.strategies.replica import ReplicaGroups, check_replica_size, check_r
 from exonet.strategies.transport import check_transport, exchange
 
 if TYPE_CHECKING:
-    from exonet.communicator import Communicator
+    from exonet.communicator import Communicator, Handle
+
+OVERLAPS = (None, "delayed", "eager")
 
 
 class DiLoCoStrategy(FedAvgStrategy):
@@ -49,6 +51,20 @@ class DiLoCoStrategy(FedAvgStrategy):
     inside (``exonet.strategies.replica``). G must divide K; it excludes participation < 1,
     ``island_size`` and ``deadline_s``.
 
+    Overlapped outer steps (``overlap``, Kale, Douillard & Donchev 2025, "Eager Updates For Overlapped
+    Communication and Computation in DiLoCo", arXiv 2502.12996): a round's all-reduce of the pseudo-gradients
+    Δ_m = θ_global − θ_local runs during the next round's H inner steps instead of blocking, and each node
+    steps its outer optimizer at the end of round t on what has landed:
+
+    * ``"delayed"``: the previous round's mean, Δ̄_{t−1} (nothing at the end of the first round);
+    * ``"eager"``: the mean with its own stale share swapped for its fresh one,
+      Δ̃_m = Δ_m,t / M + Σ_{m'≠m} Δ_{m',t−1} / M = Δ̄_{t−1} − Δ_m,t−1 / M + Δ_m,t / M,
+      so a node's outer step sees its own work at once and the others' one round late.
+    Under eager the nodes' θ_global differ by their own last shares (with plain SGD outside, by Δ_m,t / M).
+    The last round's mean lands at the end of the run with no round left to take it. At K = 1 eager is
+    DiLoCo. Every node takes part in every round (no participation, islands, replica groups, deadline,
+    elastic, quantize_bits or store).
+
     Defaults: the outer optimizer is the paper's SGD lr 0.7, momentum 0.9, Nesterov;
     H = 100 and the inner AdamW lr 1e-3 are the seed gym's (the paper uses H = 500 and
     AdamW lr 4e-4, weight decay 0.1 for its 150M-parameter language models).
@@ -70,6 +86,7 @@ class DiLoCoStrategy(FedAvgStrategy):
             (``codecs.QuantizedMean``: one all-gather of the packed codes per round). Not with replica_size > 1,
             deadline_s or elastic.
         error_decay: with ``quantize_bits``, how much of the unsent error carries to the next round (MuLoCo's 0.9).
+        overlap: None (block on each round's all-reduce), "delayed" or "eager" (see above).
         transport: "all_gather" (the all-reduce, or the quantized all-gather) or "store": each node puts its
             parameters (or its quantized message) in the object store once and gets the group's others; not with
             replica_size > 1, deadline_s or elastic.
@@ -93,6 +110,7 @@ class DiLoCoStrategy(FedAvgStrategy):
         quantize_bits: int | None = None,
         error_decay: float = 0.9,
         transport: str = "all_gather",
+        overlap: str | None = None,
     ) -> None:
         super().__init__(optim_spec, island_size=island_size, H=H, participation=participation,
                          deadline_s=deadline_s, elastic=elastic)
@@ -108,6 +126,15 @@ class DiLoCoStrategy(FedAvgStrategy):
             raise ValueError("transport='store': a round's exchange goes through the store; it cannot be combined "
                              "with replica_size > 1, deadline_s or elastic=True")
         self.replica_size = check_replica_size(replica_size)
+        if overlap not in OVERLAPS:
+            raise ValueError(f"overlap must be None, 'delayed' or 'eager', got {overlap!r}")
+        if overlap is not None and (participation != 1 or island_size is not None or replica_size > 1
+                                    or deadline_s is not None or elastic or quantize_bits is not None
+                                    or transport != "all_gather"):
+            raise ValueError("overlap: every node's all-reduce runs through the next round; it cannot be combined "
+                             "with participation < 1, island_size, replica_size > 1, deadline_s, elastic=True, "
+                             "quantize_bits or transport='store'")
+        self.overlap = overlap
         if replica_size > 1 and (participation != 1 or island_size is not None or deadline_s is not None or elastic):
             raise ValueError("replica_size: a replica group syncs every round as one worker; it cannot be combined "
                              "with participation < 1, island_size, deadline_s or elastic=True (elastic rounds are "
@@ -123,6 +150,7 @@ class DiLoCoStrategy(FedAvgStrategy):
             self.global_params = flatten(self.params)
         self.outer_optimizer = self.outer_optim_spec.build([self.global_params])
         self._replicas = ReplicaGroups.for_node(self.rank, self.num_nodes, self.replica_size, comm)
+        self._in_flight: tuple[Handle | None, torch.Tensor] | None = None  # overlap: last round's all-reduce, own Δ
         self._quantized = None if self.quantize_bits is None else QuantizedMean(
             [p.numel() for p in self.params], self.quantize_bits, self.error_decay, self.global_params.dtype,
             self.global_params.device)
@@ -144,12 +172,41 @@ class DiLoCoStrategy(FedAvgStrategy):
         super().step()
 
     def sync_round(self) -> None:
+        if self.overlap is not None:
+            self._overlapped_round()
+            return
         if self._replicas is not None:
             with torch.no_grad():
                 self.apply_average(self._replicas.start_mean(self.comm, flatten(self.params)).wait())
             return
         super().sync_round()
         self.hand_off(self.rounds_done())
+
+    def _overlapped_round(self) -> None:
+        """Start this round's all-reduce of Δ_m, step on what has landed, restart from θ_global."""
+        with torch.no_grad():
+            delta = self.global_params - flatten(self.params)
+            handle = self.comm.all_reduce(delta.clone(), op="avg", async_op=True) if self.num_nodes > 1 else None
+            landed = None
+            if self._in_flight is not None:
+                previous, own = self._in_flight
+                mean = own if previous is None else previous.wait()
+                landed = mean if self.overlap == "delayed" else mean.sub_(own, alpha=1 / self.num_nodes)
+            if self.overlap == "eager":
+                landed = delta / self.num_nodes if landed is None else landed.add_(delta, alpha=1 / self.num_nodes)
+            if landed is not None:
+                self.global_params.grad = landed
+                self.outer_optimizer.step()
+                self.global_params.grad = None
+            unflatten_into(self.global_params, self.params)
+            self._in_flight = (handle, delta)
+
+    def finish(self) -> None:
+        """The last round's all-reduce lands (no round is left to step on it)."""
+        if self._in_flight is not None and self._in_flight[0] is not None:
+            self._in_flight[0].wait()
+        self._in_flight = None
+        super().finish()
 
     def hand_off(self, round_index: int) -> None:
         """Give the nodes of the next round that sat round ``round_index`` out its global state.
@@ -228,6 +285,9 @@ class DiLoCoStrategy(FedAvgStrategy):
                  "outer_optimizer": self.outer_optimizer.state_dict()}
         if self._quantized is not None:
             state["error"] = self._quantized.error.clone()
+        if self._in_flight is not None:  # the transfer ends now (Handle.state_dict); the resumed node waits as this one
+            handle, own = self._in_flight
+            state["in_flight"] = {"own": own.clone(), "pending": None if handle is None else handle.state_dict()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -237,3 +297,7 @@ class DiLoCoStrategy(FedAvgStrategy):
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
         if self._quantized is not None:
             self._quantized.error.copy_(state["error"])
+        if "in_flight" in state:
+            saved = state["in_flight"]
+            pending = None if saved["pending"] is None else self.comm.restore_handle(saved["pending"])
+            self._in_flight = (pending, saved["own"].to(self.global_params.device))

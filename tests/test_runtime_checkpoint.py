@@ -270,6 +270,8 @@ RESUMED = {
                                          in_flight="fragment 0's round, its all_gather issued at step 7"),
     "streaming_diloco-replicas": Case(lambda: _streaming(delay_steps=2, replica_size=2), nodes=4,
                                       in_flight="fragment 0's round, its mean across workers started at step 6"),
+    "diloco-eager": Case(lambda: DiLoCoStrategy(OptimSpec("adamw", lr=3e-3), H=4, overlap="eager"),
+                         in_flight="round 1's all-reduce, started at step 4"),
     "diloco-2bit": Case(lambda: DiLoCoStrategy(OptimSpec("adamw", lr=3e-3), H=4, quantize_bits=2)),
     "sparseloco": Case(lambda: SparseLoCoStrategy(OptimSpec("adamw", lr=3e-3), H=4, top_k=8, chunk=4)),
     "muloco": Case(lambda: MuLoCoStrategy(H=4, quantize_bits=2)),

@@ -21,7 +21,7 @@ from exonet.strategies.muloco import hidden_matrices
 from exonet.strategies.muon import MuonAdamW
 from exonet.strategies.noloco import gossip_peer
 from exonet.toy import Classifier, ShardFactory
-from exonet.trace import Collective
+from exonet.trace import Collective, Wait
 
 K, STEPS, H, BATCH, LR = 4, 6, 2, 8, 0.1
 
@@ -406,3 +406,66 @@ def test_quantized_diloco_refuses_what_its_exchange_cannot_do():
         DiLoCoStrategy(quantize_bits=17)
     with pytest.raises(ValueError, match="replica_size > 1, deadline_s or elastic"):
         DiLoCoStrategy(quantize_bits=2, elastic=True)
+
+
+def plain_overlapped_diloco(overlap: str) -> list[torch.Tensor]:
+    """DiLoCo by hand with the outer all-reduce one round late (arXiv 2502.12996): each node m keeps its own θ_m and
+    Nesterov SGD (lr 0.7, momentum 0.9); at the end of round t it steps on Δ̄_{t−1} ("delayed") or on
+    Δ̄_{t−1} − Δ_m,t−1/K + Δ_m,t/K ("eager"); the run's model is the nodes' mean."""
+    model = small_model()
+    data = batches()
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    shapes = [p.shape for p in model.parameters()]
+    flats = [start.clone().requires_grad_() for _ in range(K)]
+    outers = [torch.optim.SGD([f], lr=0.7, momentum=0.9, nesterov=True) for f in flats]
+    previous: list[torch.Tensor] | None = None
+    for r in range(STEPS // H):
+        deltas = []
+        for rank in range(K):
+            theta = [t.view(shape).clone() for t, shape in zip(flats[rank].detach().split([s.numel() for s in shapes]),
+                                                              shapes)]
+            inner_steps(model, theta, data[rank][r * H:(r + 1) * H])
+            deltas.append(flats[rank].detach() - torch.cat([t.reshape(-1) for t in theta]))
+        for rank in range(K):
+            if overlap == "delayed":
+                grad = None if previous is None else sum(previous) / K
+            else:
+                grad = deltas[rank] / K + (0 if previous is None else (sum(previous) - previous[rank]) / K)
+            if grad is not None:
+                flats[rank].grad = grad
+                outers[rank].step()
+        previous = deltas
+    mean = sum(f.detach() for f in flats) / K
+    return [t.view(shape) for t, shape in zip(mean.split([s.numel() for s in shapes]), shapes)]
+
+
+@pytest.fixture(scope="module", params=["eager", "delayed"])
+def overlapped_run(request):
+    return request.param, fit(DiLoCoStrategy(OptimSpec("sgd", lr=LR), H=H, overlap=request.param))
+
+
+def test_overlapped_diloco_equals_a_plain_rederivation_of_delayed_and_eager_outer_steps(overlapped_run):
+    overlap, run = overlapped_run
+    for (name, got), expected in zip(run.model.named_parameters(), plain_overlapped_diloco(overlap)):
+        assert torch.allclose(got, expected, rtol=0, atol=1e-5), (overlap, name)
+
+
+def test_overlapped_diloco_waits_on_each_rounds_all_reduce_one_round_later(overlapped_run):
+    """The same bytes as DiLoCo (P fp32 values per round), but issued async and waited at the next round's end,
+    so the replay overlaps them with its H inner steps; the last lands at the end of the run."""
+    _, run = overlapped_run
+    nbytes = 4 * sum(p.numel() for p in small_model().parameters())
+    for rank in range(K):
+        ops = [("wait", e.cid) if isinstance(e, Wait) else (e.op, e.nbytes, e.async_op, e.cid)
+               for e in run.trace.events[rank] if isinstance(e, (Collective, Wait))]
+        assert ops == [("all_reduce", nbytes, True, 0), ("all_reduce", nbytes, True, 1), ("wait", 0),
+                       ("all_reduce", nbytes, True, 2), ("wait", 1), ("wait", 2)]
+
+
+def test_overlap_refuses_what_a_round_late_all_reduce_cannot_do():
+    with pytest.raises(ValueError, match="overlap must be None, 'delayed' or 'eager', got 'lazy'"):
+        DiLoCoStrategy(overlap="lazy")
+    with pytest.raises(ValueError, match="overlap: .* participation < 1"):
+        DiLoCoStrategy(overlap="eager", participation=0.5)
+    with pytest.raises(ValueError, match="overlap: .*quantize_bits"):
+        DiLoCoStrategy(overlap="delayed", quantize_bits=2)
