@@ -283,6 +283,76 @@ def _block_groups(dcts: list[ChunkedDCT], dtypes: list[torch.dtype], topk: int) 
     return [_BlockGroup(members, [dcts[i] for i in members], topk) for members in keys.values()]
 
 
+class DCTTopK:
+    """DeMo's codec for a list of parameters: the chunked DCT of their momentum, its top-k per block on the wire.
+
+    It keeps the error-feedback state, the momentum as DCT coefficients per block group (``coeffs``);
+    ``accumulate`` adds a step's gradients to it, ``encode`` takes out and packs what is sent (one ``uint8``
+    buffer of exactly ``wire_nbytes()`` bytes), and ``decode`` turns every node's buffer into each parameter's
+    mean-decoded update (the wire format is the module docstring's).
+
+    Args:
+        params: the parameters (their shapes, dtypes and device).
+        chunk: the target block side.
+        topk: coefficients kept per block.
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], chunk: int, topk: int) -> None:
+        self.dcts = [ChunkedDCT(p.shape, chunk, p.dtype, p.device) for p in params]
+        self.dtypes = [p.dtype for p in params]
+        self.groups = _block_groups(self.dcts, self.dtypes, topk)
+        self.coeffs = [params[g.members[0]].new_zeros((g.num_blocks, g.dct.block_numel)) for g in self.groups]
+
+    def wire_nbytes(self) -> int:
+        """Bytes of one node's message: per group, every block's ``k`` indices and ``k`` values."""
+        return sum(g.num_blocks * g.k * (_itemsize(g.dct.index_dtype) + _itemsize(self.dtypes[g.members[0]]))
+                   for g in self.groups)
+
+    def accumulate(self, grads: Sequence[torch.Tensor | None], lr: float, decay: float) -> None:
+        """``m ← decay·m + lr·g`` on the coefficients (the DCT is linear); a missing gradient counts as zero."""
+        for g, coeffs in zip(self.groups, self.coeffs):
+            coeffs.mul_(decay)
+            mine = [grads[i] for i in g.members]
+            if any(grad is not None for grad in mine):
+                blocks = [d.blocks(torch.zeros(d.shape, dtype=self.dtypes[i], device=coeffs.device) if grad is None
+                                   else grad) for i, d, grad in zip(g.members, g.dcts, mine)]
+                coeffs.add_(g.dct.transform(torch.cat(blocks)), alpha=lr)
+
+    def encode(self) -> torch.Tensor:
+        """The top-k coefficients of every block, packed; they leave the momentum (error feedback)."""
+        parts: list[torch.Tensor] = []
+        for g, coeffs in zip(self.groups, self.coeffs):
+            idx, val = compress(coeffs, g.k)
+            coeffs.scatter_(-1, idx, 0.0)
+            parts += [idx.to(g.dct.index_dtype).reshape(-1).view(torch.uint8), val.reshape(-1).view(torch.uint8)]
+        return torch.cat(parts)
+
+    def decode(self, gathered: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's update from every node's message (``(nodes, wire_nbytes)``): per coordinate the mean
+        of the values sent for it, inverse-transformed."""
+        out: list[torch.Tensor] = [torch.empty(0)] * len(self.dcts)
+        offset = 0
+        for g in self.groups:
+            idx, offset = _take(gathered, offset, g.dct.index_dtype, g)
+            val, offset = _take(gathered, offset, self.dtypes[g.members[0]], g)
+            blocks = g.dct.inverse(decompress(idx, val, g.dct.block_numel))
+            for i, d, rows in zip(g.members, g.dcts, blocks.split(g.splits)):
+                out[i] = d.unblocks(rows)
+        return out
+
+    def momentum(self) -> list[torch.Tensor]:
+        """Each parameter's momentum, in the parameter's shape (decoded from the kept coefficients)."""
+        out: list[torch.Tensor] = [torch.empty(0)] * len(self.dcts)
+        for g, coeffs in zip(self.groups, self.coeffs):
+            for i, d, rows in zip(g.members, g.dcts, coeffs.split(g.splits)):
+                out[i] = d.decode(rows)
+        return out
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 class DeMoStrategy(Strategy):
     """DeMo: sign-SGD on the all-gathered top-k DCT components of each node's momentum.
 
@@ -341,10 +411,7 @@ class DeMoStrategy(Strategy):
         The sign step is plain SGD.
         """
         super().setup(model, comm, ctx)
-        self._dct = [ChunkedDCT(p.shape, self.compression_chunk, p.dtype, p.device) for p in self.params]
-        self._groups = _block_groups(self._dct, [p.dtype for p in self.params], self.compression_topk)
-        self._momentum = [self.params[g.members[0]].new_zeros((g.num_blocks, g.dct.block_numel))
-                          for g in self._groups]
+        self.codec = DCTTopK(self.params, self.compression_chunk, self.compression_topk)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -353,44 +420,23 @@ class DeMoStrategy(Strategy):
         lr = self.optimizer.param_groups[0]["lr"]
         if self.weight_decay:
             torch._foreach_mul_(self.params, 1.0 - lr * self.weight_decay)
-        parts: list[torch.Tensor] = []
-        for g, coeffs in zip(self._groups, self._momentum):
-            coeffs.mul_(self.compression_decay)
-            grads = [self.params[i].grad for i in g.members]
-            if any(grad is not None for grad in grads):
-                blocks = [d.blocks(torch.zeros_like(self.params[i]) if grad is None else grad)
-                          for i, d, grad in zip(g.members, g.dcts, grads)]
-                coeffs.add_(g.dct.transform(torch.cat(blocks)), alpha=lr)
-            idx, val = compress(coeffs, g.k)
-            coeffs.scatter_(-1, idx, 0.0)  # error feedback: what was sent leaves the momentum
-            parts += [idx.to(g.dct.index_dtype).reshape(-1).view(torch.uint8), val.reshape(-1).view(torch.uint8)]
-
-        gathered = self.comm.all_gather(torch.cat(parts))
-        offset = 0
-        for g in self._groups:
-            idx, offset = _take(gathered, offset, g.dct.index_dtype, g)
-            val, offset = _take(gathered, offset, self.params[g.members[0]].dtype, g)
-            signs = g.dct.inverse(decompress(idx, val, g.dct.block_numel)).sign_()
-            for i, d, blocks in zip(g.members, g.dcts, signs.split(g.splits)):
-                self.params[i].grad = d.unblocks(blocks)
+        self.codec.accumulate([p.grad for p in self.params], lr, self.compression_decay)
+        for p, update in zip(self.params, self.codec.decode(self.comm.all_gather(self.codec.encode()))):
+            p.grad = update.sign_()
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
 
     def momentum(self) -> list[torch.Tensor]:
-        """Each parameter's momentum, in the parameter's shape (decoded from the kept coefficients)."""
-        out: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
-        for g, coeffs in zip(self._groups, self._momentum):
-            for i, d, rows in zip(g.members, g.dcts, coeffs.split(g.splits)):
-                out[i] = d.decode(rows)
-        return out
+        """Each parameter's momentum, in the parameter's shape."""
+        return self.codec.momentum()
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "momentum": [c.clone() for c in self._momentum]}
+        return {**super().state_dict(), "momentum": [c.clone() for c in self.codec.coeffs]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        for c, saved in zip(self._momentum, state["momentum"]):
+        for c, saved in zip(self.codec.coeffs, state["momentum"]):
             c.copy_(saved)
 
 

@@ -17,6 +17,7 @@ from exonet import LocalTrainer
 from exonet.strategies import OptimSpec
 from exonet.strategies.demo import (
     ChunkedDCT,
+    DCTTopK,
     DeMoStrategy,
     _block_groups,
     compress,
@@ -242,6 +243,20 @@ def test_demo_sends_under_0_05_bytes_per_parameter_per_step_on_2d_weights(square
     for rank in range(K):
         assert square_run.payload_bytes_per_step(rank) == [per_step] * 3
     assert per_step / params <= 0.05
+
+
+def test_demos_codec_says_its_wire_bytes_and_they_are_what_the_trace_counts(square_run):
+    """The codec is one class (``DCTTopK``): its ``wire_nbytes`` is the formula, and one message is that long."""
+    params = [*square_model().parameters(), torch.zeros(256), torch.zeros(7, dtype=torch.float64)]
+    codec = DCTTopK(params, chunk=64, topk=32)
+    # two 256x256 weights: 16 blocks of 64x64; a bias of 256: 4 blocks of 1x64 (one group, the weights' dtype
+    # but another block shape); 7 fp64 values: one block of 1x7, all 7 kept, 8-byte values
+    assert codec.wire_nbytes() == 2 * 16 * 32 * (2 + 4) + 4 * 32 * (2 + 4) + 7 * (2 + 8)
+    codec.accumulate([torch.ones_like(p) for p in params], lr=1.0, decay=0.9)
+    assert codec.encode().numel() == codec.wire_nbytes()
+    run_codec = DCTTopK(list(square_model().parameters()), chunk=64, topk=32)
+    for rank in range(K):
+        assert [c.nbytes for c in square_run.trace.collectives(rank)] == [run_codec.wire_nbytes()] * 3
 
 
 def test_demo_uses_one_all_gather_per_step(square_run):
