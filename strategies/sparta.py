@@ -10,6 +10,7 @@ tensor travel in one flattened all-reduce.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import deque
@@ -65,6 +66,12 @@ class SparseAverager:
         if self.k > self.numel * _DENSE_FRACTION:
             return torch.randperm(self.numel, generator=g)[: self.k].sort().values
         return torch.randint(self.numel, (self.k,), generator=g).unique()
+
+    def wire_nbytes(self, step: int) -> int:
+        """Bytes one node's message for ``step`` puts on the wire: the drawn coordinates' values, in the parameters'
+        dtype; the index set is drawn from the shared seed on every node and costs none."""
+        dtype = functools.reduce(torch.promote_types, (p.dtype for p in self.params))  # torch.cat's, of the values
+        return len(self.indices(step)) * torch.empty((), dtype=dtype).element_size()
 
     def expected_count(self) -> int:
         """How many distinct indices a draw holds on average: k for a permutation, P·(1 − (1 − 1/P)^k) else."""

@@ -237,9 +237,12 @@ def test_sparta_sends_about_4pP_per_step_and_no_mask():
     numel = sum(p.numel() for p in model.parameters())
     result = _fit(SPARTAStrategy(p_sparta=0.005), steps=4, model=model, data=synthetic_classification(256, 64, 10))
     expected = 4 * 0.005 * numel
+    averager = SparseAverager(0.005)
+    averager.bind(list(model.parameters()), None, seed=0)  # the codec's count: the draws of fit's seed, steps 1-4
     for rank in range(2):
         per_step = result.payload_bytes_per_step(rank)
-        assert len(per_step) == 4 and all(0.9 * expected <= b <= 4 * round(0.005 * numel) for b in per_step)
+        assert per_step == [averager.wire_nbytes(t) for t in range(1, 5)]
+        assert all(0.9 * expected <= b <= 4 * round(0.005 * numel) for b in per_step)
         collectives = list(result.trace.collectives(rank))
         assert [(c.op, c.dtype) for c in collectives] == [("all_reduce", "float32")] * 4  # one per step, values only
     assert result.payload_bytes_per_step(0) == result.payload_bytes_per_step(1)
