@@ -88,6 +88,25 @@ def test_a_fit_listens_on_loopback_only(descendants):
     assert [(address, pid) for address, pid in seen if not _loopback(address)] == []
 
 
+def test_a_ctrl_c_inside_the_stores_constructor_stays_a_ctrl_c(monkeypatch):
+    """The store owns the listening socket once it is handed over, and closes it itself when its construction is
+    interrupted: the rendezvous must not close it again (EBADF used to replace the KeyboardInterrupt, found by a
+    loaded CI run of the Ctrl-C test below at 2 s)."""
+    from exonet.runtime import rendezvous
+
+    closed = []
+
+    def interrupted(*args, master_listen_fd: int, **kwargs):
+        os.close(master_listen_fd)
+        closed.append(master_listen_fd)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rendezvous.dist, "TCPStore", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rendezvous.loopback_store(2)
+    assert len(closed) == 1
+
+
 def test_a_full_disk_at_the_final_write_names_the_file_and_keeps_the_model(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root: mounts a 24 KiB tmpfs as the full disk")

@@ -34,13 +34,15 @@ def loopback_store(world: int, timeout_s: float = 60.0) -> dist.TCPStore:
         listener.bind((LOOPBACK, 0))
         listener.listen(max(128, world))
         port = listener.getsockname()[1]
-        store = dist.TCPStore(LOOPBACK, port, world, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout_s), master_listen_fd=listener.fileno())
     except BaseException:
         listener.close()
         raise
-    listener.detach()  # the store serves on this socket and closes it when it goes
-    return store
+    # From here the store owns the socket: it serves on it and closes it when it goes, or when its construction
+    # fails. An interrupt (Ctrl-C) inside the constructor had the store close it and then this function close it
+    # again: EBADF replaced the KeyboardInterrupt, or a close could hit another file that reused the number.
+    fd = listener.detach()
+    return dist.TCPStore(LOOPBACK, port, world, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s), master_listen_fd=fd)
 
 
 def join_store(port: int, world: int, timeout_s: float = 60.0) -> dist.TCPStore:
