@@ -65,8 +65,9 @@ def test_ddp_buckets_and_broadcast_on_a_shallow_tbf_queue():
 
 def test_the_slowlinks_matrix_command_reports_every_table(monkeypatch, capsys):
     """``exonet validate --matrix slowlinks`` runs the matrix, the held-out cases, the corners, the back-to-back
-    cases, the sweep of streams through a shallow queue and DDP's buckets, and prints each table with its loss
-    counters (the runs themselves are stubbed: each case 'measures' its own model time, so every model error is 0)."""
+    cases, the sweep of streams through a shallow queue, its held-out cases and DDP's buckets, and prints each
+    table with its loss counters (the runs themselves are stubbed: each case 'measures' its own model time, so
+    every model error is 0)."""
     from exonet.validate import buckets, command, netns, slowlinks
     from exonet.validate.slowlinks import SlowMeasurement
 
@@ -78,10 +79,11 @@ def test_the_slowlinks_matrix_command_reports_every_table(monkeypatch, capsys):
     out = capsys.readouterr().out
     for title, cases in (("read the recovery constant from", slowlinks.matrix()), ("held out", slowlinks.held_out()),
                          ("the matrix's corners", slowlinks.corners()), ("back to back", slowlinks.back_to_back()),
-                         ("many streams in a shallow queue", slowlinks.stream_sweep()), ("DDP", buckets.matrix())):
+                         ("many streams in a shallow queue", slowlinks.stream_sweep()),
+                         ("many streams, held out", slowlinks.stream_held_out()), ("DDP", buckets.matrix())):
         assert f"{len(cases)} cases ({title}" in out
-    assert out.count("| case | real s | ideal s (err) | model s (err) | retrans | timeouts | probes | drops |") == 6
-    assert out.count("model: median |error| 0.0%, worst 0.0%") == 6
+    assert out.count("| case | real s | ideal s (err) | model s (err) | retrans | timeouts | probes | drops |") == 7
+    assert out.count("model: median |error| 0.0%, worst 0.0%") == 7
     assert "| 1 | 2 | 3 | 4 |" in out
 
 

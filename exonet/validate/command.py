@@ -120,11 +120,21 @@ def _slow_links() -> int:
     """Run the real-slow-links matrix, its held-out cases, its corners, back-to-back all-reduces, the sweep of
     streams through a shallow queue and DDP's buckets; print real, ideal and model per case."""
     from exonet.validate import buckets
-    from exonet.validate.slowlinks import back_to_back, corners, held_out, matrix, report, run_case, stream_sweep
+    from exonet.validate.slowlinks import (
+        back_to_back,
+        corners,
+        held_out,
+        matrix,
+        report,
+        run_case,
+        stream_held_out,
+        stream_sweep,
+    )
 
     for title, cases in (("read the recovery constant from", matrix()), ("held out", held_out()),
                          ("the matrix's corners", corners()), ("back to back", back_to_back()),
-                         ("many streams in a shallow queue", stream_sweep())):
+                         ("many streams in a shallow queue", stream_sweep()),
+                         ("many streams, held out", stream_held_out())):
         print(f"\n{len(cases)} cases ({title}), load average {os.getloadavg()[0]:.2f}", flush=True)
         report([run_case(case) for case in cases])
     ddp = buckets.matrix()

@@ -27,7 +27,15 @@ from pathlib import Path
 
 from exonet import simulate
 from exonet.netsim import confidence
-from exonet.validate.slowlinks import SlowCase, back_to_back, corners, held_out, matrix, stream_sweep
+from exonet.validate.slowlinks import (
+    SlowCase,
+    back_to_back,
+    corners,
+    held_out,
+    matrix,
+    stream_held_out,
+    stream_sweep,
+)
 from exonet.validate.windows import recorded
 
 SLOW_MEDIANS = Path(__file__).with_name("slowlinks_medians.json")
@@ -46,7 +54,7 @@ def residuals() -> dict[str, list[float]]:
         out["phase"].append(r.median / r.case.predict("phase", r.sysctls))
     medians = json.loads(SLOW_MEDIANS.read_text())
     bound = set(medians["testbed_bound"])
-    cases: list[SlowCase] = [*matrix(), *held_out(), *corners(), *back_to_back(), *stream_sweep()]
+    cases: list[SlowCase] = [*matrix(), *held_out(), *corners(), *back_to_back(), *stream_sweep(), *stream_held_out()]
     for case in cases:
         if case.name in bound:
             continue

@@ -161,6 +161,16 @@ def stream_sweep() -> list[SlowCase]:
             for rate in (50, 100, 200) for streams in (1, 8, 16, 24, 32)]
 
 
+def stream_held_out() -> list[SlowCase]:
+    """The stream sweep's question on rings it did not see: K = 4 at 50, 100 and 200 Mbit/s behind the same 50 ms
+    queues, and K = 2 at 100 Mbit/s behind a 20 ms queue, with 1, 8, 16 and 32 streams per pair."""
+    mbit = 1e6 / 8
+    return [*(SlowCase(4, rate * mbit, streams, int(rate * mbit * 1.3), Shaper(latency=0.05))
+              for rate in (50, 100, 200) for streams in (1, 8, 16, 32)),
+            *(SlowCase(2, 100 * mbit, streams, int(100 * mbit * 1.3), Shaper(latency=0.02))
+              for streams in (1, 8, 16, 32))]
+
+
 def back_to_back() -> list[SlowCase]:
     """Per-tensor all-reduces back to back, as the outer sync of issue 19's cluster (57 blocking all-reduces):
     K = 4, MTU 9001, eight tensors per repeat, over gloo's one stream, 16 streams step by step and NCCL's
