@@ -87,7 +87,9 @@ def parse_strategy(spec: str) -> Strategy:
             raise ValueError(f"strategy={spec!r}: expected key=value in {item!r} (e.g. diloco:H=500)")
         k = k.strip()
         if k not in names:
-            same = [n for n in names if n.lower() == k.lower()]
+            # an lr lives in its optimizer's spec: outer_lr is outer_optim_spec's, lr optim_spec's
+            spec = k.lower().removesuffix("lr") + "optim_spec" if k.lower().endswith("lr") else ""
+            same = [n for n in names if n.lower() in (k.lower(), spec)]
             hint = f" (did you mean {same[0]!r}?)" if same else did_you_mean(k, names)
             raise ValueError(f"strategy={name.strip()}: unknown argument {k!r}{hint}; "
                              f"{cls.__name__} takes {', '.join(names)}")
