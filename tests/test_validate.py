@@ -240,6 +240,14 @@ def test_reduced_matrix_meets_the_error_bound_on_held_out_cases():
     result = cal.calibrate(measured, host_cores=os.cpu_count())
     elapsed = time.perf_counter() - t0
     print(f"\nload average {os.getloadavg()[0]:.2f}, {elapsed:.0f} s\n" + result.table())
+    # A median past 3% whose bandwidth-bound cases all miss one way is a fit read off a burst of other work, not
+    # a held-out error: a loaded clean-clone CI fitted efficiency 0.9695 on a fit half that ran 3-8% slow, and
+    # every bandwidth-bound held-out case then came out 3-6% slow, where the uncalibrated model was within 2.2%.
+    # Every case is then measured twice more and the fit is made again, on the medians of three repetitions.
+    if result.summary("calibrated")[0] > 0.03:
+        measured = _pooled(measured, 2)
+        result = cal.calibrate(measured, host_cores=os.cpu_count())
+        print("every case measured again, fitted on the medians of three\n" + result.table())
     # A held-out case past the bound is measured twice more and judged on the median of all its repetitions:
     # a model error reproduces, a burst of other work on this shared 2-core machine does not (one such run
     # read 8.98% on one case where its other runs read 0.3-1.2%). The fitted parameters stay as they were.
@@ -250,10 +258,7 @@ def test_reduced_matrix_meets_the_error_bound_on_held_out_cases():
     doubtful = [i for i, row in enumerate(result.rows) if row.held_out and row.covered and not row.host_bound
                 and abs(cal.Row.error(row.calibrated, row.real)) > limit]
     for i in doubtful:
-        m = measured[i]
-        again = [run_cases([m.case], log=lambda line: None)[0] for _ in range(2)]
-        measured[i] = Measurement(m.case, m.real_s + [t for a in again for t in a.real_s],
-                                  m.traces + [tr for a in again for tr in a.traces])
+        measured[i] = _pooled([measured[i]], 2)[0]
     if doubtful:
         result = cal.compare(measured, result.params, [row.held_out for row in result.rows])
         print(f"measured again: {', '.join(measured[i].case.name for i in doubtful)}\n" + result.table())
@@ -267,6 +272,18 @@ def test_reduced_matrix_meets_the_error_bound_on_held_out_cases():
     assert 20e-6 <= result.params["message_overhead"] <= 5e-3, result.table()
     assert result.summary("ideal")[0] > median  # the model earns its terms
     assert elapsed < 180
+
+
+def _pooled(measured: list, times: int) -> list:
+    """Each measurement with ``times`` more runs of its case, its repetitions pooled (judged on their median)."""
+    from exonet.validate.cases import run_cases
+
+    out = []
+    for m in measured:
+        again = [run_cases([m.case], log=lambda line: None)[0] for _ in range(times)]
+        out.append(Measurement(m.case, m.real_s + [t for a in again for t in a.real_s],
+                               m.traces + [tr for a in again for tr in a.traces]))
+    return out
 
 
 def test_nothing_is_left_behind():
