@@ -24,6 +24,7 @@ _LAZY = {
     "compare": "exonet.study.comparison",
     "warm_up": "exonet.runtime.forkserver",
     "PipelineSpec": "exonet.estimate.pipeline",
+    "Staged": "exonet.runtime.pipeline",
 }
 
 __all__ = ["NodeFailure", "ScenarioError", "Trace", "TraceError", *_LAZY]

@@ -17,8 +17,9 @@ asks it who to receive from, and when it ``announces``, every blocking call firs
 reports the events so far (the call itself included, its ``end_s`` then None).
 
 Modules: ``core`` (the state, how one call is run and traced, and the Handle of an async call),
-``collectives`` (``Communicator`` and its collectives), ``messages`` (send, recv, put, get, recv_any) and
-``questions`` (what a strategy asks the simulated clock).
+``collectives`` (``Communicator`` and its collectives), ``messages`` (send, recv, put, get, recv_any),
+``questions`` (what a strategy asks the simulated clock) and ``view`` (``GroupView``: the Communicator of a
+strategy whose world is a group of the ranks, such as a pipeline stage's replicas).
 """
 
 from exonet.communicator.collectives import Communicator

@@ -38,12 +38,15 @@ class PipelineSpec:
         schedule: "gpipe" or "1f1b".
         activation_bytes: bytes one micro-batch's activations (and their gradients) put on a stage boundary;
             None: an estimate takes tokens per micro-batch × the model's width × its dtype's size.
+        cuts: for ``fit``, the layer index each stage after the first starts at (S − 1 of them); None: cuts that
+            balance the parameters per stage.
     """
 
     stages: int
     micro_batches: int = 1
     schedule: str = "1f1b"
     activation_bytes: float | None = None
+    cuts: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         check_int("stages", self.stages, low=1)
@@ -52,6 +55,8 @@ class PipelineSpec:
             raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {self.schedule!r}")
         if self.activation_bytes is not None and not self.activation_bytes >= 0:
             raise ValueError(f"activation_bytes must be >= 0, got {self.activation_bytes!r}")
+        if self.cuts is not None:
+            object.__setattr__(self, "cuts", tuple(check_int("cuts", c, low=1) for c in self.cuts))
 
 
 def order(schedule: str, stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:

@@ -355,7 +355,7 @@ def _references(record: dict[str, Any], latest: Path, history: dict[str, list], 
         references = {int(rank): float(loss) for rank, loss in saved.items()}
     except (AttributeError, TypeError, ValueError):
         references = {}
-    if sorted(references) != list(range(num_nodes)):
-        raise TraceError(f"{latest}: references must map each rank 0..{num_nodes - 1} to its first loss, "
+    if not references or not set(references) <= set(range(num_nodes)):  # (a pipeline's last stages alone report)
+        raise TraceError(f"{latest}: references must map ranks in 0..{num_nodes - 1} to their first loss, "
                          f"got {saved!r:.200}")
     return references

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from exonet.arguments import check_int, check_range, one_of
+from exonet.estimate.pipeline import PipelineSpec
 from exonet.files import check_output
 from exonet.runtime.divergence import DivergenceWatch
 from exonet.runtime.node import NodeConfig
@@ -85,11 +86,12 @@ def get_device() -> str:
 
 
 def configure(strategy: Strategy, args: dict[str, Any], legacy: dict[str, Any], shard_len: Callable[[int], int],
-              has_val: bool) -> FitPlan:
+              has_val: bool, model: torch.nn.Module | None = None) -> FitPlan:
     """Check ``fit``'s arguments (``args``, by name; ``legacy``, its ``**kwargs``) and resolve them.
 
     ``shard_len(k)`` is a node's share of the training data with k nodes; ``has_val`` whether there is
-    validation data. Raises TypeError/ValueError naming the argument at the first bad one.
+    validation data; ``model`` the model (a pipeline checks it can be cut). Raises TypeError/ValueError naming the
+    argument at the first bad one.
     """
     _check_names(args, legacy)
     extra_config, x_axis = _check_gym_arguments(legacy, ["strategy", *args])
@@ -103,7 +105,9 @@ def configure(strategy: Strategy, args: dict[str, Any], legacy: dict[str, Any], 
     autocast = args["autocast"]
     if autocast not in (False, None) and autocast not in AUTOCAST:
         raise ValueError(f"fit: autocast must be False, True, 'bf16' or 'fp16', got {autocast!r}")
-    steps = resolve_steps(args["max_steps"], args["num_epochs"], shard_len(k), batch_size, k)
+    pipeline = _check_pipeline(args["pipeline"], model, strategy, k, batch_size, args["minibatch_size"])
+    readers = k if pipeline is None else k // pipeline.stages  # a pipeline's stages read their replica's shard
+    steps = resolve_steps(args["max_steps"], args["num_epochs"], shard_len(readers), batch_size, readers)
     if args["max_sim_time_s"] is not None and args["max_steps"] is None and args["num_epochs"] is None:
         steps = TIME_BUDGET_STEPS  # the budget ends the run; the data goes round for further epochs
     loader_args = check_loader_args(args["dataloader_kwargs"])
@@ -119,7 +123,7 @@ def configure(strategy: Strategy, args: dict[str, Any], legacy: dict[str, Any], 
         threads=max(1, _cores() // k), count_flops=args["count_flops"], dataloader_kwargs=loader_args,
         parent_pid=os.getpid(), timeout_s=args["timeout_s"], checkpoint_interval=args["checkpoint_interval"] or 0,
         max_sim_time_s=None if args["max_sim_time_s"] is None else float(args["max_sim_time_s"]), servers=servers,
-        profile_dir=tempfile.mkdtemp(prefix="exonet-profile-") if args["profile"] else None,
+        profile_dir=tempfile.mkdtemp(prefix="exonet-profile-") if args["profile"] else None, pipeline=pipeline,
     )
     return FitPlan(node, run_dir, DivergenceWatch(args["on_divergence"], args["divergence_factor"]), extra_config,
                    x_axis, None if args["scenario"] is None else Scenario.coerce(args["scenario"]), args["progress"],
@@ -187,6 +191,38 @@ def _check_batches(batch_size: Any, minibatch_size: Any) -> tuple[int, int]:
     if minibatch > batch:
         raise ValueError(f"fit: minibatch_size ({minibatch}) must be <= batch_size ({batch})")
     return batch, minibatch
+
+
+def _check_pipeline(pipeline: Any, model: torch.nn.Module | None, strategy: Strategy, k: int, batch_size: int,
+                    minibatch_size: Any) -> PipelineSpec | None:
+    """``fit(pipeline=)``: a PipelineSpec over a ``Staged`` model, its stages dividing the nodes and its
+    micro-batches the batch, with a strategy that trains every stage's replicas in step."""
+    if pipeline is None:
+        return None
+    from exonet.runtime.pipeline import Staged, stage_bounds
+
+    if not isinstance(pipeline, PipelineSpec):
+        raise TypeError(f"fit: pipeline must be an exonet.PipelineSpec, got {type(pipeline).__name__}")
+    if not isinstance(model, Staged):
+        raise TypeError(f"fit: pipeline= cuts an exonet.Staged(layers, loss) model, got {type(model).__name__}; "
+                        "wrap the model's layers and its loss in one")
+    for s, (start, end) in enumerate(stage_bounds(model, pipeline)):
+        if not any(p.requires_grad for p in model.layers[start:end].parameters()):
+            raise ValueError(f"fit: pipeline stage {s} (layers {start}..{end - 1}) has no trainable parameters; give "
+                             "PipelineSpec(cuts=...) that put some in every stage, or fewer stages")
+    if k % pipeline.stages:
+        raise ValueError(f"fit: num_nodes={k} is not a multiple of pipeline.stages={pipeline.stages}: the nodes are "
+                         "replicas of the whole pipeline")
+    if batch_size % pipeline.micro_batches:
+        raise ValueError(f"fit: batch_size={batch_size} does not divide into pipeline.micro_batches="
+                         f"{pipeline.micro_batches} equal micro-batches")
+    if minibatch_size is not None:
+        raise ValueError("fit: minibatch_size splits a batch for gradient accumulation; under a pipeline, "
+                         "pipeline.micro_batches does that")
+    if strategy.servers or strategy.asynchronous or strategy.elastic:
+        raise ValueError(f"fit: a pipeline's stage replicas train in step; {type(strategy).__name__} (with servers, "
+                         "asynchronous or elastic) cannot keep them")
+    return pipeline
 
 
 def _check_evaluation(val_interval: Any, val_size: Any, has_val: bool) -> None:

@@ -52,3 +52,8 @@ def write_gym_csv(folder: str | Path, history: dict[str, list], examples_per_ste
             local, glob = entry.get("local_loss", ""), entry.get("loss", "")
             w.writerow([entry["step"], local, perplexity(local), glob, perplexity(glob)])
     return folder
+
+
+def replicas(config: dict[str, Any]) -> int:
+    """How many copies of the model train on batches of their own: the nodes, or a pipeline's replicas."""
+    return config["num_nodes"] // (config.get("pipeline") or {"stages": 1})["stages"]

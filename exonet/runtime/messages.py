@@ -28,7 +28,7 @@ class StepDone:
 
     rank: int
     step: int
-    loss: float
+    loss: float | None  # None: a rank that computes no loss (a pipeline's stages before the last)
     events: list[Event]
     marks: dict[str, float] | None = None
 

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,9 @@ from exonet.runtime.watchdog import Heartbeat
 from exonet.seeding import shared_generator
 from exonet.strategies.base import NodeContext, Strategy
 from exonet.trace import Compute
+
+if TYPE_CHECKING:
+    from exonet.estimate.pipeline import PipelineSpec
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class NodeConfig:
     max_sim_time_s: float | None = None  # the online clock decides whether each step runs (exonet.runtime.clock)
     servers: int = 0  # ranks after the num_nodes trainers that serve (Strategy.servers): the clock always runs
     profile_dir: str | None = None  # fit(profile=True): each trainer's torch.profiler trace, rank{r}.json, here
+    pipeline: PipelineSpec | None = None  # the model in stages over the ranks (exonet.runtime.pipeline)
 
     @property
     def world(self) -> int:
@@ -111,6 +115,7 @@ class TrainNode:
             self.comm.object_store = open_objects(cfg.object_store, rank, cfg.timeout_s)
         self.strategy = strategy
         self.train_data, self.val_data = train_data, val_data
+        self.data_rank, self.data_ranks = rank, cfg.num_nodes  # which shard of how many this node reads
         self.autocast_dtype = getattr(torch, cfg.autocast) if cfg.autocast else None
 
     def _device(self) -> torch.device:
@@ -148,15 +153,16 @@ class TrainNode:
     def _batches(self, start_step: int) -> Iterator[Any]:
         """This node's training batches from ``start_step`` on; the skipped ones are never loaded."""
         cfg = self.cfg
-        ds = resolve_dataset(self.train_data, self.rank, cfg.num_nodes, True)
+        rank, ranks = self.data_rank, self.data_ranks
+        ds = resolve_dataset(self.train_data, rank, ranks, True)
         shared = not is_factory(self.train_data)
 
         def order(epoch: int) -> torch.Tensor:
-            return epoch_order(len(ds), self.rank, cfg.num_nodes, cfg.seed, epoch, cfg.shuffle, shared)
+            return epoch_order(len(ds), rank, ranks, cfg.seed, epoch, cfg.shuffle, shared)
 
         per_epoch = len(order(0)) // cfg.batch_size
         if per_epoch < 1:
-            raise ValueError(f"train_dataset gives node {self.rank} {len(order(0))} samples, fewer than one batch "
+            raise ValueError(f"train_dataset gives node {rank} {len(order(0))} samples, fewer than one batch "
                              f"(batch_size={cfg.batch_size}); a factory must give every rank at least one batch")
         epoch, skip = divmod(start_step, per_epoch)
         while True:
@@ -165,7 +171,7 @@ class TrainNode:
             # ds: any map-style object (see _val_loader)
             loader: DataLoader[Any] = DataLoader(ds, batch_size=cfg.batch_size, sampler=ints,  # type: ignore[arg-type]
                                                  drop_last=True,
-                                                 generator=shared_generator(cfg.seed, "loader", self.rank, epoch),
+                                                 generator=shared_generator(cfg.seed, "loader", rank, epoch),
                                                  **cfg.dataloader_kwargs)
             for batch in loader:
                 yield to_device(batch, self.device)
@@ -284,7 +290,7 @@ class TrainNode:
         tail = self.comm.take_events()
         self.send(NodeDone(self.rank, tail, self._own_state()))
 
-    def _forward_backward(self, batch: Any, sync: bool = True) -> float:
+    def _forward_backward(self, batch: Any, sync: bool = True) -> float | None:
         """Forward and backward over the batch's micro-batches; ``sync`` lets the last backward start communication."""
         rows = batch_rows(batch)
         total = 0.0
@@ -500,13 +506,15 @@ def _is_zombie(pid: int) -> bool:
 
 
 def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val_data: Any,
-              strategy: Strategy, pipe: Any, beats: Any = None, control: Any = None) -> None:
+              strategy: Strategy, pipe: Any, beats: Any = None, control: Any = None,
+              node_class: type[TrainNode] | None = None) -> None:
     """Process entry point: run the node; on any error send the traceback to the parent and exit non-zero.
 
     ``pipe`` is this node's write end to the parent (exonet.runtime.run lists the messages); ``beats`` is the
     parent's shared progress array (exonet.runtime.watchdog), or None when nobody watches; ``control`` is the
     read end of the online clock's step decisions (exonet.runtime.clock), or None. ``model_bytes`` is the
     model as torch.save wrote it: a uint8 array over the parent's shared memory, or the bytes themselves.
+    ``node_class`` is the rank's kind (``exonet.runtime.pipeline.node_type``; default TrainNode).
     """
     marks = {"forked": time.monotonic()}
     for signum in (signal.SIGINT, signal.SIGHUP):  # a terminal sends them to us too: the parent stops us
@@ -535,7 +543,9 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
         clock = None if control is None else ClockLink(control, pipe.send, rank, heartbeat.blocked,
                                                        gated=cfg.max_sim_time_s is not None,
                                                        announces=strategy.asynchronous)
-        TrainNode(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock, marks).run()
+        node = (node_class or TrainNode)(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock,
+                                         marks)
+        node.run()
     except BaseException:
         pipe.send(NodeError(rank, traceback.format_exc(), time.monotonic()))
         code = 1

@@ -59,7 +59,7 @@ class RunRecord:
         # time.monotonic() at each part of the start-up: the parent's, and each node's from its first step
         self.started: dict[str, float] = {}
         self.marks: dict[int, dict[str, float]] = {}
-        self._losses: dict[int, dict[int, float]] = {}
+        self._losses: dict[int, dict[int, float | None]] = {}
         self._bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -75,7 +75,7 @@ class RunRecord:
                 self.marks[rank] = msg.marks
             self.events[rank].extend(msg.events)
             self._losses.setdefault(msg.step, {})[rank] = msg.loss
-            if self.watch is not None:
+            if self.watch is not None and msg.loss is not None:
                 self.watch.check(rank, msg.step, msg.loss)
             self._flush_losses()
         elif type(msg) is Evaluated:
@@ -98,8 +98,8 @@ class RunRecord:
     def _flush_losses(self) -> None:
         nxt = start = len(self.history["train_loss"])
         while self._losses.get(nxt) and all(r in self._losses[nxt] or r in self.done for r in range(self.trainers)):
-            row = self._losses.pop(nxt)
-            self.history["train_loss"].append(sum(row.values()) / len(row))
+            losses = [loss for loss in self._losses.pop(nxt).values() if loss is not None]
+            self.history["train_loss"].append(sum(losses) / len(losses) if losses else float("nan"))
             nxt += 1
             if self.logger is not None:
                 self.logger.log_step(nxt, self.history["train_loss"][-1])

@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any, NoReturn
@@ -66,6 +66,7 @@ from exonet.runtime.messages import (
     StepDecision,
 )
 from exonet.runtime.node import NodeConfig, node_main
+from exonet.runtime.pipeline import node_type
 from exonet.runtime.record import RunRecord
 from exonet.runtime.rendezvous import loopback_store
 from exonet.runtime.runlock import RunLock
@@ -144,7 +145,8 @@ class Supervisor:
                 self.controls.append(decisions)
             p = NodeProcess(target=node_main, name=f"exonet-node-{rank}",
                             args=(rank, ByValue(self.cfg, environ=True), *self.shared,
-                                  ByValue(strategy), writer, self.beats, control))
+                                  ByValue(strategy), writer, self.beats, control),
+                            kwargs={"node_class": node_type(self.cfg)})
             try:
                 # A start cut by Ctrl-C left a request with the forkserver: a node nobody knew of, which stayed
                 # until the process ended (and could upset the next fit). The start is whole, then Ctrl-C lands.
@@ -357,6 +359,8 @@ def launch(job: Job, plan: FitPlan) -> FitResult:
     meta = {"strategy": type(strategy).__name__, "params": config["params"], "steps": cfg.max_steps}
     if cfg.servers:  # the last ranks serve: a scenario places the trainers without them (Scenario.resolve)
         meta["servers"] = cfg.servers
+    if cfg.pipeline is not None:  # the ranks are stages of replicas (exonet.runtime.pipeline)
+        meta["pipeline"] = config["pipeline"]
     if dist.is_torchelastic_launched():
         from exonet.runtime.torchrun import train_under_torchrun
 
@@ -561,14 +565,14 @@ def _say_who_stopped_early(clock: SimClock, trace: Any, trainers: int, max_steps
 def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, run_name: str | None) -> None:
     """The older gym's train.csv and validation.csv: in the run directory, and, with a run_name, where the gym wrote
     them whatever ``save_dir`` says (``logs/<run_name>/``), so that a gym script's plotting code finds them."""
-    from exonet.runtime.gymlog import GYM_LOG_DIR, write_gym_csv
+    from exonet.runtime.gymlog import GYM_LOG_DIR, replicas, write_gym_csv
 
     folders = [run_path] if run_path is not None else []
     if run_name is not None:
         folders.append(Path(GYM_LOG_DIR) / run_name)
     if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":
         for folder in folders:
-            write_gym_csv(folder, result.history, config["batch_size"] * config["num_nodes"])
+            write_gym_csv(folder, result.history, config["batch_size"] * replicas(config))
 
 
 def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module,
@@ -577,5 +581,7 @@ def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module,
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     keep = ("num_nodes", "max_steps", "batch_size", "minibatch_size", "device_type", "backend", "seed", "shuffle",
             "autocast", "val_interval", "val_size", "threads", "checkpoint_interval", "max_sim_time_s")
+    spec = cfg.pipeline
+    pipeline = None if spec is None else {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()}
     return {"params": params, **{k: getattr(cfg, k) for k in keep}, "strategy": strategy.config(),
-            "scenario": None if scenario is None else scenario.name}
+            "scenario": None if scenario is None else scenario.name, "pipeline": pipeline}

@@ -27,24 +27,47 @@ class FailingModel(nn.Module):
         self.calls = 0
 
     def forward(self, batch: Any) -> torch.Tensor:
-        import os
-        import signal
-        import time
-
-        import torch.distributed as dist
-
         if self.training:
             self.calls += 1
-            if dist.is_initialized() and dist.get_rank() == self.fail_rank and self.calls == self.fail_step:
-                if self.how == "raise":
-                    raise RuntimeError(self.message)
-                if self.how == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if self.how == "hang":
-                    time.sleep(3600)
-                if self.how == "exit":  # dies without a word, as a C extension's exit() would
-                    os._exit(3)
+            _fail_on(self.fail_rank, self.calls == self.fail_step, self.how, self.message)
         return self.inner(batch)
+
+
+class FailingLayer(nn.Module):
+    """An identity layer that fails as ``FailingModel`` does on its ``call``-th training forward on ``fail_rank``:
+    a stage of a pipeline that dies (``exonet.runtime.pipeline``)."""
+
+    def __init__(self, fail_rank: int, call: int, how: str = "kill") -> None:
+        super().__init__()
+        self.fail_rank, self.call, self.how = fail_rank, call, how
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            _fail_on(self.fail_rank, self.calls == self.call, self.how, "boom")
+        return x
+
+
+def _fail_on(rank: int, now: bool, how: str, message: str) -> None:
+    """Fail ``how`` ("raise", "kill", "hang" or "exit": dying without a word, as a C extension's exit() would)
+    when ``now`` on global rank ``rank``."""
+    import os
+    import signal
+    import time
+
+    import torch.distributed as dist
+
+    if not (now and dist.is_initialized() and dist.get_rank() == rank):
+        return
+    if how == "raise":
+        raise RuntimeError(message)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "hang":
+        time.sleep(3600)
+    if how == "exit":
+        os._exit(3)
 
 
 class ProbeStrategy(Strategy):

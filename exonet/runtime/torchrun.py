@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from exonet.runtime.job import Job
 from exonet.runtime.messages import NodeMessage
-from exonet.runtime.node import TrainNode
+from exonet.runtime.pipeline import node_type
 from exonet.runtime.record import RunRecord
 from exonet.runtime.watchdog import Heartbeat
 
@@ -60,7 +60,7 @@ def train_under_torchrun(job: Job, meta: dict[str, Any], progress: bool, logger:
     dist.init_process_group(cfg.backend, store=_store(rank, world, cfg.timeout_s), rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_s))
     try:
-        TrainNode(rank, cfg, copy.deepcopy(job.model), job.train_dataset, job.val_dataset,
+        node_type(cfg)(rank, cfg, copy.deepcopy(job.model), job.train_dataset, job.val_dataset,
                   copy.deepcopy(job.strategy), messages.append, Heartbeat(None, rank)).run()
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, messages)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from exonet.estimate.pipeline import PipelineSpec
 from exonet.runtime.batches import check_map_style, is_factory, resolve_dataset
 from exonet.runtime.fit_config import configure, get_device
 from exonet.runtime.fit_result import FitResult
@@ -96,6 +97,7 @@ class LocalTrainer:
         wandb_run_name: str | None = None,
         on_divergence: str = "raise",
         divergence_factor: float = 10.0,
+        pipeline: PipelineSpec | None = None,
         **legacy: Any,
     ) -> FitResult:
         """Run the training and return a FitResult.
@@ -157,6 +159,9 @@ class LocalTrainer:
                 "raise" stops the run with DivergenceError naming the rank and step, "warn" warns once per
                 rank with its step and goes on, "ignore" trains on silently.
             divergence_factor: a loss above this many times a rank's first loss is runaway.
+            pipeline: cut the model (an ``exonet.Staged``) into ``pipeline.stages`` stages on different nodes;
+                ``num_nodes`` is stages × replicas, and the strategy keeps each stage's replicas in step
+                (``exonet.runtime.pipeline``).
             **legacy: the seed gym's ``save_dir`` (alias of ``run_dir``), ``kwargs`` (a dict recorded in the
                 run's config, as the gym recorded it) and ``log_x_axis`` ("step" or "examples", wandb's x-axis);
                 its ``correlation_interval`` is accepted and ignored with a warning (exonet measures correlation
@@ -169,7 +174,8 @@ class LocalTrainer:
         args["device"] = device if device is not None else self.device
         args["devices"] = devices if devices is not None else self.devices
         strategy = as_strategy(strategy)  # an object with the seed gym's protocol runs as the gym ran it
-        plan = configure(strategy, args, legacy, self._shard_len, has_val=self.val_dataset is not None)
+        plan = configure(strategy, args, legacy, self._shard_len, has_val=self.val_dataset is not None,
+                         model=self.model)
         from exonet.runtime.run import launch
 
         job = Job(self.model, self.train_dataset, self.val_dataset, strategy, plan.node)

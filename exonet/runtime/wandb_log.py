@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from exonet.runtime.gymlog import perplexity as _perplexity
+from exonet.runtime.gymlog import replicas
 
 if TYPE_CHECKING:
     from exonet.netsim import SimResult
@@ -20,7 +21,7 @@ class WandbLogger:
 
     Args:
         project: the wandb project.
-        config: the run's resolved configuration (its batch_size × num_nodes counts examples).
+        config: the run's resolved configuration (its batch_size × replicas counts examples).
         name: an optional run name.
         dir: where wandb writes its files (e.g. the run directory).
         x_axis: "step" (steps done) or "examples" (examples trained), the gym's ``log_x_axis``.
@@ -33,7 +34,7 @@ class WandbLogger:
         except ImportError:
             raise ImportError("fit(wandb_project=...) needs wandb: pip install 'exonet[wandb]'") from None
         self._wandb = wandb
-        self._examples = config["batch_size"] * config["num_nodes"] if x_axis == "examples" else 0
+        self._examples = config["batch_size"] * replicas(config) if x_axis == "examples" else 0
         self.run = wandb.init(project=project, name=name, config=config, dir=dir, reinit="finish_previous")
 
     def log_step(self, step: int, loss: float) -> None:

@@ -1,0 +1,284 @@
+"""A model in stages, trained for real: ``fit(pipeline=PipelineSpec(...))`` on a ``Staged`` model.
+
+``Staged(layers, loss)`` is a model whose forward is ``loss(layers(batch[0]), batch[1])``; run whole it
+is any other model. Under a pipeline of S stages, the K = S·R ranks are R replicas of S stages: rank
+``q·S + s`` runs stage s of replica q, the layers ``[cut(s), cut(s+1))`` (cuts from the spec, else
+balanced by parameter count), and the last stage also runs the loss. A step cuts the batch into M
+micro-batches and runs the schedule of ``exonet.estimate.pipeline.order`` (GPipe or 1F1B): a forward
+receives its input from the previous stage (blocking) and sends its output to the next (posted, waited
+at the step's end); a backward receives its output's gradient and sends its input's back. Each of those
+is a real, counted, traced point-to-point message, so the replay times the bubble and the links between
+stages. Every replica of a stage reads the same batches (shard q of R), and the strategy keeps a stage's
+replicas in step through a ``GroupView`` of R ranks (with R = 1 it exchanges nothing).
+
+Every rank holds the whole model (the parent ships one), so evaluation and the final model assemble it
+outside the algorithm: one untraced all-reduce of each rank's own stage, zeros elsewhere, divided by R.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from exonet.communicator.view import GroupView
+from exonet.estimate.pipeline import PipelineSpec, order
+from exonet.runtime.batches import batch_rows, split_batch
+from exonet.runtime.messages import Evaluated
+from exonet.runtime.node import NodeConfig, TrainNode
+from exonet.strategies.base import NodeContext
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+
+class Staged(nn.Module):
+    """A model a pipeline can cut: ``layers`` run in order on ``batch[0]``, then ``loss(output, batch[1])``.
+
+    Args:
+        layers: the modules in order (an ``nn.Sequential`` or a list); a pipeline cuts between them.
+        loss: a module or a module-level function (it travels to the nodes by pickle), returning a scalar.
+    """
+
+    layers: nn.Sequential
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def __init__(self, layers: Sequence[nn.Module], loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.layers = layers if isinstance(layers, nn.Sequential) else nn.Sequential(*layers)
+        if len(self.layers) < 1:
+            raise ValueError("Staged: layers must hold at least one module")
+        self.loss = loss
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        inputs, targets = _inputs_and_targets(batch)
+        return self.loss(self.layers(inputs), targets)
+
+
+def _inputs_and_targets(batch: Any) -> tuple[Any, Any]:
+    if not isinstance(batch, (list, tuple)) or len(batch) != 2:
+        shape = f"a {type(batch).__name__}" + (f" of {len(batch)}" if isinstance(batch, (list, tuple)) else "")
+        raise TypeError(f"Staged: a batch must be (inputs, targets), got {shape}")
+    return batch[0], batch[1]
+
+
+def stage_bounds(model: Staged, spec: PipelineSpec) -> list[tuple[int, int]]:
+    """Each stage's layers ``[start, end)``: the spec's cuts, else cuts balancing the parameters per stage."""
+    n, S = len(model.layers), spec.stages
+    if S > n:
+        raise ValueError(f"pipeline: stages={S} is more than the model's {n} layers")
+    cuts = list(spec.cuts) if spec.cuts is not None else _balanced_cuts(model.layers, S)
+    if len(cuts) != S - 1 or cuts != sorted(set(cuts)) or (cuts and not 0 < cuts[0] <= cuts[-1] < n):
+        raise ValueError(f"pipeline: cuts must be {S - 1} increasing layer indices in (0, {n}), got {spec.cuts!r}")
+    edges = [0, *cuts, n]
+    return list(zip(edges, edges[1:]))
+
+
+def _balanced_cuts(layers: nn.Sequential, stages: int) -> list[int]:
+    """The cuts whose largest stage holds the fewest parameters (every stage keeps a layer; the earliest such cuts)."""
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    n = len(sizes)
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+    # best[s][i]: the smallest largest stage of the first i layers in s stages, and where the last stage starts
+    best = [[(float("inf"), 0)] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = (0, 0)
+    for s in range(1, stages + 1):
+        for i in range(s, n - (stages - s) + 1):
+            best[s][i] = min((max(best[s - 1][j][0], prefix[i] - prefix[j]), j) for j in range(s - 1, i))
+    cuts, i = [], n
+    for s in range(stages, 1, -1):
+        i = best[s][i][1]
+        cuts.append(i)
+    return cuts[::-1]
+
+
+class Stage(nn.Module):
+    """One stage's modules (shared with the whole model): what its strategy trains."""
+
+    def __init__(self, layers: nn.Module, loss: Any) -> None:
+        super().__init__()
+        self.layers = layers
+        self.loss = loss if isinstance(loss, nn.Module) else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class PipelineNode(TrainNode):
+    """A rank that runs one stage of one replica (``TrainNode`` with the step, data, strategy world and
+    evaluation of a pipeline)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        spec = self.cfg.pipeline
+        assert spec is not None and isinstance(self.model, Staged)  # fit checked both
+        self.spec, self.staged = spec, self.model
+        S = spec.stages
+        self.replica, self.stage = divmod(self.rank, S)
+        self.replicas = self.cfg.num_nodes // S
+        self.data_rank, self.data_ranks = self.replica, self.replicas
+        start, end = stage_bounds(self.staged, spec)[self.stage]
+        self.last = self.stage == S - 1
+        self.stage_module = Stage(self.staged.layers[start:end], self.staged.loss if self.last else None)
+        self._shapes: tuple[tuple[torch.Size, torch.dtype] | None, torch.Size | None] | None = None
+        self._flops = (0.0, 0.0)
+
+    # ----------------------------------------------------------- the strategy
+    def _setup_strategy(self) -> None:
+        cfg, S = self.cfg, self.spec.stages
+        groups = [[q * S + s for q in range(self.replicas)] for s in range(S)]
+        view = GroupView(self.comm, groups[self.stage], groups, f"stage{self.stage}/")
+        if self.replicas > 1:
+            self.comm.declare_groups(groups)
+        self.strategy.setup(self.stage_module, view,  # type: ignore[arg-type]  # the view acts as the Communicator
+                            NodeContext(self.replica, self.replicas, cfg.max_steps, cfg.seed, self.device))
+        if getattr(self.strategy, "comm", None) is not view:
+            name = type(self.strategy).__name__
+            raise TypeError(f"{name}.setup did not call super().setup(model, comm, ctx): the base Strategy binds "
+                            f"the model, the communicator and the optimizer there")
+
+    # ------------------------------------------------------------- the step
+    def _count_flops(self, batch: Any) -> tuple[float, list[float]]:
+        """Learn the stage's boundary shapes (and FLOPs per micro-batch) once; FLOPs are then added per
+        forward and backward, as they run."""
+        self._probe(batch)
+        return 0.0, []
+
+    def _probe(self, batch: Any) -> None:
+        """One micro-batch through the whole model, outside the run: each cut's shape and dtype, and this stage's
+        forward and backward FLOPs."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        micro = self._micro_batches(batch)[0][0]
+        inputs, targets = _inputs_and_targets(micro)
+        bounds = stage_bounds(self.staged, self.spec)
+        with self.comm.bookkeeping(), torch.random.fork_rng(devices=[]), self._autocast():
+            with torch.no_grad():
+                h = inputs
+                for s in range(self.stage):
+                    h = self.staged.layers[bounds[s][0]:bounds[s][1]](h)
+            if self.stage and not (isinstance(h, torch.Tensor) and h.is_floating_point()):
+                raise TypeError(f"pipeline: stage {self.stage - 1}'s output is not a floating-point tensor "
+                                f"({getattr(h, 'dtype', type(h).__name__)}); cut where activations carry a gradient")
+            x = h.detach().requires_grad_(True) if self.stage else h
+            counter = FlopCounterMode(display=False)
+            with counter:
+                out = self.stage_module(x)
+            forward = counter.get_total_flops()
+            with counter:
+                if self.last:
+                    self.staged.loss(out, targets).backward()
+                else:
+                    out.backward(torch.ones_like(out))
+            backward = counter.get_total_flops() - forward
+        for p in self.stage_module.parameters():
+            p.grad = None
+        if not self.last and not out.is_floating_point():
+            raise TypeError(f"pipeline: stage {self.stage}'s output is not a floating-point tensor ({out.dtype}); "
+                            "cut where activations can carry a gradient")
+        received = (x.shape, x.dtype) if self.stage else None
+        self._shapes = (received, None if self.last else out.shape)
+        self._flops = (float(forward), float(backward)) if self.cfg.count_flops else (0.0, 0.0)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+
+    def _micro_batches(self, batch: Any) -> list[tuple[Any, int]]:
+        rows = batch_rows(batch)
+        return split_batch(batch, rows // self.spec.micro_batches)
+
+    def _forward_backward(self, batch: Any, sync: bool = True) -> float | None:  # type: ignore[override]
+        """One step of the schedule over the batch's micro-batches; the loss on the last stage, else None."""
+        if self._shapes is None:
+            self._probe(batch)
+        assert self._shapes is not None
+        received, sent = self._shapes
+        comm, rows = self.comm, batch_rows(batch)
+        before, after = self.rank - 1, self.rank + 1
+        micros = self._micro_batches(batch)
+        live: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # micro-batch -> (its input, its output)
+        posted: list[tuple[Any, torch.Tensor]] = []  # sends in flight, with what they send
+        total = 0.0
+        for kind, m in order(self.spec.schedule, self.stage, self.spec.stages, self.spec.micro_batches):
+            micro, n = micros[m]
+            if kind == "F":
+                x: torch.Tensor | None = None
+                if received is None:
+                    inputs = micro[0]
+                else:
+                    x = comm.recv(torch.empty(received[0], dtype=received[1], device=self.device), before)
+                    inputs = x.requires_grad_(True)
+                with self._autocast():
+                    out = self.stage_module(inputs)
+                    if self.last:
+                        out = self.staged.loss(out, micro[1]) * (n / rows)
+                comm.add_flops(self._flops[0])
+                if self.last:
+                    total += float(out.detach())
+                else:
+                    assert sent is not None
+                    payload = out.detach()
+                    posted.append((comm.send(payload, after, async_op=True), payload))
+                live[m] = (x, out)
+            else:
+                x, out = live.pop(m)
+                if self.last:
+                    out.backward()
+                else:
+                    grad = comm.recv(torch.empty_like(out, memory_format=torch.contiguous_format), after)
+                    out.backward(grad)
+                comm.add_flops(self._flops[1])
+                if x is not None:
+                    assert x.grad is not None
+                    posted.append((comm.send(x.grad, before, async_op=True), x.grad))
+        for handle, _ in posted:
+            handle.wait()
+        return total if self.last else None
+
+    # ------------------------------------------------------ the whole model
+    def _assembled(self, replica: int | None) -> torch.Tensor:
+        """The whole model's float state, flat: every stage's tensors from ``replica``'s rank (None: averaged over
+        the replicas), assembled on every rank by one untraced all-reduce."""
+        own = {id(t) for t in (*self.stage_module.parameters(), *self.stage_module.buffers())}
+        tensors = self._float_tensors()
+        dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+        mine = replica is None or replica == self.replica
+        with torch.no_grad():
+            flat = torch.cat([t.detach().reshape(-1).to(dtype) if mine and id(t) in own
+                              else torch.zeros(t.numel(), dtype=dtype, device=t.device) for t in tensors])
+            self.comm.untraced_all_reduce(flat)
+            if replica is None:
+                flat /= self.replicas
+        return flat
+
+    def _evaluate(self, step: int, val_loader: DataLoader | None) -> None:
+        """Loss of the replica-averaged model and of replica 0's, assembled on rank 0, which evaluates both."""
+        with self.comm.bookkeeping(), torch.no_grad():
+            own = torch.cat([t.detach().reshape(-1) for t in self._float_tensors()]).clone()
+            average, first = self._assembled(None), self._assembled(0)
+            if self.rank != 0:
+                return
+            self._load_flat(average)
+            loss = self._eval_loss(val_loader)
+            self._load_flat(first)
+            local_loss = self._eval_loss(val_loader)
+            self._load_flat(own)
+            self.send(Evaluated(0, step, {"step": step, "loss": loss, "local_loss": local_loss}))
+
+    def _final_state(self) -> bytes | None:
+        """The replica-averaged model, assembled and serialised on rank 0."""
+        with self.comm.bookkeeping():
+            average = self._assembled(None)
+            if self.rank != 0:
+                return None
+            self._load_flat(average)
+            return self._own_state()
+
+
+def node_type(cfg: NodeConfig) -> type[TrainNode]:
+    """The class a rank of this fit runs as: a pipeline's stage, or a whole-model node."""
+    return PipelineNode if cfg.pipeline is not None else TrainNode

@@ -1,0 +1,211 @@
+"""A model in stages trained for real: the same model as unsplit training, the trace the estimate times, replicas
+kept in step by a data-parallel strategy, resume after a stage dies, and what a pipeline fit refuses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from exonet import LocalTrainer, NodeFailure, PipelineSpec, Staged
+from exonet.communicator.view import GroupView
+from exonet.estimate.pipeline import pipeline_trace
+from exonet.runtime.pipeline import stage_bounds
+from exonet.runtime.testing import FailingLayer
+from exonet.strategies import AsyncDiLoCoStrategy, DDPStrategy, DiLoCoStrategy, OptimSpec
+from exonet.toy import synthetic_classification
+from exonet.trace import Collective, Wait
+
+DATA = synthetic_classification(128, dim=8, classes=3)
+VAL = synthetic_classification(32, dim=8, classes=3, train=False)
+WIDTH = 16
+KW: dict[str, Any] = dict(max_steps=4, batch_size=8, val_interval=2, val_size=16, seed=3, progress=False)
+
+
+def layers(*extra: nn.Module) -> list[nn.Module]:
+    torch.manual_seed(0)
+    return [nn.Linear(8, WIDTH), nn.Tanh(), *extra, nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 3)]
+
+
+def staged(*extra: nn.Module) -> Staged:
+    return Staged(layers(*extra), nn.CrossEntropyLoss())
+
+
+def strategy() -> DDPStrategy:
+    return DDPStrategy(OptimSpec("adamw", lr=1e-2))
+
+
+def fit(nodes: int, make: Any = strategy, pipeline: PipelineSpec | None = None, **kw: Any) -> Any:
+    return LocalTrainer(staged(), DATA, VAL).fit(make(), nodes, pipeline=pipeline, **{**KW, **kw})
+
+
+def assert_same_training(got: Any, want: Any) -> None:
+    assert got.history["train_loss"] == pytest.approx(want.history["train_loss"], rel=1e-5)
+    assert [e["loss"] for e in got.history["eval"]] == pytest.approx([e["loss"] for e in want.history["eval"]],
+                                                                      rel=1e-5)
+    for (name, a), b in zip(want.model.state_dict().items(), got.model.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.fixture(scope="module")
+def whole() -> Any:
+    """The unsplit model on one node."""
+    return fit(1)
+
+
+@pytest.fixture(scope="module", params=[("gpipe", 2, 4), ("1f1b", 3, 4)], ids=["gpipe-S2-M4", "1f1b-S3-M4"])
+def piped(request: pytest.FixtureRequest) -> tuple[PipelineSpec, Any]:
+    schedule, stages, micro = request.param
+    spec = PipelineSpec(stages=stages, micro_batches=micro, schedule=schedule)
+    return spec, fit(stages, pipeline=spec)
+
+
+def test_a_pipeline_trains_the_model_the_unsplit_model_trains(piped, whole):
+    """Micro-batches through the stages and back give the whole batch's gradient: the same losses, evaluations
+    and final model as one node training the whole model (to float rounding)."""
+    assert_same_training(piped[1], whole)
+
+
+def test_the_real_trace_is_the_schedule_the_estimate_times(piped):
+    """Every stage's sends, receives and waits, in order and to the byte, are those of ``pipeline_trace``: a
+    micro-batch's activation is its 8 / M rows × 16 float32 each way."""
+    spec, result = piped
+    activation = KW["batch_size"] // spec.micro_batches * WIDTH * 4
+    want = pipeline_trace(spec, replicas=1, steps=KW["max_steps"], step_time=1.0, activation_bytes=activation,
+                          stage_bytes=0, sync_every=0)
+
+    def calls(trace: Any, rank: int) -> list[tuple]:
+        return [(e.op, e.nbytes, e.group, e.async_op) if type(e) is Collective else ("wait",)
+                for e in trace.events[rank] if type(e) in (Collective, Wait)]
+
+    for rank in range(spec.stages):
+        assert calls(result.trace, rank) == calls(want, rank), rank
+    assert result.trace.meta["pipeline"] == {"stages": spec.stages, "micro_batches": spec.micro_batches,
+                                             "schedule": spec.schedule, "activation_bytes": None, "cuts": None}
+
+
+@pytest.mark.parametrize("make", [strategy, lambda: DiLoCoStrategy(H=2)], ids=["ddp", "diloco"])
+def test_stage_replicas_kept_in_step_by_a_strategy_train_as_its_nodes_do(make):
+    """Two replicas of two stages under DDP (or DiLoCo) train what two nodes of the whole model train under it;
+    each stage's replicas exchange only their stage's parameters."""
+    got = fit(4, make, PipelineSpec(stages=2, micro_batches=2))
+    assert_same_training(got, fit(2, make))
+    first = 8 * WIDTH + WIDTH  # stage 0: the first Linear; stage 1: the other two
+    synced = {rank: {e.nbytes for e in got.trace.collectives(rank) if e.op == "all_reduce"} for rank in range(4)}
+    assert synced == {0: {first * 4}, 2: {first * 4}, 1: {(WIDTH * WIDTH + WIDTH + WIDTH * 3 + 3) * 4},
+                      3: {(WIDTH * WIDTH + WIDTH + WIDTH * 3 + 3) * 4}}
+    assert {e.group for r in range(4) for e in got.trace.collectives(r) if e.op == "all_reduce"} == {(0, 2), (1, 3)}
+
+
+def test_a_pipeline_whose_stage_dies_resumes_to_the_uninterrupted_run(tmp_path):
+    """Stage 1 is killed in step 5 after the checkpoint at step 4; the resumed run equals one never stopped."""
+    spec = PipelineSpec(stages=2, micro_batches=2, cuts=(2,))  # stage 1 starts at the failing layer
+    kw = {**KW, "max_steps": 6, "checkpoint_interval": 2}
+    # stage 1's forwards: one probe of its shapes, then two per step: the 12th is in step 5 (0-based)
+    killer = Staged(layers(FailingLayer(fail_rank=1, call=12)), nn.CrossEntropyLoss())
+    with pytest.raises(NodeFailure, match="SIGKILL") as info:
+        LocalTrainer(killer, DATA, VAL).fit(strategy(), 2, pipeline=spec, run_dir=tmp_path, **kw)
+    assert info.value.rank == 1
+    (run,) = tmp_path.iterdir()
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 4
+    healthy = Staged(layers(FailingLayer(fail_rank=-1, call=0)), nn.CrossEntropyLoss())
+    resumed = LocalTrainer(healthy, DATA, VAL).fit(strategy(), 2, pipeline=spec, resume_from=run, **kw)
+    plain = Staged(layers(FailingLayer(fail_rank=-1, call=0)), nn.CrossEntropyLoss())
+    reference = LocalTrainer(plain, DATA, VAL).fit(strategy(), 2, pipeline=spec, **{**kw, "checkpoint_interval": None})
+    assert resumed.history["train_loss"] == reference.history["train_loss"]
+    for (name, a), b in zip(reference.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(("model", "nodes", "kw", "error", "message"), [
+    (lambda: nn.Sequential(nn.Linear(8, 3)), 2, {}, TypeError, r"pipeline= cuts an exonet.Staged"),
+    (staged, 3, {}, ValueError, r"num_nodes=3 is not a multiple of pipeline.stages=2"),
+    (staged, 2, {"batch_size": 6}, ValueError, r"batch_size=6 does not divide into pipeline.micro_batches=4"),
+    (staged, 2, {"minibatch_size": 4}, ValueError, r"minibatch_size .* pipeline.micro_batches does that"),
+    (staged, 2, {"pipeline": PipelineSpec(2, 4, cuts=(5,))}, ValueError, r"cuts must be 1 increasing layer "
+                                                                         r"indices in \(0, 5\), got \(5,\)"),
+    (staged, 6, {"pipeline": PipelineSpec(6)}, ValueError, r"stages=6 is more than the model's 5 layers"),
+    (staged, 4, {"pipeline": PipelineSpec(4)}, ValueError, r"stage 1 \(layers 1..1\) has no trainable parameters"),
+    (staged, 2, {"pipeline": "2 stages"}, TypeError, r"pipeline must be an exonet.PipelineSpec, got str"),
+])
+def test_what_a_pipeline_fit_cannot_take_is_named(model, nodes, kw, error, message):
+    args = {**KW, "pipeline": PipelineSpec(2, 4), **kw}
+    with pytest.raises(error, match=message):
+        LocalTrainer(model(), DATA, VAL).fit(strategy(), nodes, **args)
+
+
+def test_an_asynchronous_strategy_cannot_keep_stage_replicas_in_step():
+    with pytest.raises(ValueError, match=r"AsyncDiLoCoStrategy .* cannot keep them"):
+        LocalTrainer(staged(), DATA, VAL).fit(AsyncDiLoCoStrategy(H=2), 4, pipeline=PipelineSpec(2), scenario="lan",
+                                              **KW)
+
+
+def test_cuts_balance_the_parameters_and_keep_a_layer_in_every_stage():
+    model = staged()  # parameters per layer: 144, 0, 272, 0, 51; the largest stage is as small as it can be
+    assert stage_bounds(model, PipelineSpec(2)) == [(0, 1), (1, 5)]
+    assert stage_bounds(model, PipelineSpec(3)) == [(0, 1), (1, 3), (3, 5)]
+    assert stage_bounds(model, PipelineSpec(5)) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    assert stage_bounds(model, PipelineSpec(2, cuts=(1,))) == [(0, 1), (1, 5)]
+
+
+class _Comm:
+    """A Communicator double that records what the view asks of it."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.world_size, self.calls = rank, 6, []
+        self.next_cid = 0
+
+    def all_reduce(self, tensor, op="sum", group=None, async_op=False):
+        self.calls.append(("all_reduce", op, group, async_op))
+        return tensor
+
+    def broadcast(self, tensor, src=0, group=None, async_op=False):
+        self.calls.append(("broadcast", src, group))
+        return tensor
+
+    def all_gather(self, tensor, group=None, async_op=False):
+        self.calls.append(("all_gather", group))
+        return tensor
+
+    def send(self, tensor, dst, async_op=False):
+        self.calls.append(("send", dst))
+
+    def declare_groups(self, groups):
+        self.calls.append(("declare", groups))
+
+    def put(self, key, tensor):
+        self.calls.append(("put", key))
+
+
+def test_a_group_view_numbers_the_replicas_and_runs_the_strategys_calls_on_them():
+    """Stage 1 of 3 stages × 2 replicas is ranks (1, 4): rank 4 is the view's rank 1 of 2."""
+    comm = _Comm(4)
+    siblings = [[s, s + 3] for s in range(3)]
+    view = GroupView(comm, siblings[1], siblings, "stage1/")
+    assert (view.rank, view.world_size) == (1, 2)
+    t = torch.ones(2)
+    view.all_reduce(t, op="avg")
+    view.broadcast(t, src=1)
+    view.broadcast(t, 0, [0, 1], True)
+    view.send(t, 0)
+    view.declare_groups([[0, 1]])
+    view.put("grads", t)
+    view.next_cid = 7  # a resumed node sets it through the strategy's comm
+    assert comm.calls == [("all_reduce", "avg", [1, 4], False), ("broadcast", 4, [1, 4]),
+                          ("broadcast", 1, [1, 4]), ("send", 1), ("declare", [[0, 3], [1, 4], [2, 5]]),
+                          ("put", "stage1/grads")]
+    assert comm.next_cid == 7
+    with pytest.raises(ValueError, match=r"rank 2 is not a rank of this group's world \[0, 2\)"):
+        view.send(t, 2)
+
+
+def test_a_stage_without_replicas_exchanges_nothing():
+    comm = _Comm(1)
+    view = GroupView(comm, [1], [[0], [1], [2]], "stage1/")
+    t = torch.arange(3.0)
+    assert view.all_reduce(t) is t and view.broadcast(t, 0) is t
+    assert torch.equal(view.all_gather(t, async_op=True).wait(), t.unsqueeze(0))
+    assert comm.calls == []
