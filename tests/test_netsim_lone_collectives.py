@@ -184,9 +184,10 @@ def test_a_lone_gloo_collective_takes_its_closed_form(op: str, fast_path: bool, 
 def test_lone_sends_take_one_transfer_each_and_a_batch_of_them_runs_at_once(backend: str, fast_path: bool, n: int,
                                                                              nbytes: int, rate: str, latency: str,
                                                                              batched: bool) -> None:
-    """Rank 0 sends ``nbytes`` to 1 alone: α + S/R. Batched (``batch_isend_irecv``: every rank sends to the next
-    and receives from the one before, all posted at once, as a ring exchange): every NIC carries one transfer
-    each way, so the whole batch ends with the one transfer's time, and each rank puts S on the wire."""
+    """Rank 0 sends ``nbytes`` to 1 alone: α + S/R under NCCL; under gloo the data waits for the receiver's
+    recv-ready notice, posted at the same instant, so 2α + S/R. Batched (``batch_isend_irecv``: every rank sends to
+    the next and receives from the one before, all posted at once, as a ring exchange): every NIC carries one
+    transfer each way, so the whole batch ends with the one transfer's time, and each rank puts S on the wire."""
     trace = Trace(num_nodes=n)
     pairs = [(r, (r + 1) % n) for r in range(n)] if batched and n > 2 else [(0, 1)]
     for src, dst in pairs:  # each a send and its receive, async when batched: the replay runs them together
@@ -201,9 +202,40 @@ def test_lone_sends_take_one_transfer_each_and_a_batch_of_them_runs_at_once(back
                                                               "latency": latency, "backend": backend}})
     result = simulate(trace, scenario, fast_path=fast_path)
     r = scenario.resolve(n)
-    assert result.wall_clock_s == pytest.approx(r.latency + nbytes / window_rate(r), rel=1e-9, abs=1e-12)
+    notice = r.latency if backend == "gloo" else 0.0
+    assert result.wall_clock_s == pytest.approx(notice + r.latency + nbytes / window_rate(r), rel=1e-9, abs=1e-12)
     senders = {src for src, _ in pairs}
     assert result.wire_bytes == [nbytes if rank in senders else 0 for rank in range(n)]
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "event"])
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+@pytest.mark.parametrize(("send_at", "recv_at"), [(0.3, 0.0), (0.0, 0.3), (0.2, 0.15)])
+def test_a_message_starts_when_its_backend_lets_it_and_frees_its_sender_when_sent(backend: str, fast_path: bool,
+                                                                                 send_at: float,
+                                                                                 recv_at: float) -> None:
+    """Rank 0 computes ``send_at`` s, sends S async, waits, computes 0.1 s more; rank 1 computes ``recv_at`` s and
+    receives. NCCL sends at once and the send is done on delivery: 0.1 s after send + α + S/R (or the receive, if
+    that comes later). gloo holds the data
+    until the receiver's recv-ready notice arrives (recv + α), and its send is done when the last byte has left:
+    0.1 s after max(send, recv + α) + S/R (measured on the delay line: ``exonet.validate.stages``)."""
+    nbytes, alpha = 2_000_000, 0.05
+    trace = Trace(num_nodes=2)
+    trace.add_compute(0, send_at)
+    trace.add_wait(0, trace.add_collective(0, "send", nbytes, group=(0, 1), async_op=True))
+    trace.add_compute(0, 0.1)
+    trace.add_compute(1, recv_at)
+    trace.add_collective(1, "recv", nbytes, group=(0, 1))
+    scenario = Scenario.from_dict({"name": "p2p", "network": {"slow_start_after_idle": False, "bandwidth": "1 Gbit/s",
+                                                              "latency": f"{alpha} s", "backend": backend},
+                                   "compute": {"mode": "wall"}})
+    transfer = nbytes / window_rate(scenario.resolve(2))
+    if backend == "gloo":
+        start = max(send_at, recv_at + alpha)
+        want = max(start + transfer + 0.1, start + alpha + transfer)
+    else:
+        want = max(send_at + alpha + transfer + 0.1, recv_at)  # (a message that came early waits in a buffer)
+    assert simulate(trace, scenario, fast_path=fast_path).wall_clock_s == pytest.approx(want, rel=1e-9)
 
 
 # ---------------------------------------------------------------- one way to say it

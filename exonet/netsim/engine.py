@@ -153,6 +153,10 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
         self._mirror = False  # ranks 1.. mirror rank 0 (see feed_trace)
         self._inbox = {}  # receiver -> messages delivered that it has not received
         self._any = {}  # receivers waiting in an any-source receive
+        self._rendezvous = resolved.backend == "gloo"  # a message waits for its receiver (see _post)
+        self._unmatched = {}  # gloo: receiver -> messages sent that wait for its receive
+        self._on_wire = {}  # gloo: (sender, receiver) -> messages started whose last byte has not left
+        self._behind = {}  # gloo: message -> recv-ready notices queued behind its bytes
         self._received = {}  # receiver -> (sender, seconds) its AnyRecvs took
         self._group_end = {}  # members -> tick their latest collective ended
         self._rtos = {}  # members -> the RTO of their slowest pair
@@ -412,8 +416,7 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
                 self._inbox[rk.rank].remove(c)
             if len(c.ranks) == 2:
                 del self._open[key]
-            if e.op == "send":
-                self._queue_start(c)
+            self._post(rk, c, e.op)
         elif len(c.ranks) == len(members):
             del self._open[key]
             if not self._rewind:
@@ -421,6 +424,76 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
             self._queue_start(c)
         elif not self._rewind:
             self._go_on(c, c.last)
+
+    def _post(self, rk: RankState, c: Instance, side: str) -> None:
+        """``rk`` posts its side of message ``c``. It starts with its sender alone (NCCL, the phase model) or, under
+        gloo, once the receiver's recv-ready notice has reached the sender, whose data waits for it: at
+        max(send, recv + one-way latency). gloo's unbound send is a rendezvous (``Pair::sendUnboundBuffer`` holds
+        the data until the peer's ``recv`` notifies it), so a stage that receives micro-batch by micro-batch
+        pays a round trip for each (measured: ``exonet.validate.stages``)."""
+        if not self._rendezvous:
+            if side == "send":
+                self._queue_start(c)
+            return
+        sender, receiver = c.members
+        if side == "recv":
+            c.ready = self._notice(rk.t, c)
+        elif len(c.ranks) < 2:
+            waiting = self._any.get(receiver)  # an any-source receive has told every sender it is ready
+            if waiting is None:
+                self._unmatched.setdefault(receiver, []).append(c)
+                return
+            c.ready = waiting.block_t + ticks(self._topo.path(receiver, sender).latency)
+            return self._go(c)
+        if side == "recv" and len(c.ranks) == 2:
+            self._unmatched[receiver].remove(c)
+        if len(c.ranks) == 2 and c.ready >= 0:  # both posted, and the notice's arrival known (see _notice)
+            self._go(c)
+
+    def _go(self, c: Instance) -> None:
+        """Gloo message ``c`` may go: its bytes go on the connection at max(send, notice), until sent."""
+        c.last = max(c.last, c.ready)
+        self._on_wire.setdefault(c.members, []).append(c)
+        self._queue_start(c)
+
+    def _notice(self, t: int, c: Instance) -> int:
+        """When the recv-ready notice for gloo message ``c``, sent at tick ``t``, reaches the sender; -1 while it
+        queues behind the receiver's own data to that sender on their one connection (``_sent`` then says).
+
+        The notice is the receiver's data on that connection: it keeps its side from idling (Linux restarts slow
+        start only after an RTO with nothing sent)."""
+        sender, receiver = c.members
+        back = (receiver, sender)
+        if back in self._group_end:
+            self._group_end[back] = max(self._group_end[back], t)
+        ahead = [m for m in self._on_wire.get(back, ()) if m.last <= t]
+        if ahead:
+            self._behind.setdefault(ahead[-1], []).append(c)
+            return -1
+        return t + ticks(self._topo.path(receiver, sender).latency)
+
+    def _sending_until(self, c: Instance, end: int) -> None:
+        """A gloo message ending (delivered) at tick ``end`` frees its sender a path latency earlier, when its last
+        byte has left: a send is done once its data is on the wire, not once it has arrived."""
+        if self._rendezvous and c.op == "p2p" and c.sent < 0:  # (a message resting again may have sent already)
+            sender, receiver = c.members
+            self._agenda.at(end - ticks(self._topo.path(sender, receiver).latency), self._sent, c, c.token)
+
+    def _sent(self, t: int, c: Instance, token: int | None = None) -> None:
+        """The last byte of gloo message ``c`` has left its sender: a sender waiting on it goes on."""
+        if (token is not None and token != c.token) or c.sent >= 0 or c.done:
+            return
+        c.sent = t
+        self._on_wire[c.members].remove(c)
+        for m in self._behind.pop(c, ()):  # notices that queued behind its bytes now go
+            m.ready = t + ticks(self._topo.path(m.members[1], m.members[0]).latency)
+            if len(m.ranks) == 2:
+                self._go(m)
+        sender = [rk for rk in c.waiters if rk.rank == c.members[0]]
+        if sender:
+            c.waiters.remove(sender[0])
+            self._release(sender[0], c)
+            self._advance(sender[0])
 
     def _queue_start(self, c: Instance) -> None:
         """Start ``c`` at its last arrival, or queue it behind the collectives running on its group."""
@@ -437,6 +510,9 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
         heads = [c for c in self._inbox.get(rk.rank, ()) if rk.counts.get(c.key[0], 0) == c.key[1]]
         if not heads:
             self._any[rk.rank] = rk
+            for c in self._unmatched.pop(rk.rank, ()):  # gloo: the receive tells every sender it is ready
+                c.ready = t + ticks(self._topo.path(rk.rank, c.members[0]).latency)
+                self._go(c)
             return
         c = min(heads, key=lambda m: (m.end, m.members[0]))
         self._inbox[rk.rank].remove(c)
@@ -453,15 +529,16 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
         rk.block_t = rk.t
         if rk.rank in c.dropped:  # an elastic collective went on without it
             self._leave(rk, c, rk.t)
-        elif c.done:
+        elif c.done or (c.sent >= 0 and rk.rank == c.members[0]):
             self._release(rk, c)
         else:
             c.waiters.append(rk)
 
     def _release(self, rk: RankState, c: Instance) -> None:
-        """``rk`` was blocked on ``c``, which has ended: idle until it started, then exposed comm."""
+        """``rk`` was blocked on ``c``, which has ended (for a gloo message's sender: whose bytes have left): idle
+        until it started, then exposed comm."""
         tb = rk.block_t
-        end = max(c.end, tb)
+        end = max(c.sent if c.sent >= 0 and rk.rank == c.members[0] else c.end, tb)
         start = min(max(c.start - c.setup, tb), end)
         self._spend_waiting(rk, c, tb, start)
         self._spend_comm(rk, c, start, end)
@@ -498,7 +575,9 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
             self._end(t, c)
         elif self._fast and self._handover.lone is None and not self._active:
             self._handover.lone = c
-            self._agenda.at(t + ticks(self._planner.duration(plan)), self._lone_end, c, c.token)
+            end = t + ticks(self._planner.duration(plan))
+            self._agenda.at(end, self._lone_end, c, c.token)
+            self._sending_until(c, end)
         else:
             if self._handover.lone is not None:
                 if self._calm:  # it goes on timed as alone, sharing only what its windows must (see _begin_phase)
@@ -529,6 +608,8 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
         return tcp.halvings(seconds(t - last), rto)
 
     def _end(self, t: int, c: Instance) -> None:
+        if self._rendezvous and c.op == "p2p" and c.sent < 0:  # (a message of no bytes is sent as it ends)
+            self._sent(t, c)
         c.end = t
         c.done = True
         self._ended.append(c)

@@ -73,6 +73,11 @@ class EventPath(SimState):
             # the network's batches are the collectives' (tagged with their Instance)
             self._deliver_later((t + ticks(latency), cast(Instance, b.tag), k)
                                 for b, rows in done for latency, k in b.arrivals(rows))
+            if self._rendezvous:  # a gloo message's sender is done when its bytes have left (Engine._sending_until)
+                for b, _ in done:
+                    c = cast(Instance, b.tag)
+                    if c.op == "p2p" and c.plan is not None and c.phase == len(c.plan.phases) - 1:
+                        self._sent(t, c)
         net.rebase()
         self._net_epoch = t
         self._net_token += 1

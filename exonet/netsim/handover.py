@@ -118,6 +118,7 @@ class Handover(SimState):
         self._active[c] = None
         self._handover.resting[c] = (origin, p, self._topo.reach(plan.phases))
         self._agenda.at(origin + ticks(plan.offsets[-1]), self._rest_end, c, c.token)
+        self._sending_until(c, origin + ticks(plan.offsets[-1]))
 
     def _overlaps(self, t: int, c: Instance, origin: int, p: int,
                   links: frozenset[int]) -> list[tuple[int, Instance]] | None:

@@ -111,6 +111,8 @@ class Instance:
         "phase",
         "plan",
         "ranks",
+        "ready",
+        "sent",
         "setup",
         "start",
         "taken",
@@ -127,6 +129,8 @@ class Instance:
         self.arrivals: list[int] = []  # the tick each of them issued it (elastic runs)
         self.down: list[tuple[float, float]] | None = None  # its members' outages, once it has ended
         self.last = 0  # the latest arrival
+        self.ready = 0  # a gloo message: the tick its receiver's recv-ready notice reaches the sender
+        self.sent = -1  # a gloo message: the tick its last byte left the sender, whose send is then done
         self.waiters: list[RankState] = []
         self.start = self.end = 0
         self.setup = 0  # ticks of its group's one-time set-up it paid just before ``start``

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 from exonet.scenario import Scenario
 from exonet.trace import Collective, Compute, Event, Trace
-from exonet.validate.netns import Network, NodeLink, address
+from exonet.validate.netns import Namespaces, Network, NodeLink, address
 
 STRATEGIES = ("ddp", "diloco", "sparta", "demo")
 WORKER_TIMEOUT_S = 900.0
@@ -222,7 +222,7 @@ def _launch(net: Network, k: int, job: dict[str, Any], port: int) -> list[Measur
             for i, c in enumerate(job["cases"])]
 
 
-def launch_nodes(net: Network, k: int, module: str, job: dict[str, Any], port: int,
+def launch_nodes(net: Namespaces, k: int, module: str, job: dict[str, Any], port: int,
                  torchrun: bool = False) -> list[Any]:
     """Run ``python -m module JOB_JSON OUT_DIR`` in every namespace (gloo on its interface, env://
     rendezvous at rank 0), wait for all, and return what each pickled to ``OUT_DIR/rank{r}.pkl``.

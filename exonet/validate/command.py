@@ -13,16 +13,17 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help="fit efficiency and per-message overhead on half the cases, report the other half, write --out")
-    p.add_argument("--matrix", choices=("ci", "full", "slowlinks", "delay"), default="ci",
+    p.add_argument("--matrix", choices=("ci", "full", "slowlinks", "delay", "stages"), default="ci",
                    help="ci: K=2,4 at 10 and 40 Mbit/s plus one DDP run (about 2 min); full: the README matrix; "
                         "slowlinks: tbf-shaped rings over 1-16 TCP streams against the queue model, with the matrix's "
                         "corners, per-tensor all-reduces back to back and DDP's concurrent buckets over gloo "
                         "(about 20 min); delay: the user-space delay line's rate, then gloo's window, Linux's window, "
                         "slow start after idle and the NCCL-like pipelined ring at RTT 20-100 ms against the backend "
-                        "models (about 25 min)")
+                        "models (about 25 min); stages: a pipeline's stage boundary through the delay line, GPipe and "
+                        "1F1B micro-batches over gloo (about 3 min)")
     p.add_argument("--recorded", action="store_true",
-                   help="with --matrix delay: judge today's model by the delay-line medians last measured "
-                        "(exonet/validate/delay_medians.json), without root or namespaces")
+                   help="with --matrix delay or stages: judge today's model by the delay-line medians last measured "
+                        "(exonet/validate/delay_medians.json, stage_medians.json), without root or namespaces")
     p.add_argument("--bands", action="store_true",
                    help="replay every recorded testbed case, and write each regime's p10-p90 of real / model to "
                         "exonet/netsim/bands.json (the simulator's expected range rests on it); no root needed")
@@ -74,10 +75,9 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             print(f"exonet validate: {reason}", file=sys.stderr)
             return 1
-        if args.matrix == "slowlinks":
-            return _slow_links()
-        if args.matrix == "delay":
-            return _delay()
+        own = {"slowlinks": _slow_links, "delay": _delay, "stages": _stages}.get(args.matrix)
+        if own is not None:  # a matrix with tables of its own
+            return own()
         cases = ci_matrix() if args.matrix == "ci" else full_matrix()
         load = os.getloadavg()[0]
         print(f"exonet validate: {len(cases)} cases on network namespaces (load average {load:.2f} "
@@ -155,8 +155,14 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _recorded(matrix: str) -> int:
     """Today's model against the delay-line medians last measured (no root, no namespaces)."""
+    if matrix == "stages":
+        from exonet.validate.stages import recorded_report as stage_report
+
+        stage_report()
+        return 0
     if matrix != "delay":
-        print("exonet validate: --recorded judges the delay-line medians: give --matrix delay", file=sys.stderr)
+        print("exonet validate: --recorded judges the delay-line medians: give --matrix delay or stages",
+              file=sys.stderr)
         return 2
     from exonet.validate.windows import recorded_report
 
@@ -193,6 +199,16 @@ def _delay() -> int:
         windows.report(measured)
         if any(case.idle for case in cases):
             windows.idle_report(measured)
+    return 0
+
+
+def _stages() -> int:
+    """Run a pipeline's stage boundary through the delay line (``exonet.validate.stages``); print the table."""
+    from exonet.validate import stages
+
+    cases = stages.matrix()
+    print(f"\n{len(cases)} cases (a pipeline's stage boundary), load average {os.getloadavg()[0]:.2f}", flush=True)
+    stages.report([stages.run_case(case) for case in cases])
     return 0
 
 

@@ -196,17 +196,17 @@ def run_case(case: DelayCase, runs: int = 1, port: int = 29900) -> DelayMeasurem
         with DelayLine(case.k, case.link()) as net:
             sysctls = net.sysctls()
             if case.transport == "gloo":
-                outs = launch_nodes(net, case.k, "exonet.validate.windows", asdict(case), port)  # type: ignore[arg-type]
+                outs = launch_nodes(net, case.k, "exonet.validate.windows", asdict(case), port)
                 run = [max(o["ends"][i] for o in outs) - max(o["starts"][i] for o in outs)
                        for i in range(1, case.repeats + 1)]
             else:
                 job = {"streams": case.streams, "nbytes": case.nbytes, "repeats": case.repeats + 1,
                        "slice_bytes": case.slice_bytes, "count": 1}
-                outs = launch_nodes(net, case.k, "exonet.validate.streams", job, port)  # type: ignore[arg-type]
+                outs = launch_nodes(net, case.k, "exonet.validate.streams", job, port)
                 run = [max(o["times"][i] for o in outs) for i in range(1, case.repeats + 1)]
         times += run
         medians.append(statistics.median(run))
-        late = max(late, float(net.stats.get("late_p99_s", float("nan"))))  # type: ignore[arg-type]
+        late = max(late, float(net.stats.get("late_p99_s", float("nan"))))
         load = max(load, os.getloadavg()[0])
     return DelayMeasurement(case, times, medians, sysctls, late, load)
 
