@@ -21,7 +21,6 @@ host is noisy and inflates unevenly with K (a lone node runs more intra-op threa
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import time
 from pathlib import Path
@@ -29,62 +28,11 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import Dataset
 
 from exonet import FitResult, LocalTrainer, Scenario, SimResult
 from exonet.strategies import DiLoCoStrategy, OptimSpec
+from exonet.toy import STDLIB_MODULES, Block, CharWindows, stdlib_text
 from exonet.units import format_bytes, format_time
-
-MODULES = ("functools", "textwrap", "heapq", "dataclasses", "collections", "random", "fractions", "statistics")
-
-
-def stdlib_text(modules: tuple[str, ...] = MODULES) -> str:
-    """The source of a few standard-library modules, read from this interpreter's installation."""
-    return "\n\n".join(Path(importlib.util.find_spec(name).origin).read_text(encoding="utf-8") for name in modules)
-
-
-class CharWindows(Dataset):
-    """Every ``stride``-th window of ``block`` characters, paired with the window shifted by one (the targets)."""
-
-    def __init__(self, ids: torch.Tensor, block: int, stride: int) -> None:
-        self.ids, self.block, self.stride = ids, block, stride
-
-    def __len__(self) -> int:
-        return (len(self.ids) - self.block - 1) // self.stride + 1
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = i * self.stride
-        return self.ids[start : start + self.block], self.ids[start + 1 : start + self.block + 1]
-
-
-class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention in which each position sees only itself and earlier ones."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block: attention, then a 4x MLP, each added to the residual stream."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(width, heads)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
 
 
 class CharGPT(nn.Module):
@@ -190,7 +138,7 @@ def main() -> None:
     cut = int(len(ids) * 0.9)
     train = CharWindows(ids[:cut], args.block, stride=max(1, args.block // 4))
     val = CharWindows(ids[cut:], args.block, stride=args.block)
-    print(f"{len(text):,} characters from {len(MODULES)} standard-library modules, vocabulary {len(vocab)}; "
+    print(f"{len(text):,} characters from {len(STDLIB_MODULES)} standard-library modules, vocabulary {len(vocab)}; "
           f"{len(train):,} training windows, {len(val):,} validation windows")
 
     scenario = Scenario.load(args.scenario)

@@ -13,10 +13,11 @@ from torch import nn
 from exonet import LocalTrainer, NodeFailure, PipelineSpec, Staged
 from exonet.communicator.view import GroupView
 from exonet.estimate.pipeline import pipeline_trace
+from exonet.runtime.boundary import LowRank, Quantized, TopK
 from exonet.runtime.pipeline import stage_bounds
 from exonet.runtime.testing import FailingLayer
 from exonet.strategies import AsyncDiLoCoStrategy, DDPStrategy, DiLoCoStrategy, OptimSpec
-from exonet.toy import synthetic_classification
+from exonet.toy import staged_gpt, synthetic_classification
 from exonet.trace import Collective, Wait
 
 DATA = synthetic_classification(128, dim=8, classes=3)
@@ -84,7 +85,32 @@ def test_the_real_trace_is_the_schedule_the_estimate_times(piped):
     for rank in range(spec.stages):
         assert calls(result.trace, rank) == calls(want, rank), rank
     assert result.trace.meta["pipeline"] == {"stages": spec.stages, "micro_batches": spec.micro_batches,
-                                             "schedule": spec.schedule, "activation_bytes": None, "cuts": None}
+                                             "schedule": spec.schedule, "activation_bytes": None, "cuts": None,
+                                             "codec": None}
+
+
+def tokens(n: int, seed: int) -> torch.utils.data.TensorDataset:
+    ids = torch.randint(16, (n, 9), generator=torch.Generator().manual_seed(seed))
+    return torch.utils.data.TensorDataset(ids[:, :-1], ids[:, 1:])
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_small_gpt_in_four_stages_trains_as_the_unsplit_gpt(schedule):
+    """The embedding, two transformer blocks and the head on four nodes, four micro-batches: every step's loss,
+    every evaluation and the final weights are those of the whole GPT on one node (fixed seeds, float rounding).
+    SGD, not Adam: the keys' bias has a gradient of zero up to rounding, which Adam's normalisation would turn
+    into whole steps of either sign."""
+    data, val = tokens(64, 0), tokens(16, 1)
+    kw = {**KW, "max_steps": 3, "val_interval": 3}
+
+    def sgd() -> DDPStrategy:
+        return DDPStrategy(OptimSpec("sgd", lr=0.3))
+
+    whole = LocalTrainer(staged_gpt(16, 8, width=16, layers=2, heads=2), data, val).fit(sgd(), 1, **kw)
+    piped = LocalTrainer(staged_gpt(16, 8, width=16, layers=2, heads=2), data, val).fit(
+        sgd(), 4, pipeline=PipelineSpec(4, 4, schedule), **kw)
+    assert_same_training(piped, whole)
+    assert len(piped.history["train_loss"]) == 3
 
 
 @pytest.mark.parametrize("make", [strategy, lambda: DiLoCoStrategy(H=2)], ids=["ddp", "diloco"])
@@ -209,3 +235,46 @@ def test_a_stage_without_replicas_exchanges_nothing():
     assert view.all_reduce(t) is t and view.broadcast(t, 0) is t
     assert torch.equal(view.all_gather(t, async_op=True).wait(), t.unsqueeze(0))
     assert comm.calls == []
+
+
+# ---------------------------------------------------------------- what crosses a boundary
+@pytest.mark.parametrize(("codec", "wire"), [
+    (Quantized(4), 64 // 2 + 4 * (1 + 16)),  # 4 × 16 values at 4 bits, then the mean and 16 bin means
+    (TopK(top_k=16, chunk=8, bits=None), 16 * 5 // 8 + 16 * 4),  # 2 tiles of 4 × 8 keep 8 each: 5-bit indices
+    (LowRank(rank=4), 4 * 4 * 4),  # 4 rows × rank 4, fp32
+])
+def test_a_boundary_codec_sends_exactly_its_wire_bytes(codec, wire):
+    coder = codec.coder(torch.Size([4, 16]))
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    buffer = coder.encode(x)
+    assert buffer.dtype == torch.uint8 and buffer.numel() == coder.wire_nbytes == wire
+    assert coder.decode(buffer, torch.float32).shape == x.shape
+
+
+def test_what_each_codec_keeps():
+    """16 bits keep a value to 2^-16 of the range; top-k of every entry keeps everything; the projection lifts
+    back x·P·Pᵀ for its fixed basis P, the same on every rank."""
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    exact = TopK(top_k=64, chunk=8, bits=None).coder(x.shape)
+    assert torch.equal(exact.decode(exact.encode(x), torch.float32), x)
+    fine = Quantized(16).coder(x.shape)
+    assert (fine.decode(fine.encode(x), torch.float32) - x).abs().max() < 1e-3
+    a, b = LowRank(rank=4, seed=1).coder(x.shape), LowRank(rank=4, seed=1).coder(x.shape)
+    assert torch.equal(a.basis, b.basis) and a.basis.shape == (16, 4)
+    torch.testing.assert_close(b.decode(a.encode(x), torch.float32), x @ a.basis @ a.basis.T)
+
+
+def test_a_codec_on_the_boundary_is_what_crosses_it():
+    """Keeping every entry (top-k of all, fp32) trains exactly as no codec does; 8 bits send a quarter of the bytes
+    and still train. Each message is the coder's wire bytes."""
+    spec = PipelineSpec(stages=2, micro_batches=2, cuts=(1,))
+    plain = fit(2, pipeline=spec)
+    lossless = fit(2, pipeline=PipelineSpec(2, 2, cuts=(1,), codec=TopK(top_k=16, chunk=4, bits=None)))
+    assert lossless.history["train_loss"] == pytest.approx(plain.history["train_loss"], rel=1e-6)
+    quarter = fit(2, pipeline=PipelineSpec(2, 2, cuts=(1,), codec=Quantized(8)), max_steps=12)
+    shape = torch.Size([KW["batch_size"] // 2, WIDTH])
+    sizes = {e.nbytes for r in range(2) for e in quarter.trace.collectives(r) if e.op in ("send", "recv")}
+    assert sizes == {Quantized(8).coder(shape).wire_nbytes} == {shape.numel() + 4 * 257}
+    losses = quarter.history["train_loss"]
+    assert sum(losses[-3:]) < sum(losses[:3])
+    assert quarter.trace.meta["pipeline"]["codec"] == {"type": "Quantized", "bits": 8}

@@ -23,6 +23,7 @@ from exonet.trace import Trace
 from exonet.units import plural
 
 if TYPE_CHECKING:
+    from exonet.runtime.boundary import BoundaryCodec
     from exonet.strategies.base import Strategy
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -40,6 +41,8 @@ class PipelineSpec:
             None: an estimate takes tokens per micro-batch × the model's width × its dtype's size.
         cuts: for ``fit``, the layer index each stage after the first starts at (S − 1 of them); None: cuts that
             balance the parameters per stage.
+        codec: what crosses every boundary, both ways (``exonet.runtime.boundary``: ``Quantized``, ``TopK``,
+            ``LowRank``); None: the tensors as they are.
     """
 
     stages: int
@@ -47,6 +50,7 @@ class PipelineSpec:
     schedule: str = "1f1b"
     activation_bytes: float | None = None
     cuts: tuple[int, ...] | None = None
+    codec: BoundaryCodec | None = None
 
     def __post_init__(self) -> None:
         check_int("stages", self.stages, low=1)
@@ -55,6 +59,9 @@ class PipelineSpec:
             raise ValueError(f"schedule must be one of {', '.join(map(repr, SCHEDULES))}, got {self.schedule!r}")
         if self.activation_bytes is not None and not self.activation_bytes >= 0:
             raise ValueError(f"activation_bytes must be >= 0, got {self.activation_bytes!r}")
+        if self.codec is not None and not callable(getattr(self.codec, "coder", None)):
+            raise TypeError(f"codec must be a boundary codec (exonet.runtime.boundary: Quantized, TopK, LowRank), got "
+                            f"{type(self.codec).__name__}")
         if self.cuts is not None:
             object.__setattr__(self, "cuts", tuple(check_int("cuts", c, low=1) for c in self.cuts))
 
@@ -134,6 +141,8 @@ def pipelined(spec: PipelineSpec, strategy: Strategy, params: int, width: int | 
             raise ValueError("estimate: a pipeline's activations are tokens per micro-batch × the model's width; give "
                              "tokens_per_step= and params= (or the PipelineSpec's activation_bytes=)")
         activation = tokens / spec.micro_batches * width * size
+        if spec.codec is not None:  # what the codec puts on the wire for a micro-batch's (tokens, width)
+            activation = spec.codec.coder(torch.Size([max(1, round(tokens / spec.micro_batches)), width])).wire_nbytes
     trace = pipeline_trace(spec, replicas=replicas, steps=steps, step_time=step_time, activation_bytes=activation,
                            stage_bytes=params * size / spec.stages, sync_every=sync_every,
                            dtype=str(dtype).removeprefix("torch."))
@@ -145,7 +154,8 @@ def pipelined(spec: PipelineSpec, strategy: Strategy, params: int, width: int | 
         f"model: {params:,} parameters: {described}",
         f"pipeline: {plural(spec.stages, 'stage')} × {plural(replicas, 'replica')}, "
         f"{spec.micro_batches} micro-batch{'' if spec.micro_batches == 1 else 'es'} per step, "
-        f"{spec.schedule}; {activation:.4g} bytes of activations per micro-batch and boundary, each way; {exchange}",
+        f"{spec.schedule}; {activation:.4g} bytes of activations per micro-batch and boundary, each way"
+        f"{'' if spec.codec is None else f' (through {spec.codec!r})'}; {exchange}",
         f"compute: {step_time:.4g} s per step for a replica's whole model, 1/{spec.stages} of it per stage, a forward "
         "a third and a backward two thirds of each micro-batch's share",
     ]

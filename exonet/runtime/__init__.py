@@ -8,7 +8,8 @@ calls, routed through its Communicator), ``object_store`` (the directory behind 
 ``comm.get``), ``transport`` (how models, datasets and strategies reach the nodes), ``messages``
 (what nodes and the parent tell each other), ``record`` (history and trace from node messages),
 ``divergence`` (a runaway loss stops or warns), ``pipeline`` (a ``Staged`` model cut into stages on different
-nodes: ``fit(pipeline=)``), ``watchdog`` (progress), ``checkpoint``, ``clock``
+nodes: ``fit(pipeline=)``) with ``boundary`` (codecs for what crosses between stages), ``watchdog``
+(progress), ``checkpoint``, ``clock``
 (the online simulated clock), ``forkserver`` (the server nodes are forked from), ``rendezvous`` (a
 store on loopback only), ``signals`` (SIGTERM and SIGHUP save like Ctrl-C), ``runlock`` (one fit per
 run directory) and ``torchrun`` (the same fit under an external launcher). What a fit hands back and

@@ -33,6 +33,8 @@ from exonet.strategies.base import NodeContext
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
+    from exonet.runtime.boundary import BoundaryCodec
+
 
 class Staged(nn.Module):
     """A model a pipeline can cut: ``layers`` run in order on ``batch[0]``, then ``loss(output, batch[1])``.
@@ -108,6 +110,29 @@ class Stage(nn.Module):
         return self.layers(x)
 
 
+class Boundary:
+    """One side of a stage boundary: what this stage sends its neighbour and receives from it (tensors of one
+    shape each way: activations forward, their gradients back), as they are or through the spec's codec."""
+
+    def __init__(self, comm: Any, peer: int, shape: torch.Size, dtype: torch.dtype, codec: BoundaryCodec | None
+                 ) -> None:
+        self.comm, self.peer, self.shape, self.dtype = comm, peer, shape, dtype
+        self.coder = None if codec is None else codec.coder(shape)
+
+    def send(self, tensor: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """Post ``tensor`` (encoded, with a codec) to the neighbour; the handle and the buffer it sends."""
+        payload = tensor.contiguous() if self.coder is None else self.coder.encode(tensor)
+        return self.comm.send(payload, self.peer, async_op=True), payload
+
+    def receive(self) -> torch.Tensor:
+        """The neighbour's next tensor (decoded, with a codec), blocking."""
+        device = self.comm.device
+        if self.coder is None:
+            return self.comm.recv(torch.empty(self.shape, dtype=self.dtype, device=device), self.peer)
+        wire = self.comm.recv(torch.empty(self.coder.wire_nbytes, dtype=torch.uint8, device=device), self.peer)
+        return self.coder.decode(wire, self.dtype)
+
+
 class PipelineNode(TrainNode):
     """A rank that runs one stage of one replica (``TrainNode`` with the step, data, strategy world and
     evaluation of a pipeline)."""
@@ -124,7 +149,7 @@ class PipelineNode(TrainNode):
         start, end = stage_bounds(self.staged, spec)[self.stage]
         self.last = self.stage == S - 1
         self.stage_module = Stage(self.staged.layers[start:end], self.staged.loss if self.last else None)
-        self._shapes: tuple[tuple[torch.Size, torch.dtype] | None, torch.Size | None] | None = None
+        self._boundaries: tuple[Boundary | None, Boundary | None] | None = None  # to the stage before, after
         self._flops = (0.0, 0.0)
 
     # ----------------------------------------------------------- the strategy
@@ -180,8 +205,9 @@ class PipelineNode(TrainNode):
         if not self.last and not out.is_floating_point():
             raise TypeError(f"pipeline: stage {self.stage}'s output is not a floating-point tensor ({out.dtype}); "
                             "cut where activations can carry a gradient")
-        received = (x.shape, x.dtype) if self.stage else None
-        self._shapes = (received, None if self.last else out.shape)
+        codec = self.spec.codec
+        self._boundaries = (None if not self.stage else Boundary(self.comm, self.rank - 1, x.shape, x.dtype, codec),
+                            None if self.last else Boundary(self.comm, self.rank + 1, out.shape, out.dtype, codec))
         self._flops = (float(forward), float(backward)) if self.cfg.count_flops else (0.0, 0.0)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -193,48 +219,36 @@ class PipelineNode(TrainNode):
 
     def _forward_backward(self, batch: Any, sync: bool = True) -> float | None:  # type: ignore[override]
         """One step of the schedule over the batch's micro-batches; the loss on the last stage, else None."""
-        if self._shapes is None:
+        if self._boundaries is None:
             self._probe(batch)
-        assert self._shapes is not None
-        received, sent = self._shapes
-        comm, rows = self.comm, batch_rows(batch)
-        before, after = self.rank - 1, self.rank + 1
+        assert self._boundaries is not None
+        inbound, outbound = self._boundaries
+        rows = batch_rows(batch)
         micros = self._micro_batches(batch)
         live: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # micro-batch -> (its input, its output)
-        posted: list[tuple[Any, torch.Tensor]] = []  # sends in flight, with what they send
+        posted: list[tuple[Any, torch.Tensor]] = []  # sends in flight, with the buffers they send
         total = 0.0
         for kind, m in order(self.spec.schedule, self.stage, self.spec.stages, self.spec.micro_batches):
             micro, n = micros[m]
             if kind == "F":
-                x: torch.Tensor | None = None
-                if received is None:
-                    inputs = micro[0]
-                else:
-                    x = comm.recv(torch.empty(received[0], dtype=received[1], device=self.device), before)
-                    inputs = x.requires_grad_(True)
+                x = None if inbound is None else inbound.receive().requires_grad_(True)
                 with self._autocast():
-                    out = self.stage_module(inputs)
+                    out = self.stage_module(micro[0] if x is None else x)
                     if self.last:
                         out = self.staged.loss(out, micro[1]) * (n / rows)
-                comm.add_flops(self._flops[0])
-                if self.last:
+                self.comm.add_flops(self._flops[0])
+                if outbound is None:
                     total += float(out.detach())
                 else:
-                    assert sent is not None
-                    payload = out.detach()
-                    posted.append((comm.send(payload, after, async_op=True), payload))
+                    posted.append(outbound.send(out.detach()))
                 live[m] = (x, out)
             else:
                 x, out = live.pop(m)
-                if self.last:
-                    out.backward()
-                else:
-                    grad = comm.recv(torch.empty_like(out, memory_format=torch.contiguous_format), after)
-                    out.backward(grad)
-                comm.add_flops(self._flops[1])
-                if x is not None:
-                    assert x.grad is not None
-                    posted.append((comm.send(x.grad, before, async_op=True), x.grad))
+                out.backward() if outbound is None else out.backward(outbound.receive())
+                self.comm.add_flops(self._flops[1])
+                if inbound is not None:
+                    assert x is not None and x.grad is not None
+                    posted.append(inbound.send(x.grad))
         for handle, _ in posted:
             handle.wait()
         return total if self.last else None

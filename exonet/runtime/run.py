@@ -30,7 +30,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from dataclasses import asdict, replace
+from dataclasses import replace
 from multiprocessing.connection import wait as wait_for
 from pathlib import Path
 from typing import Any, NoReturn
@@ -582,6 +582,11 @@ def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module,
     keep = ("num_nodes", "max_steps", "batch_size", "minibatch_size", "device_type", "backend", "seed", "shuffle",
             "autocast", "val_interval", "val_size", "threads", "checkpoint_interval", "max_sim_time_s")
     spec = cfg.pipeline
-    pipeline = None if spec is None else {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()}
+    pipeline = None
+    if spec is not None:
+        codec = spec.codec  # named by its class: two codecs may share their fields' names
+        pipeline = {"stages": spec.stages, "micro_batches": spec.micro_batches, "schedule": spec.schedule,
+                    "activation_bytes": spec.activation_bytes, "cuts": None if spec.cuts is None else list(spec.cuts),
+                    "codec": None if codec is None else {"type": type(codec).__name__, **vars(codec)}}
     return {"params": params, **{k: getattr(cfg, k) for k in keep}, "strategy": strategy.config(),
             "scenario": None if scenario is None else scenario.name, "pipeline": pipeline}
