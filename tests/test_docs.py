@@ -58,6 +58,7 @@ SMALL_FORMS: dict[str, list[str]] = {
                                              "--target-loss", "2.2"],
     "python examples/char_lm.py": ["--steps", "20", "--nodes-list", "1", "2", "--H", "10"],
     "python examples/field_methods.py": ["--steps", "20", "--H", "5", "--out", "field_methods.png"],
+    "python examples/pipeline_across_sites.py": ["--steps", "6", "--H", "3", "--out", "pipeline_across_sites.png"],
     "python examples/async_study.py": ["--budget", "10", "--H", "5"],
     "python examples/torchrun_study.py": ["--steps", "5"],
     "torchrun --standalone": ["--steps", "5"],
