@@ -80,3 +80,18 @@ def test_a_bad_spec_is_named():
     with pytest.raises(ValueError, match="stages"):
         PipelineSpec(0)
 
+
+
+def test_a_replayed_pipeline_reports_each_stage_and_each_boundary():
+    """Three stages, four micro-batches, GPipe, on a free network: every stage computes T/3 of each step's
+    (M + S − 1)·T/(S·M), so each is busy 4/6 of the time; each boundary carries M activations and M gradients
+    of A bytes per step."""
+    free = Scenario.from_dict({"name": "free", "network": {"bandwidth": "100 Gbit/s", "latency": "0 s"},
+                               "compute": {"mode": "wall"}})
+    trace = pipeline_trace(PipelineSpec(3, 4, "gpipe"), replicas=2, steps=2, step_time=12.0, activation_bytes=1000,
+                           stage_bytes=0, sync_every=0)
+    result = simulate(trace, free)
+    assert result.stages == 3
+    assert result.stage_utilization() == pytest.approx([4 / 6] * 3, rel=1e-6)
+    assert result.boundary_bytes() == [2 * 2 * 4 * 2 * 1000] * 2  # replicas × steps × M × both ways
+    assert "pipeline: 3 stages, bubble 33.3%; stage utilization 66.7%, 66.7%, 66.7%" in result.summary()

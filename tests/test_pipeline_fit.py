@@ -163,6 +163,17 @@ def test_what_a_pipeline_fit_cannot_take_is_named(model, nodes, kw, error, messa
         LocalTrainer(model(), DATA, VAL).fit(strategy(), nodes, **args)
 
 
+def test_stages_whose_shapes_do_not_chain_are_named_before_any_node_starts(node_pids):
+    broken = Staged([nn.Linear(8, WIDTH), nn.Tanh(), nn.Linear(WIDTH + 1, 3)], nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match=r"pipeline stage 1 \(layers 1..2\) cannot take stage 0's output "
+                                         r"\(shape \(1, 16\), torch.float32\): RuntimeError"):
+        LocalTrainer(broken, DATA, VAL).fit(strategy(), 2, pipeline=PipelineSpec(2, 4, cuts=(1,)), **KW)
+    wrong_loss = Staged(layers(), nn.CosineEmbeddingLoss())  # wants three arguments
+    with pytest.raises(ValueError, match=r"the Staged model's loss cannot take the last stage's output"):
+        LocalTrainer(wrong_loss, DATA, VAL).fit(strategy(), 2, pipeline=PipelineSpec(2, 4), **KW)
+    assert broken.training and node_pids() == []
+
+
 def test_an_asynchronous_strategy_cannot_keep_stage_replicas_in_step():
     with pytest.raises(ValueError, match=r"AsyncDiLoCoStrategy .* cannot keep them"):
         LocalTrainer(staged(), DATA, VAL).fit(AsyncDiLoCoStrategy(H=2), 4, pipeline=PipelineSpec(2), scenario="lan",

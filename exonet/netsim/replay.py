@@ -81,7 +81,9 @@ def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, 
                 return sim.result(history), sim.lossy
 
             first, lossy = replay(resolved)
-            return _cautioned(with_range(first, resolved, lossy, lambda r: replay(r)[0]), caution)
+            result = _cautioned(with_range(first, resolved, lossy, lambda r: replay(r)[0]), caution)
+            pipeline = trace.meta.get("pipeline")
+            return dataclasses.replace(result, stages=pipeline["stages"]) if isinstance(pipeline, dict) else result
         return _simulate_jobs(list(trace), scenario, history, fast_path, placement, bar)
     finally:
         if bar is not None:

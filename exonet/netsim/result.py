@@ -159,6 +159,7 @@ class SimResult:
     expected_range: tuple[float, float] = (0.0, 0.0)
     regime: str = ""
     cost: float = 0.0  # dollars of egress (see Attributes)
+    stages: int = 0  # a pipeline's stages (ranks q·S + s; ``exonet.runtime.pipeline``), 0 for whole-model nodes
 
     @property
     def trainers(self) -> int:
@@ -197,6 +198,26 @@ class SimResult:
         """Node-steps whose work the run kept, over the trainers: ``nodes × steps`` unless work was discarded
         (an elastic or deadline run's failed or late nodes) or a node sat steps out."""
         return sum(p.trained_steps for p in self.per_node[:self.trainers])
+
+    def stage_utilization(self) -> list[float]:
+        """A pipeline's stages (``stages`` > 0): each stage's compute ÷ wall clock, averaged over its replicas;
+        what is missing from 1 is its share of the bubble and of the waits on its boundaries."""
+        S, nodes = self.stages, self.per_node[:self.trainers]
+        if not S or not self.wall_clock_s:
+            return []
+        return [sum(n.compute_s for n in nodes[s::S]) / (len(nodes[s::S]) * self.wall_clock_s) for s in range(S)]
+
+    def boundary_bytes(self) -> list[int]:
+        """A pipeline's boundaries: the bytes of every message between stage s and s + 1, both ways, the run
+        over (S − 1 of them; empty for whole-model nodes)."""
+        S = self.stages
+        sent = [0] * max(0, S - 1)
+        for c in self.collectives:
+            if S and c.op == "send" and len(c.group) == 2:
+                a, b = sorted(r % S for r in c.group)
+                if b == a + 1 and c.group[0] // S == c.group[1] // S:  # neighbours in one replica
+                    sent[a] += c.nbytes
+        return sent
 
     def busiest_links(self, k: int | None = None) -> list[LinkLoad]:
         """The links by utilisation, most loaded first (ties: by busy time); the first ``k`` of them."""
@@ -288,6 +309,11 @@ class SimResult:
             link = top[0]
             rows.append(f"most loaded link: {link.name}, {link.bytes / 1e6:.3f} MB, busy {link.busy_s:.3f} s "
                         f"({link.busy_fraction:.1%} of the run), utilization {link.utilization:.1%}")
+        if self.stages:
+            each = ", ".join(f"{u:.1%}" for u in self.stage_utilization())
+            crossing = ", ".join(f"{b / 1e6:.3f}" for b in self.boundary_bytes())
+            rows.append(f"pipeline: {self.stages} stages, bubble {1 - self.utilization:.1%}; stage utilization "
+                        f"{each}; MB per boundary {crossing or 'none'}")
         rows += [f"caution: {text}" for text in self.cautions]
         return "\n".join([head, *rows])
 

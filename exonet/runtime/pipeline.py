@@ -98,6 +98,37 @@ def _balanced_cuts(layers: nn.Sequential, stages: int) -> list[int]:
     return cuts[::-1]
 
 
+def check_chain(model: Staged, spec: PipelineSpec, sample: Any) -> None:
+    """Run one sample through the stages in the parent, before any node starts: a stage that cannot take what
+    the one before gives is a ValueError naming both (the model left as it was: evaluation mode, no gradient,
+    its random state restored)."""
+    inputs, targets = _inputs_and_targets(sample)
+    bounds = stage_bounds(model, spec)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            h = inputs
+            for s, (start, end) in enumerate(bounds):
+                try:
+                    h = model.layers[start:end](h)
+                except Exception as exc:
+                    took = "the batch's inputs" if s == 0 else f"stage {s - 1}'s output ({_described(h)})"
+                    raise ValueError(f"fit: pipeline stage {s} (layers {start}..{end - 1}) cannot take {took}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+            try:
+                model.loss(h, targets)
+            except Exception as exc:
+                raise ValueError(f"fit: the Staged model's loss cannot take the last stage's output "
+                                 f"({_described(h)}) and the batch's targets: {type(exc).__name__}: {exc}") from exc
+    finally:
+        model.train(training)
+
+
+def _described(x: Any) -> str:
+    return f"shape {tuple(x.shape)}, {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
 class Stage(nn.Module):
     """One stage's modules (shared with the whole model): what its strategy trains."""
 

@@ -176,6 +176,11 @@ class LocalTrainer:
         strategy = as_strategy(strategy)  # an object with the seed gym's protocol runs as the gym ran it
         plan = configure(strategy, args, legacy, self._shard_len, has_val=self.val_dataset is not None,
                          model=self.model)
+        if plan.node.pipeline is not None:  # a stage that cannot take the last one's output fails here, not in a node
+            from exonet.runtime.pipeline import Staged, check_chain
+
+            assert isinstance(self.model, Staged)  # configure checked it
+            check_chain(self.model, plan.node.pipeline, self._sample(plan.node.num_nodes // plan.node.pipeline.stages))
         from exonet.runtime.run import launch
 
         job = Job(self.model, self.train_dataset, self.val_dataset, strategy, plan.node)
@@ -186,6 +191,12 @@ class LocalTrainer:
         if plan.node.profile_dir is not None:
             result.profile = Path(plan.node.profile_dir) / "rank0.json"
         return result
+
+    def _sample(self, k: int) -> Any:
+        """The first training sample of node 0's shard (of k), as a batch of one."""
+        from torch.utils.data import default_collate
+
+        return default_collate([resolve_dataset(self.train_dataset, 0, k, True)[0]])
 
     def _shard_len(self, k: int) -> int:
         """A node's share of the training data with k nodes."""
