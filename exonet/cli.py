@@ -143,12 +143,27 @@ def _estimate_scenarios(args: argparse.Namespace) -> dict:
 
 
 def _pipeline(args: argparse.Namespace) -> Any:
-    """``--stages``, ``--micro-batches`` and ``--schedule`` as a PipelineSpec (None without --stages)."""
+    """``--stages``, ``--micro-batches``, ``--schedule`` and ``--boundary-codec`` as a PipelineSpec (None without
+    --stages)."""
     if args.stages is None:
+        if args.boundary_codec is not None:
+            raise ValueError("--boundary-codec compresses what crosses a pipeline's stage boundaries: give --stages")
         return None
     from exonet.estimate.pipeline import PipelineSpec
 
-    return PipelineSpec(args.stages, args.micro_batches, args.schedule)
+    codec = None if args.boundary_codec is None else boundary_codec(args.boundary_codec)
+    return PipelineSpec(args.stages, args.micro_batches, args.schedule, codec=codec)
+
+
+def boundary_codec(text: str) -> Any:
+    """``quantized:BITS``, ``topk:TOP_K`` (per 64 × 64 tile, values at 8 bits) or ``lowrank:RANK`` as a codec."""
+    from exonet.runtime.boundary import LowRank, Quantized, TopK
+
+    kinds = {"quantized": lambda n: Quantized(n), "topk": lambda n: TopK(top_k=n), "lowrank": lambda n: LowRank(n)}
+    kind, _, number = text.partition(":")
+    if kind not in kinds or not number.isdigit():
+        raise ValueError(f"--boundary-codec: expected quantized:BITS, topk:TOP_K or lowrank:RANK, got {text!r}")
+    return kinds[kind](int(number))
 
 
 def compute_per_step(sim: Any) -> float:
@@ -401,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cut the model into S pipeline stages: --nodes is S x replicas (exonet.estimate.pipeline)")
     p.add_argument("--micro-batches", type=int, default=1, metavar="M", help="with --stages: micro-batches per step")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="with --stages: the pipeline schedule")
+    p.add_argument("--boundary-codec", metavar="quantized:BITS|topk:K|lowrank:R",
+                   help="with --stages: what crosses each boundary, compressed (exonet.runtime.boundary)")
     p.add_argument("--hosts", type=int, metavar="G",
                    help="G consecutive nodes per host (NVLink-class fabric, 450 GB/s and 1 us per device, hierarchical "
                         "collectives), unless the scenario has [hosts]")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from exonet import PipelineSpec
@@ -95,3 +97,26 @@ def test_a_replayed_pipeline_reports_each_stage_and_each_boundary():
     assert result.stage_utilization() == pytest.approx([4 / 6] * 3, rel=1e-6)
     assert result.boundary_bytes() == [2 * 2 * 4 * 2 * 1000] * 2  # replicas × steps × M × both ways
     assert "pipeline: 3 stages, bubble 33.3%; stage utilization 66.7%, 66.7%, 66.7%" in result.summary()
+
+
+@pytest.mark.parametrize(("codec", "wire"), [("lowrank:41", 4096 // 4 * 41 * 4), ("quantized:4", 1024 * 512 // 2 + 68)])
+def test_the_cli_sizes_activations_by_the_boundary_codec(capsys, codec, wire):
+    """``--boundary-codec`` sizes each micro-batch's activations (tokens per micro-batch × width) by the codec."""
+    from exonet.cli import main
+
+    assert main(["estimate", "--model-params", "1e8", "--strategy", "ddp", "--nodes", "2", "--stages", "2",
+                 "--micro-batches", "4", "--steps", "2", "--tokens-per-step", "4096", "--tflops", "100", "--dtype",
+                 "bf16", "--scenario", "datacenter", "--boundary-codec", codec]) == 0
+    assert f"{wire:.4g} bytes of activations per micro-batch and boundary" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--boundary-codec", "lowrank:8"], r"--boundary-codec compresses what crosses .*: give --stages"),
+    (["--stages", "2", "--boundary-codec", "lowrank"], r"--boundary-codec: expected quantized:BITS, topk:TOP_K"),
+])
+def test_a_boundary_codec_the_cli_cannot_use_is_named(capsys, argv, match):
+    from exonet.cli import main
+
+    assert main(["estimate", "--model-params", "1e8", "--strategy", "ddp", "--nodes", "2", "--steps", "2",
+                 "--step-time", "1", "--scenario", "datacenter", *argv]) == 2
+    assert re.search(match, capsys.readouterr().err)

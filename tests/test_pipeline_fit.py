@@ -176,8 +176,8 @@ def test_stages_whose_shapes_do_not_chain_are_named_before_any_node_starts(node_
 
 def test_an_asynchronous_strategy_cannot_keep_stage_replicas_in_step():
     with pytest.raises(ValueError, match=r"AsyncDiLoCoStrategy .* cannot keep them"):
-        LocalTrainer(staged(), DATA, VAL).fit(AsyncDiLoCoStrategy(H=2), 4, pipeline=PipelineSpec(2), scenario="lan",
-                                              **KW)
+        LocalTrainer(staged(), DATA, VAL).fit(AsyncDiLoCoStrategy(H=2), 4, pipeline=PipelineSpec(2),
+                                              scenario="datacenter", **KW)
 
 
 def test_cuts_balance_the_parameters_and_keep_a_layer_in_every_stage():
