@@ -289,3 +289,13 @@ def test_a_codec_on_the_boundary_is_what_crosses_it():
     losses = quarter.history["train_loss"]
     assert sum(losses[-3:]) < sum(losses[:3])
     assert quarter.trace.meta["pipeline"]["codec"] == {"type": "Quantized", "bits": 8}
+
+
+def test_a_pipeline_trains_on_the_simulated_clock_to_a_time_budget():
+    """``max_sim_time_s``: the stages stop together at the step the online clock allows, and the clock's own
+    replay reports the stages."""
+    run = fit(2, pipeline=PipelineSpec(2, 2), max_steps=50, scenario="cross-region", max_sim_time_s=1.0)
+    steps = len(run.history["train_loss"])
+    assert 1 < steps < 50 and run.trace.num_steps(0) == run.trace.num_steps(1) == steps
+    assert run.sim.stages == 2 and len(run.sim.stage_utilization()) == 2
+    assert run.sim.step_end_times[-2] < 1.0

@@ -18,6 +18,7 @@ directory is the fit's alone while it runs (exonet.runtime.runlock).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import json
 import logging
@@ -512,7 +513,12 @@ def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path 
         upload_run(result.run_dir, upload_to)
     if scenario is not None:
         decided = clock if clock is not None and clock.decides else None  # the clock that decided the run
-        result.sim = decided.result(record.history["train_loss"]) if decided else result.simulate(scenario)
+        if decided:  # (simulate() reads a pipeline's stages off the trace; the clock's own replay is told them)
+            sim = decided.result(record.history["train_loss"])
+            pipeline = config["pipeline"]
+            result.sim = sim if pipeline is None else dataclasses.replace(sim, stages=pipeline["stages"])
+        else:
+            result.sim = result.simulate(scenario)
         ends = result.sim.step_end_times
         result.history["sim_time_s"] = list(ends)
         if decided and not decided.synchronous:  # rank 0 evaluated its own model, at its own steps
