@@ -17,19 +17,17 @@ of its final step; the warm-up repetition is dropped and the median of the rest 
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
 from exonet.trace import Event, Trace
-from exonet.validate.cases import launch_nodes
+from exonet.validate.cases import launch_nodes, timed_node
 from exonet.validate.netns import Network, NodeLink, Shaper, network_losses
 from exonet.validate.slowlinks import error_table, shaped_scenario
 
@@ -116,28 +114,14 @@ def report(ms: Sequence[BucketMeasurement], log: Callable[[str], None] = print) 
 # ---------------------------------------------------------------- the node side
 def _node(spec: dict[str, Any], out: Path) -> None:
     """One node: ``repeats`` + 1 repetitions of ``steps`` DDP steps between barriers; pickles times and events."""
-    import pickle
-
     import torch
-    import torch.distributed as dist
-
-    from exonet.communicator import Communicator
-    from exonet.runtime.rendezvous import leave_without_teardown
 
     case = BucketCase(**{**spec, "buckets": tuple(spec["buckets"]), "shaper": Shaper(**spec["shaper"])})
-    rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=k, timeout=timedelta(seconds=600))
-    comm = Communicator(rank, k, torch.device("cpu"))
     grads = [torch.ones(n // 4) for n in case.buckets]
     buffers = torch.ones(case.broadcast // 4)
     per_bucket = case.backward_s / len(case.buckets)
-    starts, ends, events = [], [], []
-    comm.begin()
-    for _ in range(case.repeats + 1):
-        with comm.bookkeeping():
-            dist.barrier()
-        comm.take_events()
-        starts.append(time.perf_counter())
+
+    def repetition(comm: Any, rank: int) -> list[Event]:
         rep: list[Event] = []
         for _ in range(case.steps):
             comm.broadcast(buffers, src=0)
@@ -149,11 +133,9 @@ def _node(spec: dict[str, Any], out: Path) -> None:
             for h in handles:
                 h.wait()
             rep += comm.mark_step()
-        ends.append(time.perf_counter())
-        events.append(rep)
-    dist.barrier()
-    (out / f"rank{rank}.pkl").write_bytes(pickle.dumps({"starts": starts, "ends": ends, "events": events}))
-    leave_without_teardown()
+        return rep
+
+    timed_node(case.repeats, repetition, out)
 
 
 if __name__ == "__main__":

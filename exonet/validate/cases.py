@@ -300,6 +300,33 @@ def _train_measurement(case: Case, per_rank: list[dict[str, Any]]) -> Measuremen
 
 
 # ---------------------------------------------------------------- the node side
+def timed_node(repeats: int, repetition: Callable[[Any, int], list[Event]], out: Path) -> None:
+    """The node side of ``launch_nodes`` for a timed program: join the gloo group, run ``repetition(comm, rank)``
+    ``repeats`` + 1 times between barriers (the first a warm-up), each returning its trace events, and pickle each
+    one's start, end and events for the parent."""
+    import torch
+    import torch.distributed as dist
+
+    from exonet.communicator import Communicator
+    from exonet.runtime.rendezvous import leave_without_teardown
+
+    rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=k, timeout=timedelta(seconds=600))
+    comm = Communicator(rank, k, torch.device("cpu"))
+    starts, ends, events = [], [], []
+    comm.begin()
+    for _ in range(repeats + 1):
+        with comm.bookkeeping():
+            dist.barrier()
+        comm.take_events()
+        starts.append(time.perf_counter())
+        events.append(repetition(comm, rank))
+        ends.append(time.perf_counter())
+    dist.barrier()
+    (out / f"rank{rank}.pkl").write_bytes(pickle.dumps({"starts": starts, "ends": ends, "events": events}))
+    leave_without_teardown()
+
+
 def _node_collectives(cases: list[dict[str, Any]], out: Path) -> None:
     """Run every collective case of one network in this node's process group; pickle the events."""
     import torch

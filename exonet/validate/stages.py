@@ -15,12 +15,10 @@ time of each repetition (from the last rank's exit from a barrier to the last ra
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -28,7 +26,7 @@ from exonet.estimate.pipeline import order
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
 from exonet.trace import Event, Trace
-from exonet.validate.cases import launch_nodes
+from exonet.validate.cases import launch_nodes, timed_node
 from exonet.validate.delayline import DelayLine
 from exonet.validate.netns import Shaper
 from exonet.validate.windows import DelayCase
@@ -194,25 +192,11 @@ def program(case: StageCase, rank: int) -> Iterator[tuple[str, float]]:
 
 def _node(spec: dict[str, Any], out: Path) -> None:
     """One stage: ``repeats`` + 1 repetitions of its program, between barriers, through a Communicator."""
-    import pickle
-
     import torch
-    import torch.distributed as dist
-
-    from exonet.communicator import Communicator
-    from exonet.runtime.rendezvous import leave_without_teardown
 
     case = StageCase(**{**spec, "shaper": Shaper(**spec["shaper"])})
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2, timeout=timedelta(seconds=600))
-    comm = Communicator(rank, 2, torch.device("cpu"))
-    starts, ends, events = [], [], []
-    comm.begin()
-    for _ in range(case.repeats + 1):
-        with comm.bookkeeping():
-            dist.barrier()
-        comm.take_events()
-        starts.append(time.perf_counter())
+
+    def repetition(comm: Any, rank: int) -> list[Event]:
         rep: list[Event] = []
         posted = []
         for what, seconds in program(case, rank):
@@ -228,11 +212,9 @@ def _node(spec: dict[str, Any], out: Path) -> None:
                 posted = []
             else:
                 rep += comm.mark_step()
-        ends.append(time.perf_counter())
-        events.append(rep)
-    dist.barrier()
-    (out / f"rank{rank}.pkl").write_bytes(pickle.dumps({"starts": starts, "ends": ends, "events": events}))
-    leave_without_teardown()
+        return rep
+
+    timed_node(case.repeats, repetition, out)
 
 
 if __name__ == "__main__":
