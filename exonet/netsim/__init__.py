@@ -10,7 +10,8 @@ start), ``compute`` (speed, jitter, slowdowns, outages), ``failures`` (failures 
 ``fastpath`` (lone collectives timed without events), ``agenda`` (integer ticks, same-instant
 order, on a SimPy event clock), ``state`` (the replay's records), ``simstate`` (the state the
 replay's parts share), ``engine`` (the replay) with its mixins ``eventpath`` (phases as fluid
-flows), ``handover`` (between the fast path and the event path), ``queries`` (what the online clock
+flows), ``handover`` (between the fast path and the event path), ``messages`` (when a point-to-point message goes:
+gloo's rendezvous, a sender's release, any-source receives), ``queries`` (what the online clock
 asks) and ``outcome`` (the result), ``replay`` (``simulate``, a whole trace or several jobs),
 ``store`` (puts and gets as messages to a store rank),
 ``diagnose`` (why a replay cannot finish), ``result``, ``spread`` (the stochastic range),

@@ -78,6 +78,7 @@ from exonet.netsim.eventpath import EventPath
 from exonet.netsim.fastpath import Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
 from exonet.netsim.handover import Handover
+from exonet.netsim.messages import Messages
 from exonet.netsim.outages import Outages
 from exonet.netsim.outcome import Outcomes, kept
 from exonet.netsim.queries import ClockQueries
@@ -89,7 +90,7 @@ from exonet.scenario import Resolved
 from exonet.trace import P2P_OPS, Collective, Compute, Discard, Event, Step, Trace, Wait
 
 
-class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState):
+class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, Messages, SimState):
     """An incremental replay of per-rank events in one scenario.
 
     Args:
@@ -425,76 +426,6 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
         elif not self._rewind:
             self._go_on(c, c.last)
 
-    def _post(self, rk: RankState, c: Instance, side: str) -> None:
-        """``rk`` posts its side of message ``c``. It starts with its sender alone (NCCL, the phase model) or, under
-        gloo, once the receiver's recv-ready notice has reached the sender, whose data waits for it: at
-        max(send, recv + one-way latency). gloo's unbound send is a rendezvous (``Pair::sendUnboundBuffer`` holds
-        the data until the peer's ``recv`` notifies it), so a stage that receives micro-batch by micro-batch
-        pays a round trip for each (measured: ``exonet.validate.stages``)."""
-        if not self._rendezvous:
-            if side == "send":
-                self._queue_start(c)
-            return
-        sender, receiver = c.members
-        if side == "recv":
-            c.ready = self._notice(rk.t, c)
-        elif len(c.ranks) < 2:
-            waiting = self._any.get(receiver)  # an any-source receive has told every sender it is ready
-            if waiting is None:
-                self._unmatched.setdefault(receiver, []).append(c)
-                return
-            c.ready = waiting.block_t + ticks(self._topo.path(receiver, sender).latency)
-            return self._go(c)
-        if side == "recv" and len(c.ranks) == 2:
-            self._unmatched[receiver].remove(c)
-        if len(c.ranks) == 2 and c.ready >= 0:  # both posted, and the notice's arrival known (see _notice)
-            self._go(c)
-
-    def _go(self, c: Instance) -> None:
-        """Gloo message ``c`` may go: its bytes go on the connection at max(send, notice), until sent."""
-        c.last = max(c.last, c.ready)
-        self._on_wire.setdefault(c.members, []).append(c)
-        self._queue_start(c)
-
-    def _notice(self, t: int, c: Instance) -> int:
-        """When the recv-ready notice for gloo message ``c``, sent at tick ``t``, reaches the sender; -1 while it
-        queues behind the receiver's own data to that sender on their one connection (``_sent`` then says).
-
-        The notice is the receiver's data on that connection: it keeps its side from idling (Linux restarts slow
-        start only after an RTO with nothing sent)."""
-        sender, receiver = c.members
-        back = (receiver, sender)
-        if back in self._group_end:
-            self._group_end[back] = max(self._group_end[back], t)
-        ahead = [m for m in self._on_wire.get(back, ()) if m.last <= t]
-        if ahead:
-            self._behind.setdefault(ahead[-1], []).append(c)
-            return -1
-        return t + ticks(self._topo.path(receiver, sender).latency)
-
-    def _sending_until(self, c: Instance, end: int) -> None:
-        """A gloo message ending (delivered) at tick ``end`` frees its sender a path latency earlier, when its last
-        byte has left: a send is done once its data is on the wire, not once it has arrived."""
-        if self._rendezvous and c.op == "p2p" and c.sent < 0:  # (a message resting again may have sent already)
-            sender, receiver = c.members
-            self._agenda.at(end - ticks(self._topo.path(sender, receiver).latency), self._sent, c, c.token)
-
-    def _sent(self, t: int, c: Instance, token: int | None = None) -> None:
-        """The last byte of gloo message ``c`` has left its sender: a sender waiting on it goes on."""
-        if (token is not None and token != c.token) or c.sent >= 0 or c.done:
-            return
-        c.sent = t
-        self._on_wire[c.members].remove(c)
-        for m in self._behind.pop(c, ()):  # notices that queued behind its bytes now go
-            m.ready = t + ticks(self._topo.path(m.members[1], m.members[0]).latency)
-            if len(m.ranks) == 2:
-                self._go(m)
-        sender = [rk for rk in c.waiters if rk.rank == c.members[0]]
-        if sender:
-            c.waiters.remove(sender[0])
-            self._release(sender[0], c)
-            self._advance(sender[0])
-
     def _queue_start(self, c: Instance) -> None:
         """Start ``c`` at its last arrival, or queue it behind the collectives running on its group."""
         queue, k = c.key
@@ -504,25 +435,6 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, SimState)
             self._agenda.at(c.last, self._start, c, order=(START, queue, k))
         else:
             self._queued.setdefault(queue, deque()).append(c)
-
-    def _claim(self, t: int, rk: RankState) -> None:
-        """``rk``'s any-source receive takes the first-delivered message at the head of a channel, or waits."""
-        heads = [c for c in self._inbox.get(rk.rank, ()) if rk.counts.get(c.key[0], 0) == c.key[1]]
-        if not heads:
-            self._any[rk.rank] = rk
-            for c in self._unmatched.pop(rk.rank, ()):  # gloo: the receive tells every sender it is ready
-                c.ready = t + ticks(self._topo.path(rk.rank, c.members[0]).latency)
-                self._go(c)
-            return
-        c = min(heads, key=lambda m: (m.end, m.members[0]))
-        self._inbox[rk.rank].remove(c)
-        rk.counts[c.key[0]] = c.key[1] + 1
-        c.ranks.append(rk.rank)
-        del self._open[c.key]
-        self._received.setdefault(rk.rank, []).append((c.members[0], seconds(max(c.end, rk.block_t))))
-        rk.blocked = None
-        self._block(rk, c)
-        self._advance(rk)
 
     def _block(self, rk: RankState, c: Instance) -> None:
         rk.blocked = c
