@@ -143,16 +143,18 @@ def _estimate_scenarios(args: argparse.Namespace) -> dict:
 
 
 def _pipeline(args: argparse.Namespace) -> Any:
-    """``--stages``, ``--micro-batches``, ``--schedule`` and ``--boundary-codec`` as a PipelineSpec (None without
-    --stages)."""
+    """``--stages``, ``--micro-batches``, ``--schedule``, ``--boundary-codec`` and ``--routing`` as a PipelineSpec
+    (None without --stages)."""
     if args.stages is None:
-        if args.boundary_codec is not None:
-            raise ValueError("--boundary-codec compresses what crosses a pipeline's stage boundaries: give --stages")
+        for flag, value, does in (("--boundary-codec", args.boundary_codec, "compresses what crosses"),
+                                  ("--routing", args.routing, "routes micro-batches between")):
+            if value is not None:
+                raise ValueError(f"{flag} {does} a pipeline's stage boundaries: give --stages")
         return None
     from exonet.estimate.pipeline import PipelineSpec
 
     codec = None if args.boundary_codec is None else boundary_codec(args.boundary_codec)
-    return PipelineSpec(args.stages, args.micro_batches, args.schedule, codec=codec)
+    return PipelineSpec(args.stages, args.micro_batches, args.schedule, codec=codec, routing=args.routing)
 
 
 def boundary_codec(text: str) -> Any:
@@ -418,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="with --stages: the pipeline schedule")
     p.add_argument("--boundary-codec", metavar="quantized:BITS|topk:K|lowrank:R",
                    help="with --stages: what crosses each boundary, compressed (exonet.runtime.boundary)")
+    p.add_argument("--routing", choices=("random", "balanced"),
+                   help="with --stages and --schedule gpipe: route each micro-batch between stage replicas (SWARM)")
     p.add_argument("--hosts", type=int, metavar="G",
                    help="G consecutive nodes per host (NVLink-class fabric, 450 GB/s and 1 us per device, hierarchical "
                         "collectives), unless the scenario has [hosts]")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import pytest
 
 from exonet import PipelineSpec
 from exonet.estimate import estimate
-from exonet.estimate.pipeline import order, pipeline_trace
+from exonet.estimate.pipeline import order, paths, pipeline_trace, stage_work
 from exonet.netsim import simulate
 from exonet.scenario import Scenario
 from exonet.trace import Collective
@@ -81,6 +82,40 @@ def test_a_bad_spec_is_named():
         PipelineSpec(2, 4, "zigzag")
     with pytest.raises(ValueError, match="stages"):
         PipelineSpec(0)
+    with pytest.raises(ValueError, match=r"routing must be None or one of 'random', 'balanced', got 'nearest'"):
+        PipelineSpec(2, 4, "gpipe", routing="nearest")
+    with pytest.raises(ValueError, match=r"routing='random' runs the GPipe schedule .* not '1f1b'"):
+        PipelineSpec(2, 4, "1f1b", routing="random")
+
+
+def test_a_routed_micro_batch_starts_at_its_data_and_balanced_routing_deals_every_replica_m():
+    """Paths are a pure function of (seed, step); stage 0 is the replica whose data it is; "balanced" gives each
+    replica of a later stage exactly M micro-batches, "random" draws each independently (loads uneven)."""
+    balanced, uneven = PipelineSpec(3, 4, "gpipe", routing="balanced"), PipelineSpec(3, 4, "gpipe", routing="random")
+    route = paths(balanced, 3, step=5, seed=1)
+    assert route == paths(balanced, 3, step=5, seed=1) and route != paths(balanced, 3, step=6, seed=1)
+    assert all(route[q][m][0] == q for q in range(3) for m in range(4))
+    for s in (1, 2):
+        assert sorted(route[q][m][s] for q in range(3) for m in range(4)) == [0] * 4 + [1] * 4 + [2] * 4
+    assert any(route[q][m][1] != q for q in range(3) for m in range(4))  # micro-batches leave their replica
+    loads = [sorted(Counter(p[1] for by_m in paths(uneven, 3, step, 1) for p in by_m).values()) for step in range(8)]
+    assert any(load != [4, 4, 4] for load in loads)
+    assert paths(PipelineSpec(3, 4, "gpipe"), 3, 5, 1) == [[(q, q, q)] * 4 for q in range(3)]
+
+
+def test_a_routed_stage_runs_what_reaches_it_in_the_order_every_rank_shares():
+    """Each stage's forwards are the micro-batches routed to it, in (micro-batch, source) order, then its
+    backwards in the same order; each comes from the rank its path says, and goes on to the next."""
+    spec = PipelineSpec(2, 3, "gpipe", routing="random")
+    route = paths(spec, 2, step=0, seed=7)
+    for rank in range(4):
+        replica, stage = divmod(rank, 2)
+        mine = [(q, m) for m in range(3) for q in range(2) if route[q][m][stage] == replica]
+        work = stage_work(spec, rank, 2, step=0, seed=7)
+        assert [(w.kind, w.source, w.micro) for w in work] == [(k, q, m) for k in "FB" for q, m in mine]
+        for w in work:
+            assert w.before == (None if stage == 0 else route[w.source][w.micro][0] * 2)
+            assert w.after == (None if stage == 1 else route[w.source][w.micro][1] * 2 + 1)
 
 
 
@@ -99,6 +134,20 @@ def test_a_replayed_pipeline_reports_each_stage_and_each_boundary():
     assert "pipeline: 3 stages, bubble 33.3%; stage utilization 66.7%, 66.7%, 66.7%" in result.summary()
 
 
+def test_routed_micro_batches_cross_every_boundary_once_each_way():
+    """Routing moves a micro-batch between replicas, not off its boundaries: a routed replay carries the
+    unrouted bytes on each boundary, some of them between ranks of different replicas."""
+    free = Scenario.from_dict({"name": "free", "network": {"bandwidth": "100 Gbit/s", "latency": "0 s"},
+                               "compute": {"mode": "wall"}})
+    args = dict(replicas=3, steps=2, step_time=12.0, activation_bytes=1000, stage_bytes=0, sync_every=0)
+    routed = pipeline_trace(PipelineSpec(3, 4, "gpipe", routing="random"), **args)
+    result = simulate(routed, free)
+    assert result.boundary_bytes() == simulate(pipeline_trace(PipelineSpec(3, 4, "gpipe"), **args),
+                                               free).boundary_bytes() == [3 * 2 * 4 * 2 * 1000] * 2
+    assert any(c.group[0] // 3 != c.group[1] // 3 for r in range(9) for c in routed.collectives(r) if c.op == "send")
+    assert routed.meta["pipeline"]["routing"] == "random"
+
+
 @pytest.mark.parametrize(("codec", "wire"), [("lowrank:41", 4096 // 4 * 41 * 4), ("quantized:4", 1024 * 512 // 2 + 68)])
 def test_the_cli_sizes_activations_by_the_boundary_codec(capsys, codec, wire):
     """``--boundary-codec`` sizes each micro-batch's activations (tokens per micro-batch × width) by the codec."""
@@ -113,6 +162,8 @@ def test_the_cli_sizes_activations_by_the_boundary_codec(capsys, codec, wire):
 @pytest.mark.parametrize(("argv", "match"), [
     (["--boundary-codec", "lowrank:8"], r"--boundary-codec compresses what crosses .*: give --stages"),
     (["--stages", "2", "--boundary-codec", "lowrank"], r"--boundary-codec: expected quantized:BITS, topk:TOP_K"),
+    (["--routing", "random"], r"--routing routes micro-batches between .*: give --stages"),
+    (["--stages", "2", "--routing", "random"], r"routing='random' runs the GPipe schedule"),
 ])
 def test_a_boundary_codec_the_cli_cannot_use_is_named(capsys, argv, match):
     from exonet.cli import main

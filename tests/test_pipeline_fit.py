@@ -4,6 +4,7 @@ kept in step by a data-parallel strategy, resume after a stage dies, and what a 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -86,7 +87,7 @@ def test_the_real_trace_is_the_schedule_the_estimate_times(piped):
         assert calls(result.trace, rank) == calls(want, rank), rank
     assert result.trace.meta["pipeline"] == {"stages": spec.stages, "micro_batches": spec.micro_batches,
                                              "schedule": spec.schedule, "activation_bytes": None, "cuts": None,
-                                             "codec": None}
+                                             "codec": None, "routing": None}
 
 
 def tokens(n: int, seed: int) -> torch.utils.data.TensorDataset:
@@ -124,6 +125,49 @@ def test_stage_replicas_kept_in_step_by_a_strategy_train_as_its_nodes_do(make):
     assert synced == {0: {first * 4}, 2: {first * 4}, 1: {(WIDTH * WIDTH + WIDTH + WIDTH * 3 + 3) * 4},
                       3: {(WIDTH * WIDTH + WIDTH + WIDTH * 3 + 3) * 4}}
     assert {e.group for r in range(4) for e in got.trace.collectives(r) if e.op == "all_reduce"} == {(0, 2), (1, 3)}
+
+
+@pytest.mark.parametrize("routing", ["random", "balanced"])
+def test_micro_batches_routed_between_stage_replicas_train_as_ddp_nodes(routing):
+    """Two replicas of three stages, each micro-batch routed to a replica of every later stage (SWARM), under
+    DDP: what reaches a stage replica varies, but DDP averages its replicas' gradients, whose sum routing leaves
+    as it was, so the run trains what two whole-model DDP nodes train. Its sends and receives, rank by rank, are
+    those of the estimate's routed trace (the fit's seed draws both), and some cross between replicas."""
+    spec = PipelineSpec(stages=3, micro_batches=2, schedule="gpipe", routing=routing)
+    got = fit(6, pipeline=spec)
+    assert_same_training(got, fit(2))
+    want = pipeline_trace(spec, replicas=2, steps=KW["max_steps"], step_time=1.0, stage_bytes=0, sync_every=0,
+                          activation_bytes=KW["batch_size"] // 2 * WIDTH * 4, seed=KW["seed"])
+
+    def messages(trace: Any, rank: int) -> list[tuple]:
+        return [(e.op, e.nbytes, e.group) for e in trace.collectives(rank) if e.op in ("send", "recv")]
+
+    for rank in range(6):
+        assert messages(got.trace, rank) == messages(want, rank), rank
+    assert any(c.group[0] // 3 != c.group[1] // 3 for r in range(6) for c in got.trace.collectives(r) if c.op == "send")
+
+
+def test_a_routed_diloco_pipeline_reports_one_loss_a_step_and_learns():
+    """Under DiLoCo the replicas' inner steps see what routing gave them; the step's loss is the mean over both
+    replicas' batches, reported once (by replica 0's last stage), and it falls."""
+    got = fit(4, lambda: DiLoCoStrategy(OptimSpec("adamw", lr=1e-2), H=2),
+              PipelineSpec(stages=2, micro_batches=4, schedule="gpipe", routing="random"), max_steps=12)
+    losses = got.history["train_loss"]
+    assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) < sum(losses[:3])
+
+
+def test_a_routed_pipeline_resumed_from_its_checkpoint_routes_as_the_run_it_resumes(tmp_path):
+    """Paths are drawn from the step: a run resumed at step 4 of 6 (DiLoCo, where routing changes the model)
+    ends bit-identical to the run it resumes."""
+    spec = PipelineSpec(stages=2, micro_batches=4, schedule="gpipe", routing="random")
+    kw = {**KW, "max_steps": 6, "checkpoint_interval": 4}
+    first = fit(4, lambda: DiLoCoStrategy(H=2), spec, run_dir=tmp_path, **kw)
+    (run,) = tmp_path.iterdir()
+    resumed = fit(4, lambda: DiLoCoStrategy(H=2), spec, resume_from=run, **kw)
+    assert resumed.history["train_loss"] == first.history["train_loss"]
+    for (name, a), b in zip(first.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_a_pipeline_whose_stage_dies_resumes_to_the_uninterrupted_run(tmp_path):

@@ -8,10 +8,18 @@ the next stage and each activation gradient to the previous one (point-to-point,
 asynchronously and waited at the step's end, the receives blocking), and the data-parallel exchange
 of each stage's parameters among its replicas. The replay then shows the pipeline's bubble and what
 slow links between stages cost (``exonet estimate --stages S --micro-batches M --schedule 1f1b``).
+
+With ``routing`` (SWARM's randomised routing between stage replicas), a micro-batch is no longer tied to its
+replica's ranks: it starts at stage 0 of the replica whose data it is, and at every later stage goes to the
+replica ``paths`` picks for it, from the fit's seed and the step, so every rank knows every path without a
+message. A stage then runs the micro-batches routed to it, forwards then backwards (GPipe), each in one
+order shared by every rank (micro-batch, then source replica), which is why no rank can wait on one that
+waits on it.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +35,7 @@ if TYPE_CHECKING:
     from exonet.strategies.base import Strategy
 
 SCHEDULES = ("gpipe", "1f1b")
+ROUTINGS = ("random", "balanced")
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,10 @@ class PipelineSpec:
             balance the parameters per stage.
         codec: what crosses every boundary, both ways (``exonet.runtime.boundary``: ``Quantized``, ``TopK``,
             ``LowRank``); None: the tensors as they are.
+        routing: how a micro-batch picks the replica of each stage after the first (SWARM): "random" (each
+            stage's replica drawn uniformly, loads uneven as real draws are), "balanced" (a random deal that gives
+            every replica of a stage exactly M micro-batches); None: a micro-batch stays in its replica. Needs
+            the GPipe schedule.
     """
 
     stages: int
@@ -51,6 +64,7 @@ class PipelineSpec:
     activation_bytes: float | None = None
     cuts: tuple[int, ...] | None = None
     codec: BoundaryCodec | None = None
+    routing: str | None = None
 
     def __post_init__(self) -> None:
         check_int("stages", self.stages, low=1)
@@ -62,6 +76,11 @@ class PipelineSpec:
         if self.codec is not None and not callable(getattr(self.codec, "coder", None)):
             raise TypeError(f"codec must be a boundary codec (exonet.runtime.boundary: Quantized, TopK, LowRank), got "
                             f"{type(self.codec).__name__}")
+        if self.routing is not None and self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be None or one of {', '.join(map(repr, ROUTINGS))}, got {self.routing!r}")
+        if self.routing is not None and self.schedule != "gpipe":
+            raise ValueError(f"routing={self.routing!r} runs the GPipe schedule (every forward, then every backward), "
+                             f"not {self.schedule!r}: give schedule='gpipe'")
         if self.cuts is not None:
             object.__setattr__(self, "cuts", tuple(check_int("cuts", c, low=1) for c in self.cuts))
 
@@ -77,8 +96,57 @@ def order(schedule: str, stage: int, stages: int, micro_batches: int) -> list[tu
     return forwards[:warm] + steady + backwards[micro_batches - warm:]
 
 
+def paths(spec: PipelineSpec, replicas: int, step: int, seed: int) -> list[list[tuple[int, ...]]]:
+    """``paths[q][m]``: the replica of each stage that micro-batch m of replica q runs on at ``step`` (stage 0:
+    q, whose data it is); a pure function of its arguments, so every rank draws the same."""
+    S, M = spec.stages, spec.micro_batches
+    route = [[[q] * S for _ in range(M)] for q in range(replicas)]
+    if spec.routing is not None and replicas > 1:
+        draw = random.Random(seed * 1_000_003 + step)
+        for s in range(1, S):
+            if spec.routing == "random":
+                picks = [draw.randrange(replicas) for _ in range(M * replicas)]
+            else:
+                picks = [r for r in range(replicas) for _ in range(M)]
+                draw.shuffle(picks)
+            for i, (m, q) in enumerate((m, q) for m in range(M) for q in range(replicas)):
+                route[q][m][s] = picks[i]
+    return [[tuple(path) for path in by_m] for by_m in route]
+
+
+@dataclass(frozen=True)
+class Work:
+    """One forward ("F") or backward ("B") of micro-batch ``micro`` of replica ``source`` on a stage, with the
+    ranks its input comes from and its output goes to (None: it starts or ends there)."""
+
+    kind: str
+    source: int
+    micro: int
+    before: int | None
+    after: int | None
+
+
+def stage_work(spec: PipelineSpec, rank: int, replicas: int, step: int, seed: int) -> list[Work]:
+    """What ``rank`` (stage ``rank % S`` of replica ``rank // S``) runs at ``step``, in order (see the module)."""
+    S = spec.stages
+    replica, stage = divmod(rank, S)
+    route = paths(spec, replicas, step, seed)
+    if spec.routing is None:
+        work = [(kind, replica, m) for kind, m in order(spec.schedule, stage, S, spec.micro_batches)]
+    else:
+        mine = [(q, m) for m in range(spec.micro_batches) for q in range(replicas) if route[q][m][stage] == replica]
+        work = [(kind, q, m) for kind in "FB" for q, m in mine]
+    done = []
+    for kind, q, m in work:
+        path = route[q][m]
+        before = path[stage - 1] * S + stage - 1 if stage else None
+        after = path[stage + 1] * S + stage + 1 if stage < S - 1 else None
+        done.append(Work(kind, q, m, before, after))
+    return done
+
+
 def pipeline_trace(spec: PipelineSpec, *, replicas: int, steps: int, step_time: float, activation_bytes: float,
-                   stage_bytes: float, sync_every: int, dtype: str = "float32") -> Trace:
+                   stage_bytes: float, sync_every: int, dtype: str = "float32", seed: int = 0) -> Trace:
     """The trace of ``replicas`` copies of the pipeline training ``steps`` steps.
 
     Args:
@@ -91,9 +159,11 @@ def pipeline_trace(spec: PipelineSpec, *, replicas: int, steps: int, step_time: 
         stage_bytes: bytes of one stage's parameters, all-reduced among its replicas every ``sync_every`` steps
             (1: data parallel every step; H: DiLoCo's rounds; 0: never).
         dtype: the element type of what is sent.
+        seed: draws the micro-batches' paths under the spec's ``routing``.
     """
     S, M = spec.stages, spec.micro_batches
-    trace = Trace(S * replicas, meta={"pipeline": {"stages": S, "micro_batches": M, "schedule": spec.schedule}})
+    trace = Trace(S * replicas, meta={"pipeline": {"stages": S, "micro_batches": M, "schedule": spec.schedule,
+                                                   "routing": spec.routing}})
     share = step_time / (S * M)
     size = int(round(activation_bytes))
     for r in range(replicas):
@@ -102,13 +172,13 @@ def pipeline_trace(spec: PipelineSpec, *, replicas: int, steps: int, step_time: 
             peers = [q * S + s for q in range(replicas)]
             for step in range(steps):
                 sends = []
-                for kind, _ in order(spec.schedule, s, S, M):
-                    forward = kind == "F"
-                    source, target = (rank - 1, rank + 1) if forward else (rank + 1, rank - 1)
-                    if (s > 0 if forward else s < S - 1):
+                for work in stage_work(spec, rank, replicas, step, seed):
+                    forward = work.kind == "F"
+                    source, target = (work.before, work.after) if forward else (work.after, work.before)
+                    if source is not None:
                         trace.add_collective(rank, "recv", size, (source, rank), dtype=dtype)
                     trace.add_compute(rank, share / 3 if forward else 2 * share / 3)
-                    if (s < S - 1 if forward else s > 0):
+                    if target is not None:
                         sends.append(trace.add_collective(rank, "send", size, (rank, target), True, dtype=dtype))
                 for cid in sends:
                     trace.add_wait(rank, cid)
@@ -155,7 +225,8 @@ def pipelined(spec: PipelineSpec, strategy: Strategy, params: int, width: int | 
         f"pipeline: {plural(spec.stages, 'stage')} × {plural(replicas, 'replica')}, "
         f"{spec.micro_batches} micro-batch{'' if spec.micro_batches == 1 else 'es'} per step, "
         f"{spec.schedule}; {activation:.4g} bytes of activations per micro-batch and boundary, each way"
-        f"{'' if spec.codec is None else f' (through {spec.codec!r})'}; {exchange}",
+        f"{'' if spec.codec is None else f' (through {spec.codec!r})'}"
+        f"{'' if spec.routing is None else f', each routed to a {spec.routing} replica of the next stage'}; {exchange}",
         f"compute: {step_time:.4g} s per step for a replica's whole model, 1/{spec.stages} of it per stage, a forward "
         "a third and a backward two thirds of each micro-batch's share",
     ]

@@ -209,13 +209,13 @@ class SimResult:
 
     def boundary_bytes(self) -> list[int]:
         """A pipeline's boundaries: the bytes of every message between stage s and s + 1, both ways, the run
-        over (S − 1 of them; empty for whole-model nodes)."""
+        over (S − 1 of them; empty for whole-model nodes), within a replica or, routed, across replicas."""
         S = self.stages
         sent = [0] * max(0, S - 1)
         for c in self.collectives:
             if S and c.op == "send" and len(c.group) == 2:
                 a, b = sorted(r % S for r in c.group)
-                if b == a + 1 and c.group[0] // S == c.group[1] // S:  # neighbours in one replica
+                if b == a + 1:
                     sent[a] += c.nbytes
         return sent
 

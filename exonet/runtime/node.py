@@ -152,8 +152,11 @@ class TrainNode:
 
     def _batches(self, start_step: int) -> Iterator[Any]:
         """This node's training batches from ``start_step`` on; the skipped ones are never loaded."""
+        return self._shard_batches(start_step, self.data_rank, self.data_ranks)
+
+    def _shard_batches(self, start_step: int, rank: int, ranks: int) -> Iterator[Any]:
+        """Shard ``rank`` of ``ranks``' batches from ``start_step`` on."""
         cfg = self.cfg
-        rank, ranks = self.data_rank, self.data_ranks
         ds = resolve_dataset(self.train_data, rank, ranks, True)
         shared = not is_factory(self.train_data)
 

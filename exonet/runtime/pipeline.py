@@ -18,13 +18,13 @@ outside the algorithm: one untraced all-reduce of each rank's own stage, zeros e
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from exonet.communicator.view import GroupView
-from exonet.estimate.pipeline import PipelineSpec, order
+from exonet.estimate.pipeline import PipelineSpec, stage_work
 from exonet.runtime.batches import batch_rows, split_batch
 from exonet.runtime.messages import Evaluated
 from exonet.runtime.node import NodeConfig, TrainNode
@@ -142,25 +142,24 @@ class Stage(nn.Module):
 
 
 class Boundary:
-    """One side of a stage boundary: what this stage sends its neighbour and receives from it (tensors of one
+    """One side of a stage boundary: what this stage sends a neighbour and receives from one (tensors of one
     shape each way: activations forward, their gradients back), as they are or through the spec's codec."""
 
-    def __init__(self, comm: Any, peer: int, shape: torch.Size, dtype: torch.dtype, codec: BoundaryCodec | None
-                 ) -> None:
-        self.comm, self.peer, self.shape, self.dtype = comm, peer, shape, dtype
+    def __init__(self, comm: Any, shape: torch.Size, dtype: torch.dtype, codec: BoundaryCodec | None) -> None:
+        self.comm, self.shape, self.dtype = comm, shape, dtype
         self.coder = None if codec is None else codec.coder(shape)
 
-    def send(self, tensor: torch.Tensor) -> tuple[Any, torch.Tensor]:
-        """Post ``tensor`` (encoded, with a codec) to the neighbour; the handle and the buffer it sends."""
+    def send(self, tensor: torch.Tensor, peer: int) -> tuple[Any, torch.Tensor]:
+        """Post ``tensor`` (encoded, with a codec) to ``peer``; the handle and the buffer it sends."""
         payload = tensor.contiguous() if self.coder is None else self.coder.encode(tensor)
-        return self.comm.send(payload, self.peer, async_op=True), payload
+        return self.comm.send(payload, peer, async_op=True), payload
 
-    def receive(self) -> torch.Tensor:
-        """The neighbour's next tensor (decoded, with a codec), blocking."""
+    def receive(self, peer: int) -> torch.Tensor:
+        """``peer``'s next tensor (decoded, with a codec), blocking."""
         device = self.comm.device
         if self.coder is None:
-            return self.comm.recv(torch.empty(self.shape, dtype=self.dtype, device=device), self.peer)
-        wire = self.comm.recv(torch.empty(self.coder.wire_nbytes, dtype=torch.uint8, device=device), self.peer)
+            return self.comm.recv(torch.empty(self.shape, dtype=self.dtype, device=device), peer)
+        wire = self.comm.recv(torch.empty(self.coder.wire_nbytes, dtype=torch.uint8, device=device), peer)
         return self.coder.decode(wire, self.dtype)
 
 
@@ -179,6 +178,8 @@ class PipelineNode(TrainNode):
         self.data_rank, self.data_ranks = self.replica, self.replicas
         start, end = stage_bounds(self.staged, spec)[self.stage]
         self.last = self.stage == S - 1
+        self.routed = spec.routing is not None and self.replicas > 1
+        self._step = self.cfg.start_step  # the step _forward_backward runs next: it draws the routes
         self.stage_module = Stage(self.staged.layers[start:end], self.staged.loss if self.last else None)
         self._boundaries: tuple[Boundary | None, Boundary | None] | None = None  # to the stage before, after
         self._flops = (0.0, 0.0)
@@ -209,7 +210,7 @@ class PipelineNode(TrainNode):
         forward and backward FLOPs."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        micro = self._micro_batches(batch)[0][0]
+        micro = self._micro_batches(self._own(batch))[0][0]
         inputs, targets = _inputs_and_targets(micro)
         bounds = stage_bounds(self.staged, self.spec)
         with self.comm.bookkeeping(), torch.random.fork_rng(devices=[]), self._autocast():
@@ -237,8 +238,8 @@ class PipelineNode(TrainNode):
             raise TypeError(f"pipeline: stage {self.stage}'s output is not a floating-point tensor ({out.dtype}); "
                             "cut where activations can carry a gradient")
         codec = self.spec.codec
-        self._boundaries = (None if not self.stage else Boundary(self.comm, self.rank - 1, x.shape, x.dtype, codec),
-                            None if self.last else Boundary(self.comm, self.rank + 1, out.shape, out.dtype, codec))
+        self._boundaries = (None if not self.stage else Boundary(self.comm, x.shape, x.dtype, codec),
+                            None if self.last else Boundary(self.comm, out.shape, out.dtype, codec))
         self._flops = (float(forward), float(backward)) if self.cfg.count_flops else (0.0, 0.0)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -248,41 +249,73 @@ class PipelineNode(TrainNode):
         rows = batch_rows(batch)
         return split_batch(batch, rows // self.spec.micro_batches)
 
+    def _batches(self, start_step: int) -> Iterator[Any]:
+        """The replica's batches; a routed last stage's are every replica's (a list of R per step), since the
+        micro-batches it ends may come from any of them and their targets are read where the loss is."""
+        if not (self.routed and self.last):
+            return super()._batches(start_step)
+        return (list(step) for step in zip(*(self._shard_batches(start_step, q, self.replicas)
+                                             for q in range(self.replicas))))
+
+    def _own(self, batch: Any) -> Any:
+        """This replica's batch out of what ``_batches`` gave."""
+        return batch[self.replica] if self.routed and self.last else batch
+
     def _forward_backward(self, batch: Any, sync: bool = True) -> float | None:  # type: ignore[override]
-        """One step of the schedule over the batch's micro-batches; the loss on the last stage, else None."""
+        """One step of the schedule over the micro-batches routed to this stage; the loss on the last stage,
+        else None (routed: the whole step's loss, on replica 0's last stage only)."""
         if self._boundaries is None:
             self._probe(batch)
         assert self._boundaries is not None
         inbound, outbound = self._boundaries
-        rows = batch_rows(batch)
-        micros = self._micro_batches(batch)
-        live: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # micro-batch -> (its input, its output)
+        shards = batch if self.routed and self.last else None
+        rows = batch_rows(self._own(batch))
+        micros = {q: self._micro_batches(shard) for q, shard in enumerate(shards)} if shards else {
+            self.replica: self._micro_batches(batch)}
+        live: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}  # (source, micro) -> (in, out)
         posted: list[tuple[Any, torch.Tensor]] = []  # sends in flight, with the buffers they send
         total = 0.0
-        for kind, m in order(self.spec.schedule, self.stage, self.spec.stages, self.spec.micro_batches):
-            micro, n = micros[m]
-            if kind == "F":
-                x = None if inbound is None else inbound.receive().requires_grad_(True)
+        for work in stage_work(self.spec, self.rank, self.replicas, self._step, self.cfg.seed):
+            item = (work.source, work.micro)
+            if work.kind == "F":
+                x = (None if inbound is None or work.before is None
+                     else inbound.receive(work.before).requires_grad_(True))
                 with self._autocast():
-                    out = self.stage_module(micro[0] if x is None else x)
+                    out = self.stage_module(micros[work.source][work.micro][0][0] if x is None else x)
                     if self.last:
+                        micro, n = micros[work.source][work.micro]
                         out = self.staged.loss(out, micro[1]) * (n / rows)
                 self.comm.add_flops(self._flops[0])
-                if outbound is None:
+                if outbound is None or work.after is None:
                     total += float(out.detach())
                 else:
-                    posted.append(outbound.send(out.detach()))
-                live[m] = (x, out)
+                    posted.append(outbound.send(out.detach(), work.after))
+                live[item] = (x, out)
             else:
-                x, out = live.pop(m)
-                out.backward() if outbound is None else out.backward(outbound.receive())
+                x, out = live.pop(item)
+                out.backward() if outbound is None or work.after is None else out.backward(outbound.receive(work.after))
                 self.comm.add_flops(self._flops[1])
-                if inbound is not None:
+                if inbound is not None and work.before is not None:
                     assert x is not None and x.grad is not None
-                    posted.append(inbound.send(x.grad))
+                    posted.append(inbound.send(x.grad, work.before))
         for handle, _ in posted:
             handle.wait()
-        return total if self.last else None
+        self._step += 1
+        return self._step_loss(total) if self.routed else total if self.last else None
+
+    def _step_loss(self, total: float) -> float | None:
+        """A routed step's loss: the last stages' sums of their micro-batches' shares, added by one untraced
+        all-reduce (bookkeeping, not the algorithm's) and averaged over the replicas' batches, on one rank.
+
+        A stage replica no micro-batch reached has no gradient; it gets zeros, so its strategy steps as the
+        others do (DDP averages them: the replicas' summed gradient is the unrouted one)."""
+        for p in self.stage_module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        with self.comm.bookkeeping():
+            summed = torch.tensor([total if self.last else 0.0], dtype=torch.float64, device=self.device)
+            self.comm.untraced_all_reduce(summed)
+        return float(summed) / self.replicas if self.rank == self.spec.stages - 1 else None
 
     # ------------------------------------------------------ the whole model
     def _assembled(self, replica: int | None) -> torch.Tensor:

@@ -593,6 +593,7 @@ def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module,
         codec = spec.codec  # named by its class: two codecs may share their fields' names
         pipeline = {"stages": spec.stages, "micro_batches": spec.micro_batches, "schedule": spec.schedule,
                     "activation_bytes": spec.activation_bytes, "cuts": None if spec.cuts is None else list(spec.cuts),
-                    "codec": None if codec is None else {"type": type(codec).__name__, **vars(codec)}}
+                    "codec": None if codec is None else {"type": type(codec).__name__, **vars(codec)},
+                    "routing": spec.routing}
     return {"params": params, **{k: getattr(cfg, k) for k in keep}, "strategy": strategy.config(),
             "scenario": None if scenario is None else scenario.name, "pipeline": pipeline}
