@@ -143,18 +143,20 @@ def _estimate_scenarios(args: argparse.Namespace) -> dict:
 
 
 def _pipeline(args: argparse.Namespace) -> Any:
-    """``--stages``, ``--micro-batches``, ``--schedule``, ``--boundary-codec`` and ``--routing`` as a PipelineSpec
-    (None without --stages)."""
+    """``--stages``, ``--micro-batches``, ``--schedule``, ``--boundary-codec``, ``--routing`` and ``--skip`` as a
+    PipelineSpec (None without --stages)."""
     if args.stages is None:
         for flag, value, does in (("--boundary-codec", args.boundary_codec, "compresses what crosses"),
-                                  ("--routing", args.routing, "routes micro-batches between")):
+                                  ("--routing", args.routing, "routes micro-batches between"),
+                                  ("--skip", args.skip, "passes micro-batches over")):
             if value is not None:
                 raise ValueError(f"{flag} {does} a pipeline's stage boundaries: give --stages")
         return None
     from exonet.estimate.pipeline import PipelineSpec
 
     codec = None if args.boundary_codec is None else boundary_codec(args.boundary_codec)
-    return PipelineSpec(args.stages, args.micro_batches, args.schedule, codec=codec, routing=args.routing)
+    return PipelineSpec(args.stages, args.micro_batches, args.schedule, codec=codec, routing=args.routing,
+                        skip=args.skip or 0.0)
 
 
 def boundary_codec(text: str) -> Any:
@@ -422,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --stages: what crosses each boundary, compressed (exonet.runtime.boundary)")
     p.add_argument("--routing", choices=("random", "balanced"),
                    help="with --stages and --schedule gpipe: route each micro-batch between stage replicas (SWARM)")
+    p.add_argument("--skip", type=float, metavar="P",
+                   help="with --stages and --schedule gpipe: each micro-batch passes over each middle stage with "
+                        "probability P (SkipPipe)")
     p.add_argument("--hosts", type=int, metavar="G",
                    help="G consecutive nodes per host (NVLink-class fabric, 450 GB/s and 1 us per device, hierarchical "
                         "collectives), unless the scenario has [hosts]")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 
@@ -86,6 +87,26 @@ def test_a_bad_spec_is_named():
         PipelineSpec(2, 4, "gpipe", routing="nearest")
     with pytest.raises(ValueError, match=r"routing='random' runs the GPipe schedule .* not '1f1b'"):
         PipelineSpec(2, 4, "1f1b", routing="random")
+    with pytest.raises(ValueError, match=r"skip=0.25 runs the GPipe schedule"):
+        PipelineSpec(3, 4, "1f1b", skip=0.25)
+    with pytest.raises(ValueError, match=r"skip must be a probability in \[0, 1\], got 1.5"):
+        PipelineSpec(3, 4, "gpipe", skip=1.5)
+
+
+def test_a_skipped_stage_is_passed_over_both_ways_and_never_the_first_or_last():
+    """SkipPipe: with skip = 1 every micro-batch goes from stage 0 straight to stage 3 and back; stages 1 and 2
+    run nothing; with skip = 0.5 the skips are drawn apart from the routes, which stay as they were."""
+    always = stage_work(PipelineSpec(4, 2, "gpipe", skip=1.0), 0, 1, step=0, seed=0)
+    assert [(w.kind, w.before, w.after) for w in always] == [("F", None, 3)] * 2 + [("B", None, 3)] * 2
+    assert stage_work(PipelineSpec(4, 2, "gpipe", skip=1.0), 1, 1, step=0, seed=0) == []
+    assert {w.before for w in stage_work(PipelineSpec(4, 2, "gpipe", skip=1.0), 3, 1, 0, 0)} == {0}
+    routed = PipelineSpec(4, 8, "gpipe", routing="balanced")
+    half = dataclasses.replace(routed, skip=0.5)
+    skipped = paths(half, 2, step=3, seed=1)
+    assert all(path[0] is not None and path[3] is not None for by_m in skipped for path in by_m)
+    assert 0 < sum(path[s] is None for by_m in skipped for path in by_m for s in (1, 2)) < 32
+    assert all(a in (None, b) for x, y in zip(skipped, paths(routed, 2, 3, 1)) for p, q in zip(x, y)
+               for a, b in zip(p, q))
 
 
 def test_a_routed_micro_batch_starts_at_its_data_and_balanced_routing_deals_every_replica_m():

@@ -87,7 +87,7 @@ def test_the_real_trace_is_the_schedule_the_estimate_times(piped):
         assert calls(result.trace, rank) == calls(want, rank), rank
     assert result.trace.meta["pipeline"] == {"stages": spec.stages, "micro_batches": spec.micro_batches,
                                              "schedule": spec.schedule, "activation_bytes": None, "cuts": None,
-                                             "codec": None, "routing": None}
+                                             "codec": None, "routing": None, "skip": 0.0}
 
 
 def tokens(n: int, seed: int) -> torch.utils.data.TensorDataset:
@@ -127,6 +127,11 @@ def test_stage_replicas_kept_in_step_by_a_strategy_train_as_its_nodes_do(make):
     assert {e.group for r in range(4) for e in got.trace.collectives(r) if e.op == "all_reduce"} == {(0, 2), (1, 3)}
 
 
+def messages(trace: Any, rank: int) -> list[tuple]:
+    """A rank's point-to-point calls: op, bytes and (source, destination)."""
+    return [(e.op, e.nbytes, e.group) for e in trace.collectives(rank) if e.op in ("send", "recv")]
+
+
 @pytest.mark.parametrize("routing", ["random", "balanced"])
 def test_micro_batches_routed_between_stage_replicas_train_as_ddp_nodes(routing):
     """Two replicas of three stages, each micro-batch routed to a replica of every later stage (SWARM), under
@@ -138,9 +143,6 @@ def test_micro_batches_routed_between_stage_replicas_train_as_ddp_nodes(routing)
     assert_same_training(got, fit(2))
     want = pipeline_trace(spec, replicas=2, steps=KW["max_steps"], step_time=1.0, stage_bytes=0, sync_every=0,
                           activation_bytes=KW["batch_size"] // 2 * WIDTH * 4, seed=KW["seed"])
-
-    def messages(trace: Any, rank: int) -> list[tuple]:
-        return [(e.op, e.nbytes, e.group) for e in trace.collectives(rank) if e.op in ("send", "recv")]
 
     for rank in range(6):
         assert messages(got.trace, rank) == messages(want, rank), rank
@@ -155,6 +157,41 @@ def test_a_routed_diloco_pipeline_reports_one_loss_a_step_and_learns():
     losses = got.history["train_loss"]
     assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
     assert sum(losses[-3:]) < sum(losses[:3])
+
+
+def test_a_stage_every_micro_batch_skips_leaves_the_model_that_trains_without_it():
+    """SkipPipe at skip=1: every micro-batch passes over the middle stage, stage 0 sending to stage 2 directly,
+    so three stages train what the model without the middle layers trains on one node (losses to 1e-5), and
+    the middle layers, whose gradient is zero, stay as they began (SGD)."""
+    def sgd() -> DDPStrategy:
+        return DDPStrategy(OptimSpec("sgd", lr=0.3))
+
+    full = layers()
+    kw = {**KW, "val_interval": 0}
+    skipped = LocalTrainer(Staged(full, nn.CrossEntropyLoss()), DATA, VAL).fit(
+        sgd(), 3, pipeline=PipelineSpec(3, 2, "gpipe", cuts=(2, 4), skip=1.0), **kw)
+    without = LocalTrainer(Staged(layers()[:2] + layers()[4:], nn.CrossEntropyLoss()), DATA, VAL).fit(sgd(), 1, **kw)
+    assert skipped.history["train_loss"] == pytest.approx(without.history["train_loss"], rel=1e-5)
+    state = skipped.model.state_dict()
+    for name, value in without.model.state_dict().items():
+        index, rest = name.split(".")[1], name.split(".", 2)[2]
+        torch.testing.assert_close(state[f"layers.{int(index) + 2 * (int(index) >= 2)}.{rest}"], value)
+    torch.testing.assert_close(state["layers.2.weight"], full[2].weight)
+    assert {c.group for c in skipped.trace.collectives(0) if c.op == "send"} == {(0, 2)}
+    assert not [c for c in skipped.trace.collectives(1) if c.op in ("send", "recv")]
+
+
+def test_skipped_and_routed_micro_batches_send_what_the_estimate_says():
+    """Routing and skipping together: each rank's sends and receives are the estimate's, drawn from the same seed;
+    some go from stage 0 straight to stage 2."""
+    spec = PipelineSpec(stages=3, micro_batches=2, schedule="gpipe", routing="balanced", skip=0.5, cuts=(2, 4))
+    got = fit(6, pipeline=spec)
+    want = pipeline_trace(spec, replicas=2, steps=KW["max_steps"], step_time=1.0, stage_bytes=0, sync_every=0,
+                          activation_bytes=KW["batch_size"] // 2 * WIDTH * 4, seed=KW["seed"])
+    for rank in range(6):
+        assert messages(got.trace, rank) == messages(want, rank), rank
+    assert any(c.group[0] % 3 == 0 and c.group[1] % 3 == 2 for c in got.trace.collectives(0) if c.op == "send")
+    assert all(math.isfinite(x) for x in got.history["train_loss"])
 
 
 def test_a_routed_pipeline_resumed_from_its_checkpoint_routes_as_the_run_it_resumes(tmp_path):
@@ -215,6 +252,10 @@ def test_stages_whose_shapes_do_not_chain_are_named_before_any_node_starts(node_
     wrong_loss = Staged(layers(), nn.CosineEmbeddingLoss())  # wants three arguments
     with pytest.raises(ValueError, match=r"the Staged model's loss cannot take the last stage's output"):
         LocalTrainer(wrong_loss, DATA, VAL).fit(strategy(), 2, pipeline=PipelineSpec(2, 4), **KW)
+    narrowing = Staged([nn.Linear(8, WIDTH), nn.Linear(WIDTH, 12), nn.Linear(12, 3)], nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match=r"pipeline.skip=0.5 passes over stage 1 \(layers 1..1\), so its output must "
+                                         r"have its input's shape and dtype: it takes shape \(1, 16\)"):
+        LocalTrainer(narrowing, DATA, VAL).fit(strategy(), 3, pipeline=PipelineSpec(3, 4, "gpipe", skip=0.5), **KW)
     assert broken.training and node_pids() == []
 
 

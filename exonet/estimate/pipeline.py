@@ -14,7 +14,8 @@ replica's ranks: it starts at stage 0 of the replica whose data it is, and at ev
 replica ``paths`` picks for it, from the fit's seed and the step, so every rank knows every path without a
 message. A stage then runs the micro-batches routed to it, forwards then backwards (GPipe), each in one
 order shared by every rank (micro-batch, then source replica), which is why no rank can wait on one that
-waits on it.
+waits on it. With ``skip`` (SkipPipe), a micro-batch also passes over each middle stage with that probability:
+the stage before sends straight to the one after, and the skipped stage's layers act as the identity for it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class PipelineSpec:
             stage's replica drawn uniformly, loads uneven as real draws are), "balanced" (a random deal that gives
             every replica of a stage exactly M micro-batches); None: a micro-batch stays in its replica. Needs
             the GPipe schedule.
+        skip: the probability that a micro-batch passes over each stage between the first and the last
+            (SkipPipe; drawn like the routes), whose input and output must then have one shape; 0: none is
+            skipped. Needs the GPipe schedule.
     """
 
     stages: int
@@ -65,6 +69,7 @@ class PipelineSpec:
     cuts: tuple[int, ...] | None = None
     codec: BoundaryCodec | None = None
     routing: str | None = None
+    skip: float = 0.0
 
     def __post_init__(self) -> None:
         check_int("stages", self.stages, low=1)
@@ -78,9 +83,17 @@ class PipelineSpec:
                             f"{type(self.codec).__name__}")
         if self.routing is not None and self.routing not in ROUTINGS:
             raise ValueError(f"routing must be None or one of {', '.join(map(repr, ROUTINGS))}, got {self.routing!r}")
-        if self.routing is not None and self.schedule != "gpipe":
-            raise ValueError(f"routing={self.routing!r} runs the GPipe schedule (every forward, then every backward), "
-                             f"not {self.schedule!r}: give schedule='gpipe'")
+        if not (isinstance(self.skip, (int, float)) and 0 <= self.skip <= 1):
+            raise ValueError(f"skip must be a probability in [0, 1], got {self.skip!r}")
+        for name, drawn in (("routing", self.routing is not None), ("skip", self.skip > 0)):
+            if drawn and self.schedule != "gpipe":
+                raise ValueError(f"{name}={getattr(self, name)!r} runs the GPipe schedule (every forward, then every "
+                                 f"backward), not {self.schedule!r}: give schedule='gpipe'")
+
+    @property
+    def drawn(self) -> bool:
+        """Whether micro-batches take paths drawn per step (routing or skipping) rather than their replica's."""
+        return self.routing is not None or self.skip > 0
         if self.cuts is not None:
             object.__setattr__(self, "cuts", tuple(check_int("cuts", c, low=1) for c in self.cuts))
 
@@ -96,11 +109,12 @@ def order(schedule: str, stage: int, stages: int, micro_batches: int) -> list[tu
     return forwards[:warm] + steady + backwards[micro_batches - warm:]
 
 
-def paths(spec: PipelineSpec, replicas: int, step: int, seed: int) -> list[list[tuple[int, ...]]]:
+def paths(spec: PipelineSpec, replicas: int, step: int, seed: int) -> list[list[tuple[int | None, ...]]]:
     """``paths[q][m]``: the replica of each stage that micro-batch m of replica q runs on at ``step`` (stage 0:
-    q, whose data it is); a pure function of its arguments, so every rank draws the same."""
+    q, whose data it is; None: it skips that stage); a pure function of its arguments, so every rank draws the
+    same."""
     S, M = spec.stages, spec.micro_batches
-    route = [[[q] * S for _ in range(M)] for q in range(replicas)]
+    route: list[list[list[int | None]]] = [[[q] * S for _ in range(M)] for q in range(replicas)]
     if spec.routing is not None and replicas > 1:
         draw = random.Random(seed * 1_000_003 + step)
         for s in range(1, S):
@@ -111,6 +125,13 @@ def paths(spec: PipelineSpec, replicas: int, step: int, seed: int) -> list[list[
                 draw.shuffle(picks)
             for i, (m, q) in enumerate((m, q) for m in range(M) for q in range(replicas)):
                 route[q][m][s] = picks[i]
+    if spec.skip > 0:
+        skips = random.Random(f"skip/{seed}/{step}")  # its own draws: the routes do not depend on skip
+        for s in range(1, S - 1):
+            for m in range(M):
+                for q in range(replicas):
+                    if skips.random() < spec.skip:
+                        route[q][m][s] = None
     return [[tuple(path) for path in by_m] for by_m in route]
 
 
@@ -131,7 +152,7 @@ def stage_work(spec: PipelineSpec, rank: int, replicas: int, step: int, seed: in
     S = spec.stages
     replica, stage = divmod(rank, S)
     route = paths(spec, replicas, step, seed)
-    if spec.routing is None:
+    if not spec.drawn:
         work = [(kind, replica, m) for kind, m in order(spec.schedule, stage, S, spec.micro_batches)]
     else:
         mine = [(q, m) for m in range(spec.micro_batches) for q in range(replicas) if route[q][m][stage] == replica]
@@ -139,8 +160,10 @@ def stage_work(spec: PipelineSpec, rank: int, replicas: int, step: int, seed: in
     done = []
     for kind, q, m in work:
         path = route[q][m]
-        before = path[stage - 1] * S + stage - 1 if stage else None
-        after = path[stage + 1] * S + stage + 1 if stage < S - 1 else None
+        ran = [(s, r) for s, r in enumerate(path) if r is not None]  # the first and last stages always run
+        at = ran.index((stage, replica))
+        before = None if at == 0 else ran[at - 1][1] * S + ran[at - 1][0]
+        after = None if at == len(ran) - 1 else ran[at + 1][1] * S + ran[at + 1][0]
         done.append(Work(kind, q, m, before, after))
     return done
 
@@ -163,7 +186,7 @@ def pipeline_trace(spec: PipelineSpec, *, replicas: int, steps: int, step_time: 
     """
     S, M = spec.stages, spec.micro_batches
     trace = Trace(S * replicas, meta={"pipeline": {"stages": S, "micro_batches": M, "schedule": spec.schedule,
-                                                   "routing": spec.routing}})
+                                                   "routing": spec.routing, "skip": spec.skip}})
     share = step_time / (S * M)
     size = int(round(activation_bytes))
     for r in range(replicas):
@@ -226,7 +249,8 @@ def pipelined(spec: PipelineSpec, strategy: Strategy, params: int, width: int | 
         f"{spec.micro_batches} micro-batch{'' if spec.micro_batches == 1 else 'es'} per step, "
         f"{spec.schedule}; {activation:.4g} bytes of activations per micro-batch and boundary, each way"
         f"{'' if spec.codec is None else f' (through {spec.codec!r})'}"
-        f"{'' if spec.routing is None else f', each routed to a {spec.routing} replica of the next stage'}; {exchange}",
+        f"{'' if spec.routing is None else f', each routed to a {spec.routing} replica of the next stage'}"
+        f"{'' if not spec.skip else f', each skipping a middle stage with probability {spec.skip:g}'}; {exchange}",
         f"compute: {step_time:.4g} s per step for a replica's whole model, 1/{spec.stages} of it per stage, a forward "
         "a third and a backward two thirds of each micro-batch's share",
     ]

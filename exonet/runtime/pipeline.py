@@ -110,12 +110,17 @@ def check_chain(model: Staged, spec: PipelineSpec, sample: Any) -> None:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             h = inputs
             for s, (start, end) in enumerate(bounds):
+                took_in = h
                 try:
                     h = model.layers[start:end](h)
                 except Exception as exc:
                     took = "the batch's inputs" if s == 0 else f"stage {s - 1}'s output ({_described(h)})"
                     raise ValueError(f"fit: pipeline stage {s} (layers {start}..{end - 1}) cannot take {took}: "
                                      f"{type(exc).__name__}: {exc}") from exc
+                if spec.skip and 0 < s < len(bounds) - 1 and _described(h) != _described(took_in):
+                    raise ValueError(f"fit: pipeline.skip={spec.skip:g} passes over stage {s} (layers {start}.."
+                                     f"{end - 1}), so its output must have its input's shape and dtype: it takes "
+                                     f"{_described(took_in)} and gives {_described(h)}")
             try:
                 model.loss(h, targets)
             except Exception as exc:
@@ -301,17 +306,15 @@ class PipelineNode(TrainNode):
         for handle, _ in posted:
             handle.wait()
         self._step += 1
+        if self.spec.drawn:  # a stage no micro-batch reached steps on zeros, as the others step
+            for p in self.stage_module.parameters():  # (DDP averages them: the replicas' summed gradient is the same)
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
         return self._step_loss(total) if self.routed else total if self.last else None
 
     def _step_loss(self, total: float) -> float | None:
         """A routed step's loss: the last stages' sums of their micro-batches' shares, added by one untraced
-        all-reduce (bookkeeping, not the algorithm's) and averaged over the replicas' batches, on one rank.
-
-        A stage replica no micro-batch reached has no gradient; it gets zeros, so its strategy steps as the
-        others do (DDP averages them: the replicas' summed gradient is the unrouted one)."""
-        for p in self.stage_module.parameters():
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
+        all-reduce (bookkeeping, not the algorithm's) and averaged over the replicas' batches, on one rank."""
         with self.comm.bookkeeping():
             summed = torch.tensor([total if self.last else 0.0], dtype=torch.float64, device=self.device)
             self.comm.untraced_all_reduce(summed)

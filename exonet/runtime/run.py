@@ -594,6 +594,6 @@ def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module,
         pipeline = {"stages": spec.stages, "micro_batches": spec.micro_batches, "schedule": spec.schedule,
                     "activation_bytes": spec.activation_bytes, "cuts": None if spec.cuts is None else list(spec.cuts),
                     "codec": None if codec is None else {"type": type(codec).__name__, **vars(codec)},
-                    "routing": spec.routing}
+                    "routing": spec.routing, "skip": spec.skip}
     return {"params": params, **{k: getattr(cfg, k) for k in keep}, "strategy": strategy.config(),
             "scenario": None if scenario is None else scenario.name, "pipeline": pipeline}
