@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+import uuid
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -47,6 +48,18 @@ def _store(rank: int, world: int, timeout_s: float) -> dist.Store:
     return dist.PrefixStore(f"exonet-fit-{_fits}", store)
 
 
+def _fit_id(store: dist.Store, rank: int) -> str:
+    """A name no other fit has, the same on every rank: rank 0's pick, read through this fit's store.
+
+    The object store's prefix needs it: torchrun's run id (in it already) is every fit's of the job, and
+    "none" for any job started without ``--rdzv-id``, so a later fit would get the objects an earlier one
+    left under the same keys (another fit's messages, or a size error when the shapes differ).
+    """
+    if rank == 0:
+        store.set("fit-id", uuid.uuid4().hex[:12])
+    return store.get("fit-id").decode()
+
+
 def train_under_torchrun(job: Job, meta: dict[str, Any], progress: bool, logger: Any) -> tuple[RunRecord, float]:
     """Train this process's node, then gather every node's reports into one RunRecord."""
     cfg = job.cfg
@@ -57,7 +70,10 @@ def train_under_torchrun(job: Job, meta: dict[str, Any], progress: bool, logger:
         cfg = replace(cfg, devices=(int(os.environ.get("LOCAL_RANK", 0)),))
     messages: list[NodeMessage] = []
     t0 = time.perf_counter()
-    dist.init_process_group(cfg.backend, store=_store(rank, world, cfg.timeout_s), rank=rank, world_size=world,
+    store = _store(rank, world, cfg.timeout_s)
+    if cfg.object_store is not None:  # this fit's objects in a folder of their own
+        cfg = replace(cfg, object_store=f"{cfg.object_store}/fit-{_fit_id(store, rank)}")
+    dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_s))
     try:
         node_type(cfg)(rank, cfg, copy.deepcopy(job.model), job.train_dataset, job.val_dataset,
