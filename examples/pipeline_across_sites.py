@@ -2,11 +2,13 @@
 
 The character GPT of ``exonet.toy.staged_gpt`` (an embedding, two transformer blocks and a head, width 64;
 text: a few standard-library modules of this interpreter, nothing downloaded) is cut into four stages, one
-per node, and trained with 1F1B over eight micro-batches per step. Three runs, from the same weights:
+per node, and trained with 1F1B over eight micro-batches per step. Four runs, from the same weights:
 
 * the activations (and their gradients) cross each boundary as they are;
 * the same through ``LowRank(rank=8)``: the width-64 activations on a fixed basis of 8 columns, 1/8 of the bytes;
-* two such pipelines (8 nodes), the replicas of each stage kept in step by DiLoCo every ``--H`` steps.
+* two such pipelines (8 nodes), the replicas of each stage kept in step by DiLoCo every ``--H`` steps;
+* the same with each micro-batch routed to either replica of every later stage (SWARM; ``routing="balanced"``,
+  which runs GPipe).
 
 Each trace is replayed on four sites at ``--bandwidth`` with ``--latency`` between them, the nodes filling them in
 rank order (one stage per site; two pipelines' 8 nodes two by two, so each spans two sites), compute charged by
@@ -76,6 +78,8 @@ def main() -> None:
                                                                           codec=LowRank(rank=8))),
         f"2 pipelines, DiLoCo H={args.H}": (DiLoCoStrategy(inner, H=args.H), 2 * STAGES,
                                             PipelineSpec(STAGES, MICRO, "1f1b")),
+        f"2 pipelines, DiLoCo H={args.H}, routed": (DiLoCoStrategy(inner, H=args.H), 2 * STAGES,
+                                                    PipelineSpec(STAGES, MICRO, "gpipe", routing="balanced")),
     }
     print(f"{len(text):,} characters, vocabulary {len(vocab)}; {STAGES} stages of a GPT of width {WIDTH}, "
           f"{MICRO} micro-batches of 4 windows of {BLOCK} characters per step")
