@@ -163,6 +163,66 @@ def test_slow_start_delay_closed_form() -> None:
     assert tcp.halvings(0.1, 0.22) == 0 and tcp.halvings(0.5, 0.22) == 2 and tcp.halvings(1e6, 0.22) == tcp.NEW
 
 
+def _cold_message_by_message(phases: list, rates: list, rtts: list, streams: int, halved: int, initial: float) -> list:
+    """``tcp.cold_phases`` by its definition: every message of every phase, each pair's bytes added in order."""
+    sent: dict[tuple[int, int], float] = {}
+    out = []
+    for phase, rate, rtt in zip(phases, rates, rtts):
+        messages = []
+        for m, r, R in zip(phase, rate.tolist(), rtt):
+            before = sent.get((m[0], m[1]), 0.0)
+            sent[(m[0], m[1])] = after = before + m[2]
+            per = r / streams
+            start = max(initial, tcp.had_window(per * R) / 2.0**halved)
+            late = (tcp.slow_start_delay(after / streams, per, R, start)
+                    - tcp.slow_start_delay(before / streams, per, R, start))
+            shift = (m[3] if len(m) > 3 else 0.0) + late
+            messages.append((m[0], m[1], m[2], shift) if shift else m)
+        out.append(tuple(messages))
+    return out
+
+
+@pytest.mark.parametrize("halved", [1, 3, tcp.NEW])
+def test_a_repeated_phase_past_slow_start_is_itself_and_the_ramp_is_the_message_by_message_one(halved) -> None:
+    """A ring repeats one phase object; once every message of it is past its pair's slow start, the rest of the
+    run is that object, and the pairs' bytes wait to be added until a later phase reads them. Every shift is the
+    message-by-message one exactly: pairs that ramp at different speeds, a pair twice in a phase, another phase
+    on the same pairs in between, and the ring again."""
+    np = pytest.importorskip("numpy")
+    ring = ((0, 1, 1e5, 1e-3), (1, 2, 2e5, 1e-3), (2, 3, 1e5, 0.0), (3, 0, 2e5, 1e-3), (0, 1, 3e4, 1e-3))
+    rates, rtts = np.array([1e8, 5e8, 1e9, 2e7, 1e8]), [1e-3, 2e-3, 1e-3, 0.01, 1e-3]  # ramps of 1 to 10 repeats
+    other = ((0, 1, 5e7), (2, 3, 5e6, 2e-3))  # large enough to cross rounds, so their late depends on before
+    other_rates, other_rtts = np.array([3e8, 1e8]), [0.3, 0.2]
+    phases = [ring] * 40 + [other] * 3 + [ring] * 5
+    rate_list = [rates] * 40 + [other_rates] * 3 + [rates] * 5
+    rtt_list = [rtts] * 40 + [other_rtts] * 3 + [rtts] * 5
+    got = tcp.cold_phases(phases, rate_list, rtt_list, 2, halved, tcp.initial_window(None))
+    assert got == _cold_message_by_message(phases, rate_list, rtt_list, 2, halved, tcp.initial_window(None))
+    assert got[39] is ring  # itself by the end of the run
+    assert (got[0] != ring) == (halved > 1)  # late at first, unless halving once left the window above rate × RTT
+    assert any(a != b for a, b in zip(got[40:43], phases[40:43])) == (halved > 1)  # the other phase ramps on
+
+
+def test_the_bytes_of_a_run_past_slow_start_count_for_the_phase_after_it() -> None:
+    """31 repeats of one message of an initial window per stream (a short ramp, soon past), then one byte per
+    stream on the same pair at a long ramp: the pair has sent exactly 31 windows = 14480·(2⁵ − 1), the end of
+    round 4, so that byte starts round 5 and waits out round 4. One repeat fewer and it would not wait."""
+    np = pytest.importorskip("numpy")
+    iw = tcp.initial_window(None)
+    ring, probe = ((0, 1, 2 * iw),), ((0, 1, 2.0),)
+    short, long = (np.array([2 * 20_000.0]), [1.0]), (np.array([2e9]), [1.0])  # rate × RTT per stream: 20 kB, 1 GB
+
+    def cold(repeats: int) -> list:
+        phases = [ring] * repeats + [probe]
+        return tcp.cold_phases(phases, [short[0]] * repeats + [long[0]], [short[1]] * repeats + [long[1]], 2,
+                               tcp.NEW, iw)
+
+    got = cold(31)
+    assert got[-2] is ring  # the run was skipped ...
+    assert got[-1][0][3] == pytest.approx(1.0 - 16 * iw / 1e9, rel=1e-12)  # ... and its bytes still counted
+    assert len(cold(30)[-1][0]) == 3  # one window less: the byte ends inside round 4, on time
+
+
 def test_slow_start_after_idle_in_a_replay() -> None:
     S, alpha = 8_000_000, 10e-3
     sc = scenario(latency="10 ms", backend="gloo", algorithms={"all_reduce": "star"})

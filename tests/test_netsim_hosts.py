@@ -236,3 +236,23 @@ def test_a_per_host_nic_is_set_on_the_hosts_lowest_rank_and_elsewhere_is_an_erro
         assert slow > 100 * fast
     speed_only = dict(base, nodes=[{"ranks": [3], "speed": 0.5}])  # not a NIC: allowed anywhere
     assert simulate(t, speed_only).wall_clock_s == pytest.approx(fast)
+
+
+@pytest.mark.parametrize("with_hosts", [True, False])
+def test_the_largest_latency_in_a_group_is_the_largest_over_all_its_pairs(with_hosts):
+    """``Resolved.max_latency`` looks at a few ranks per region (a group's round-trip timeout rests on it):
+    it equals the max over every pair, a rank with itself included, on hosts across three regions."""
+    spec = {"name": "three", "network": {"bandwidth": "10 Gbit/s", "latency": "2 ms"},
+            "regions": [{"name": n, "share": 1 / 3} for n in "abc"],
+            "links": [{"between": ["a", "b"], "latency": "30 ms", "bandwidth": "1 Gbit/s"},
+                      {"between": ["b", "c"], "latency": "70 ms", "bandwidth": "1 Gbit/s"},
+                      {"between": ["a", "c"], "latency": "90 ms", "bandwidth": "1 Gbit/s"}]}
+    if with_hosts:
+        spec["hosts"] = {"devices": 4, "bandwidth": "2400 Gbit/s", "latency": "1 us"}
+    resolved = Scenario.from_dict(spec).resolve(24)
+    draw = random.Random(5)
+    groups = [tuple(range(24)), (0,), (0, 1), (0, 5), (3, 9, 17), *(tuple(draw.sample(range(24), k)) for k in
+                                                                   (2, 3, 5, 8, 13) for _ in range(4))]
+    for group in groups:
+        want = max(resolved.path_latency(a, b) for a in group for b in group)
+        assert resolved.max_latency(group) == want, group

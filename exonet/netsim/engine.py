@@ -516,7 +516,7 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, Messages,
         if rto is None:  # the slowest pair's: regions and hosts give at most a few distinct latencies
             rto = self._rtos[members] = tcp.rto(max(self._topo.rtt(members[0], b) for b in members[1:])
                                                 if self._topo.hosts is None and not self.resolved.links
-                                                else max(self._topo.rtt(a, b) for a in members for b in members))
+                                                else 2.0 * self.resolved.max_latency(members))
         return tcp.halvings(seconds(t - last), rto)
 
     def _end(self, t: int, c: Instance) -> None:

@@ -53,6 +53,27 @@ class Plan:
     windows: tuple[np.ndarray, np.ndarray] | None = None
 
 
+def _sent_by_rank(steps: list[Phase]) -> dict[int, float]:
+    """The bytes each rank sends in ``steps``, added message by message in order; a run of one phase object
+    (a ring's) of whole bytes is added as whole repeats at once, which is exact below 2**53."""
+    sent: dict[int, float] = {}
+    i = 0
+    while i < len(steps):
+        phase, end = steps[i], i + 1
+        while end < len(steps) and steps[end] is phase:
+            end += 1
+        per: dict[int, float] = {}
+        for src, _, size, *_ in phase:
+            per[src] = per.get(src, 0.0) + size
+        whole = all(float(m[2]).is_integer() for m in phase) and all(
+            sent.get(src, 0.0) + (end - i) * size < 2**53 for src, size in per.items())
+        for _ in range(1 if whole else end - i):
+            for src, _, size, *_ in phase:
+                sent[src] = sent.get(src, 0.0) + size * (end - i if whole else 1)
+        i = end
+    return sent
+
+
 class Planner:
     """Builds, caches and times collective plans for one topology.
 
@@ -85,13 +106,13 @@ class Planner:
                 steps = phases(self._builders[op], members, nbytes, self._topo)
             if halved:
                 topo, r = self._topo, self._topo.resolved
-                steps = tcp.cold_phases(steps, [topo.lone_rates(p) for p in steps],
-                                        [[topo.rtt(m[0], m[1]) for m in p] for p in steps],
+                alone: dict[int, tuple[np.ndarray, list[float]]] = {}  # a ring repeats one phase object
+                for p in steps:
+                    if id(p) not in alone:
+                        alone[id(p)] = (topo.lone_rates(p), [topo.rtt(m[0], m[1]) for m in p])
+                steps = tcp.cold_phases(steps, [alone[id(p)][0] for p in steps], [alone[id(p)][1] for p in steps],
                                         r.streams, halved, tcp.initial_window(r.mss))
-            sent: dict[int, float] = {}
-            for phase in steps:
-                for src, _, size, *_ in phase:
-                    sent[src] = sent.get(src, 0.0) + size
+            sent = _sent_by_rank(steps)
             if len(self._plans) >= _CACHE_LIMIT:
                 self._plans.clear()
             load = sum((self._topo.load(phase) for phase in steps), np.zeros(len(self._topo.capacity)))

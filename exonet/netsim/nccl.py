@@ -277,7 +277,11 @@ def plan(op: str, g: Sequence[int], nbytes: float, topo: Topology) -> list[Phase
         target = base + ring_time(op, total, n, c, rate, mean, protocol, spec.buffsize, hop)
     ideal = sum(alpha + max(m[2] for m in phase) / per_message for phase in phases)
     shift = (target - ideal) / len(phases)
-    return [tuple((*m, shift) for m in phase) for phase in phases]
+    shifted: dict[int, Phase] = {}  # a ring's phases are one object repeated: shift it once, and keep it one
+    for phase in phases:
+        if id(phase) not in shifted:
+            shifted[id(phase)] = tuple((*m, shift) for m in phase)
+    return [shifted[id(phase)] for phase in phases]
 
 
 def _tree(g: Sequence[int], nbytes: float, hosts: list[list[int]] | None, topo: Topology, c: int, rate: float,

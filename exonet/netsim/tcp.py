@@ -92,6 +92,88 @@ def halvings(idle: float, rto_s: float) -> int:
     return 0 if idle <= rto_s else min(NEW, math.ceil(idle / rto_s) - 1)
 
 
+def ramp_bytes(rate: float, rtt: float, start: float) -> float:
+    """The bytes one stream sends in the rounds whose window is below ``rate``·``rtt``: a transfer whose bytes
+    before it are more than this is past slow start, and ``slow_start_delay`` no longer grows over it."""
+    if rtt <= 0 or not math.isfinite(rate) or start <= 0:
+        return 0.0
+    sent, window = 0.0, start
+    full = rate * rtt
+    while window < full:  # the rounds slow_start_delay counts, added in its order: the same float
+        sent += window
+        window *= 2.0
+    return sent
+
+
+class _Cold:
+    """The ramp of each pair's connection across a plan's phases (``cold_phases``).
+
+    Each pair's bytes sent since the connection went cold are kept exactly, added message by message in
+    the plan's order. A run of one phase object repeated (a ring's phases) is worked message by message only
+    until every message of it is past its pair's slow start; from then on the phase is itself, and each pair's
+    additions wait in ``pending`` (its sizes in phase order, and how many repeats) until a later phase reads
+    the pair, when they are made one by one, in order, so the sums are those of the plain loop.
+    """
+
+    def __init__(self, streams: int, halved: int, initial: float) -> None:
+        self.streams, self.halved, self.initial = streams, halved, initial
+        self.sent: dict[tuple[int, int], float] = {}
+        self.pending: dict[tuple[int, int], tuple[list[float], int]] = {}
+        # A ring's messages repeat (bytes, rate, round trip, bytes sent before) across its pairs and phases: each
+        # distinct one is worked out once (a 1,024-device NCCL plan has 16.7M messages and few distinct ones).
+        self.lateness: dict[tuple[float, float, float, float], float] = {}
+        self.ramps: dict[tuple[float, float], tuple[float, float]] = {}  # (rate, rtt) -> (window start, ramp)
+
+    def before(self, pair: tuple[int, int]) -> float:
+        """The pair's bytes sent so far, its waiting additions made first."""
+        waiting = self.pending.pop(pair, None)
+        value = self.sent.get(pair, 0.0)
+        if waiting is not None:
+            sizes, repeats = waiting
+            for _ in range(repeats):
+                for size in sizes:
+                    value += size
+            self.sent[pair] = value
+        return value
+
+    def ramp(self, r: float, R: float) -> tuple[float, float]:
+        hit = self.ramps.get((r, R))
+        if hit is None:
+            per = r / self.streams
+            start = max(self.initial, had_window(per * R) / 2.0**self.halved)
+            hit = self.ramps[(r, R)] = (start, ramp_bytes(per, R, start))
+        return hit
+
+    def phase(self, phase: tuple, rate: list[float], rtt: Sequence[float]) -> tuple[tuple, bool]:
+        """``phase`` with each message's lateness added to its shift, and whether every message was already
+        past its pair's slow start (so the phase comes back as it was, and a repeat of it would too)."""
+        messages, past = [], True
+        for m, r, R in zip(phase, rate, rtt):
+            pair = (m[0], m[1])
+            before = self.before(pair)
+            self.sent[pair] = after = before + m[2]
+            start, ramp = self.ramp(r, R)
+            past = past and before / self.streams > ramp
+            key = (m[2], r, R, before)
+            late = self.lateness.get(key)
+            if late is None:
+                per = r / self.streams
+                late = self.lateness[key] = (slow_start_delay(after / self.streams, per, R, start)
+                                             - slow_start_delay(before / self.streams, per, R, start))
+            shift = (m[3] if len(m) > 3 else 0.0) + late
+            messages.append((m[0], m[1], m[2], shift) if shift else m)
+        return (phase if past else tuple(messages)), past
+
+    def skip(self, phase: tuple, repeats: int) -> None:
+        """Add ``repeats`` runs of ``phase``, every message past its slow start, to its pairs' waiting sums."""
+        sizes: dict[tuple[int, int], list[float]] = {}
+        for m in phase:
+            sizes.setdefault((m[0], m[1]), []).append(m[2])
+        for pair, pattern in sizes.items():
+            assert pair not in self.pending  # phase() read every pair of the phase at its last repeat
+            self.pending[pair] = (pattern, repeats)
+
+
 def cold_phases(phases: Sequence[tuple], rates: Sequence[np.ndarray], rtts: Sequence[Sequence[float]],
                 streams: int, halved: int, initial: float) -> list[tuple]:
     """``phases`` with each message made later by its pair's slow start (as a fourth item: seconds of latency).
@@ -104,27 +186,25 @@ def cold_phases(phases: Sequence[tuple], rates: Sequence[np.ndarray], rtts: Sequ
         halved: how often the window was halved while idle (``halvings``); each stream restarts from the
             congestion window it had (``had_window``) halved that often, and never below ``initial`` bytes.
         initial: the initial window in bytes.
-    """
-    sent: dict[tuple[int, int], float] = {}
-    # A ring's messages repeat (bytes, rate, round trip, bytes sent before) across its pairs and phases: each
-    # distinct one is worked out once (a 1,024-device NCCL plan has 16.7M messages and few distinct ones).
-    lateness: dict[tuple[float, float, float, float], float] = {}
-    out = []
-    for phase, rate, rtt in zip(phases, rates, rtts):
-        messages = []
-        for m, r, R in zip(phase, rate.tolist(), rtt):
-            pair = (m[0], m[1])
-            before = sent.get(pair, 0.0)
-            sent[pair] = after = before + m[2]
-            key = (m[2], r, R, before)
-            late = lateness.get(key)
-            if late is None:
-                per = r / streams
-                start = max(initial, had_window(per * R) / 2.0**halved)
-                late = lateness[key] = (slow_start_delay(after / streams, per, R, start)
-                                        - slow_start_delay(before / streams, per, R, start))
-            shift = (m[3] if len(m) > 3 else 0.0) + late
-            messages.append((m[0], m[1], m[2], shift) if shift else m)
-        out.append(tuple(messages))
-    return out
 
+    A phase object repeated with the same rates and round trips (a ring's) is worked out message by message
+    only until all its messages are past slow start; the rest of the run is that phase as it is (``_Cold``).
+    """
+    cold = _Cold(streams, halved, initial)
+    out: list[tuple] = []
+    i, n = 0, len(phases)
+    while i < n:
+        phase, rate, rtt = phases[i], rates[i], rtts[i]
+        end = i + 1
+        while end < n and phases[end] is phase and rates[end] is rate and rtts[end] is rtt:
+            end += 1
+        listed = rate.tolist()
+        while i < end:
+            done, past = cold.phase(phase, listed, rtt)
+            out.append(done)
+            i += 1
+            if past and i < end:  # every later repeat is past slow start too: the phase as it is
+                cold.skip(phase, end - i)
+                out.extend([phase] * (end - i))
+                i = end
+    return out

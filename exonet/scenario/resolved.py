@@ -8,6 +8,7 @@ inter-region links, the transient events and the failure process, and ``Resolved
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -226,6 +227,20 @@ class Resolved:
         if a == b:
             return self.latency
         return self.links[(min(a, b), max(a, b))].latency
+
+    def max_latency(self, ranks: Sequence[int]) -> float:
+        """The largest ``path_latency`` between two of ``ranks``, a rank with itself included: worked out on a few
+        of them, as a path's latency depends only on whether its ends share a host (or one is the store) and on
+        their regions: per region, the ranks of at most two hosts."""
+        places: dict[tuple[str, bool], dict[int | None, int]] = {}
+        for r in ranks:
+            on_store = self.store is not None and r == self.num_nodes - 1
+            hosts = places.setdefault((self.region[r], on_store), {})
+            host = None if self.hosts is None or on_store else self.hosts.host(r)
+            if host not in hosts and len(hosts) < 2:
+                hosts[host] = r
+        few = [r for hosts in places.values() for r in hosts.values()]
+        return max(self.path_latency(a, b) for a in few for b in few)
 
     def queue_delay(self, rate: float) -> float:
         """Seconds a full bottleneck queue holds a packet at ``rate`` bytes/s (0 without a queue)."""
