@@ -131,11 +131,14 @@ class TrainNode:
     # Loaders get private generators: the global RNG (dropout ...) is the model's alone, so
     # a checkpoint's RNG state does not depend on when loaders were created.
     def _setup_strategy(self) -> None:
-        """Bind the strategy to this node; an override of ``setup`` that skipped the base's is named here."""
+        """Bind the strategy to this node."""
         cfg = self.cfg
-        self.strategy.setup(self.model, self.comm,
-                            NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
-        if getattr(self.strategy, "comm", None) is not self.comm:
+        self._bind(self.model, self.comm, NodeContext(self.rank, cfg.num_nodes, cfg.max_steps, cfg.seed, self.device))
+
+    def _bind(self, model: torch.nn.Module, comm: Any, ctx: NodeContext) -> None:
+        """``strategy.setup(model, comm, ctx)``; an override of ``setup`` that skipped the base's is named here."""
+        self.strategy.setup(model, comm, ctx)
+        if getattr(self.strategy, "comm", None) is not comm:
             name = type(self.strategy).__name__
             raise TypeError(f"{name}.setup did not call super().setup(model, comm, ctx): the base Strategy binds "
                             f"the model, the communicator and the optimizer there")

@@ -196,12 +196,8 @@ class PipelineNode(TrainNode):
         view = GroupView(self.comm, groups[self.stage], groups, f"stage{self.stage}/")
         if self.replicas > 1:
             self.comm.declare_groups(groups)
-        self.strategy.setup(self.stage_module, view,  # type: ignore[arg-type]  # the view acts as the Communicator
-                            NodeContext(self.replica, self.replicas, cfg.max_steps, cfg.seed, self.device))
-        if getattr(self.strategy, "comm", None) is not view:
-            name = type(self.strategy).__name__
-            raise TypeError(f"{name}.setup did not call super().setup(model, comm, ctx): the base Strategy binds "
-                            f"the model, the communicator and the optimizer there")
+        self._bind(self.stage_module, view, NodeContext(self.replica, self.replicas, cfg.max_steps, cfg.seed,
+                                                        self.device))
 
     # ------------------------------------------------------------- the step
     def _count_flops(self, batch: Any) -> tuple[float, list[float]]:
