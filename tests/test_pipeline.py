@@ -83,6 +83,9 @@ def test_a_bad_spec_is_named():
         PipelineSpec(2, 4, "zigzag")
     with pytest.raises(ValueError, match="stages"):
         PipelineSpec(0)
+    with pytest.raises(ValueError, match="cuts must be >= 1, got 0"):
+        PipelineSpec(3, cuts=[0, 2])
+    assert PipelineSpec(3, cuts=[1, 2]).cuts == (1, 2)
     with pytest.raises(ValueError, match=r"routing must be None or one of 'random', 'balanced', got 'nearest'"):
         PipelineSpec(2, 4, "gpipe", routing="nearest")
     with pytest.raises(ValueError, match=r"routing='random' runs the GPipe schedule .* not '1f1b'"):

@@ -89,13 +89,13 @@ class PipelineSpec:
             if drawn and self.schedule != "gpipe":
                 raise ValueError(f"{name}={getattr(self, name)!r} runs the GPipe schedule (every forward, then every "
                                  f"backward), not {self.schedule!r}: give schedule='gpipe'")
+        if self.cuts is not None:
+            object.__setattr__(self, "cuts", tuple(check_int("cuts", c, low=1) for c in self.cuts))
 
     @property
     def drawn(self) -> bool:
         """Whether micro-batches take paths drawn per step (routing or skipping) rather than their replica's."""
         return self.routing is not None or self.skip > 0
-        if self.cuts is not None:
-            object.__setattr__(self, "cuts", tuple(check_int("cuts", c, low=1) for c in self.cuts))
 
 
 def order(schedule: str, stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
