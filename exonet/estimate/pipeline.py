@@ -147,20 +147,21 @@ class Work:
     after: int | None
 
 
-def stage_work(spec: PipelineSpec, rank: int, replicas: int, step: int, seed: int) -> list[Work]:
-    """What ``rank`` (stage ``rank % S`` of replica ``rank // S``) runs at ``step``, in order (see the module)."""
+def stage_work(spec: PipelineSpec, rank: int, replicas: int, step: int, seed: int,
+               route: list[list[tuple[int | None, ...]]] | None = None) -> list[Work]:
+    """What ``rank`` (stage ``rank % S`` of replica ``rank // S``) runs at ``step``, in order (see the module);
+    ``route``: the step's ``paths``, when the caller has drawn them already."""
     S = spec.stages
     replica, stage = divmod(rank, S)
-    route = paths(spec, replicas, step, seed)
-    if not spec.drawn:
-        work = [(kind, replica, m) for kind, m in order(spec.schedule, stage, S, spec.micro_batches)]
-    else:
-        mine = [(q, m) for m in range(spec.micro_batches) for q in range(replicas) if route[q][m][stage] == replica]
-        work = [(kind, q, m) for kind in "FB" for q, m in mine]
+    if not spec.drawn:  # each micro-batch stays in its replica: the neighbours are the ranks either side
+        before, after = rank - 1 if stage else None, rank + 1 if stage < S - 1 else None
+        return [Work(kind, replica, m, before, after)
+                for kind, m in order(spec.schedule, stage, S, spec.micro_batches)]
+    route = paths(spec, replicas, step, seed) if route is None else route
+    mine = [(q, m) for m in range(spec.micro_batches) for q in range(replicas) if route[q][m][stage] == replica]
     done = []
-    for kind, q, m in work:
-        path = route[q][m]
-        ran = [(s, r) for s, r in enumerate(path) if r is not None]  # the first and last stages always run
+    for kind, q, m in ((kind, q, m) for kind in "FB" for q, m in mine):
+        ran = [(s, r) for s, r in enumerate(route[q][m]) if r is not None]  # the first and last stages always run
         at = ran.index((stage, replica))
         before = None if at == 0 else ran[at - 1][1] * S + ran[at - 1][0]
         after = None if at == len(ran) - 1 else ran[at + 1][1] * S + ran[at + 1][0]
@@ -189,13 +190,14 @@ def pipeline_trace(spec: PipelineSpec, *, replicas: int, steps: int, step_time: 
                                                    "routing": spec.routing, "skip": spec.skip}})
     share = step_time / (S * M)
     size = int(round(activation_bytes))
+    routes = [paths(spec, replicas, step, seed) if spec.drawn else None for step in range(steps)]  # drawn once
     for r in range(replicas):
         for s in range(S):
             rank = r * S + s
             peers = [q * S + s for q in range(replicas)]
             for step in range(steps):
                 sends = []
-                for work in stage_work(spec, rank, replicas, step, seed):
+                for work in stage_work(spec, rank, replicas, step, seed, routes[step]):
                     forward = work.kind == "F"
                     source, target = (work.before, work.after) if forward else (work.after, work.before)
                     if source is not None:
