@@ -46,6 +46,23 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
 }
 
 
+def _torch_checks(cls: type[torch.optim.Optimizer], kwargs: dict[str, Any]) -> None:
+    """Let torch check ``kwargs`` here, not in a node: built with no parameters, a torch optimizer checks its
+    arguments, then stops at the empty list before its first parameter group, whose ``add_param_group``
+    imports ``torch._dynamo`` (0.8 s, which the forked nodes have preloaded). Not for the arguments some
+    torch versions accept only with device tensors (``fused``, ``capturable``)."""
+    try:
+        cls([], **kwargs)
+    except (ValueError, TypeError) as exc:
+        if str(exc) == _NO_PARAMETERS:
+            return
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise type(exc)(f"OptimSpec: {cls.__name__}({args}) is rejected by torch: {exc}") from None
+
+
+_NO_PARAMETERS = "optimizer got an empty parameter list"
+
+
 class OptimSpec:
     """A torch optimizer class (or its name) plus keyword arguments, built per node.
 
@@ -78,15 +95,8 @@ class OptimSpec:
                 valid = [p for p in params if p not in ("self", "params")]
                 raise TypeError(f"OptimSpec: {cls.__name__} has no argument {', '.join(unknown)}; "
                                 f"valid: {', '.join(valid)}")
-        # torch checks its arguments when built: do it here, not in a node (on a CPU tensor, so not for the
-        # arguments some torch versions accept only with device tensors)
         if cls.__module__.startswith("torch.optim") and not {"fused", "capturable"} & set(kwargs):
-            complete_imports()  # the first optimizer imports torch._dynamo: whole, even if Ctrl-C comes meanwhile
-            try:
-                cls([torch.zeros(1, requires_grad=True)], **kwargs)
-            except (ValueError, TypeError) as exc:
-                args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-                raise type(exc)(f"OptimSpec: {cls.__name__}({args}) is rejected by torch: {exc}") from None
+            _torch_checks(cls, kwargs)
         self.cls = cls
         self.kwargs = dict(kwargs)
 
@@ -107,6 +117,7 @@ class OptimSpec:
         return self.kwargs.get("lr")
 
     def build(self, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+        complete_imports(("torch._dynamo",))  # the first optimizer imports it: whole, even if Ctrl-C comes meanwhile
         return self.cls(params, **self.kwargs)
 
     def to_dict(self) -> dict[str, Any]:

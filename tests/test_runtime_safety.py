@@ -170,8 +170,8 @@ def test_a_file_system_that_cannot_lock_warns_and_the_run_goes_on(tmp_path, monk
 
 
 # Ctrl-C a fresh process's first fit, then fit again. WHEN is a delay in seconds (set-up, the forkserver's start,
-# training: where it lands depends on the machine), "import" (as torch's lazy import of sympy.printing begins, on
-# the way to torch._dynamo: the first optimizer imports it) or "start" (while the first node's start waits for the
+# training: where it lands depends on the machine), "import" (as the fit's lazy import of its runtime begins) or
+# "start" (while the first node's start waits for the
 # forkserver's answer).
 EARLY_CTRL_C = """
 import os, signal, sys, threading
@@ -185,9 +185,9 @@ def ctrl_c():
     os.kill(os.getpid(), signal.SIGINT)
 
 
-class OnImport:  # finds nothing; sends Ctrl-C as sympy.printing begins to import
+class OnImport:  # finds nothing; sends Ctrl-C as exonet.runtime.run begins to import
     def find_spec(self, name, path=None, target=None):
-        if name == "sympy.printing":
+        if name == "exonet.runtime.run":
             sys.meta_path.remove(self)
             ctrl_c()
 

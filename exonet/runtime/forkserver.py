@@ -5,11 +5,12 @@ again. Its imports happen once, before it forks the first node; ``warm_up`` star
 This module imports nothing heavy, so ``exonet.warm_up()`` can run before torch is imported
 and the server's imports run beside the caller's own.
 
-The parent imports lazily too: torch imports ``torch._dynamo`` (and sympy with it) when the
-first optimizer is built, and a fit imports the runtime. Ctrl-C in the middle of such an import
-leaves half a package in ``sys.modules``, and every later fit of the process failed with an
-unrelated error (``module 'sympy' has no attribute 'printing'``). ``complete_imports`` imports
-them whole: Ctrl-C waits for the import (a second or two, once per process), then interrupts.
+The parent imports lazily too: a fit imports the runtime, and torch imports ``torch._dynamo`` (and
+sympy with it) when the parent builds its first optimizer (an estimate's meta run; ``OptimSpec``'s
+check does not). Ctrl-C in the middle of such an import leaves half a package in ``sys.modules``,
+and every later fit of the process failed with an unrelated error (``module 'sympy' has no
+attribute 'printing'``). ``complete_imports`` imports them whole: Ctrl-C waits for the import (a
+second or two, once per process), then interrupts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
+import sys
 from multiprocessing import forkserver
 from multiprocessing.context import ForkServerContext
 
@@ -24,20 +26,17 @@ from exonet.runtime.signals import deferred
 
 # torch._dynamo: every optimizer imports it (about 70 MB and a second of CPU); preloaded, all nodes share it
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle", "exonet.runtime.node"]
-# What the parent imports lazily on its way to the nodes: OptimSpec's first optimizer, then fit itself.
-PARENT_IMPORTS = ("torch._dynamo", "exonet.runtime.run", "tqdm.auto")
-_imported = False
+# What the parent imports lazily on its way to the nodes: fit itself.
+PARENT_IMPORTS = ("exonet.runtime.run", "tqdm.auto")
 
 
-def complete_imports() -> None:
-    """Import ``PARENT_IMPORTS`` now, whole: a Ctrl-C that comes meanwhile is raised once they are done."""
-    global _imported
-    if _imported:
-        return
-    with deferred():
-        for name in PARENT_IMPORTS:
-            importlib.import_module(name)
-    _imported = True
+def complete_imports(names: tuple[str, ...] = PARENT_IMPORTS) -> None:
+    """Import ``names`` now, whole: a Ctrl-C that comes meanwhile is raised once they are done."""
+    missing = [name for name in names if name not in sys.modules]
+    if missing:
+        with deferred():
+            for name in missing:
+                importlib.import_module(name)
 
 
 def context() -> ForkServerContext:
