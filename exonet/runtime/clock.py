@@ -1,4 +1,4 @@
-"""The online simulated clock: the parent's replay of a run while it trains, and each node's link to it.
+"""The online simulated clock: the parent's replay of a run while it trains (a node's link to it is ``clock_link``).
 
 Whenever ``fit`` has a scenario the clock runs, so that a strategy can ask it the time or what a
 transfer would take (``decides=False``: it stops nothing, and the run's SimResult is the replay of
@@ -26,14 +26,11 @@ results do not depend on feed order).
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Sequence
 from typing import Any
 
 from exonet.netsim import SimResult, Simulation
 from exonet.netsim.engine import AnyRecv
-from exonet.runtime.messages import Answer, Events, NodeMessage, Query, StepDecision
 from exonet.scenario import Scenario
 from exonet.trace import Collective, Event, Step
 
@@ -292,54 +289,3 @@ def received_event(rank: int, question: tuple, answer: tuple[int, float]) -> Col
     """The trace's record of an answered ``recv_any``: a plain recv from the sender the clock chose."""
     _, cid, nbytes, dtype = question
     return Collective(cid, "recv", nbytes, tuple(sorted((answer[0], rank))), False, dtype)
-
-
-class ClockLink:
-    """A node's side of the online clock: step decisions and answers arrive on one pipe, in order.
-
-    Args:
-        control: the read end of the parent's messages (``StepDecision`` and ``Answer``).
-        report: sends a message to the parent (the node's pipe).
-        rank: this node.
-        blocked: the heartbeat's context for waiting on others (waiting for the clock is not a hang).
-        gated: whether steps wait for decisions (a limit in simulated time was given).
-        announces: report events before every blocking call (a run with a server: see the module doc).
-    """
-
-    def __init__(self, control: Any, report: Callable[[NodeMessage], None], rank: int,
-                 blocked: Callable[[str], AbstractContextManager[Any]], gated: bool, announces: bool) -> None:
-        self._control, self._report, self.rank, self._blocked = control, report, rank, blocked
-        self.gated, self.announces = gated, announces
-        self._steps: deque[StepDecision] = deque()
-
-    def _read(self, want: type) -> Any:
-        """The next message of type ``want`` (StepDecision or Answer); decisions that come first are kept."""
-        while True:
-            if want is StepDecision and self._steps:
-                return self._steps.popleft()
-            with self._blocked("the simulated clock"):
-                msg = self._control.recv()
-            if type(msg) is want:
-                return msg
-            if type(msg) is not StepDecision:
-                raise RuntimeError(f"online clock: expected a {want.__name__}, got {msg!r}")
-            self._steps.append(msg)
-
-    def allows(self, step: int) -> bool:
-        """Whether step ``step`` may run (waits for the parent's decision when the run is gated)."""
-        if not self.gated:
-            return True
-        decision = self._read(StepDecision)
-        if decision.step != step:
-            raise RuntimeError(f"online clock: expected the decision for step {step}, got one for step {decision.step}")
-        return decision.go
-
-    def announce(self, events: list[Event]) -> None:
-        """Report events before a blocking call, so the clock can replay up to it."""
-        if events:
-            self._report(Events(self.rank, events))
-
-    def ask(self, question: tuple, events: list[Event]) -> Any:
-        """Report ``events``, ask ``question`` (see ``SimClock.ask``) and wait for the answer."""
-        self._report(Query(self.rank, events, question))
-        return self._read(Answer).value

@@ -37,7 +37,7 @@ from exonet.runtime.batches import (
     validation_sample,
 )
 from exonet.runtime.checkpoint import load_node, save_node, wait_for_room
-from exonet.runtime.clock import ClockLink
+from exonet.runtime.clock_link import ClockLink
 from exonet.runtime.dist_calls import routed
 from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
 from exonet.runtime.object_store import open_objects
