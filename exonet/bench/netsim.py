@@ -1,7 +1,8 @@
 """Benchmark the network simulator: replay a large DDP trace and report events per second.
 
 ``python -m exonet.bench netsim [--steps N] [--nodes K] [--mbytes M] [--buckets B] [--identical] [--event-path]``
-``python -m exonet.bench netsim --overlap [--parity] [--steps N] [--nodes K] [--reference-steps R] [--fit]``
+``python -m exonet.bench netsim --overlap [--parity] [--no-jitter] [--steps N] [--nodes K] [--reference-steps R]``
+``[--fit]``
 
 The trace: every step, every rank computes for about 0.25 s (a fixed per-rank
 offset of up to ±2 %), issues one all_reduce of M MB, and marks the step end; with
@@ -16,7 +17,9 @@ is timed apart from the replay.
 every rank issues two async all-reduces of M MB at once, one on all ranks and one on its
 own region's ranks (hierarchical data parallelism), then waits for both; with ``--parity``
 the second is on the ranks of its own parity (even or odd), so both cross the shared link. It is replayed
-twice, as the engine runs it and, on the first R steps, on the event path alone
+with the memo (exonet.netsim.memo: a step that repeats one replayed is played back) and without, whole,
+with the hit rate and whether the two agree; ``--no-jitter`` drops the compute jitter, so steps repeat.
+Then, on the first R steps, as the engine runs it and on the event path alone
 (``fast_path=False``: every collective flow by flow, no analytic phases), side by side.
 ``--fit`` replays it at several node counts and step counts and fits the growth exponents
 of the replay time (time ∝ n^a at fixed steps, ∝ steps^b at fixed n).
@@ -140,14 +143,24 @@ def overlap(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     trace = overlap_trace(args.steps, args.nodes, nbytes, parity=args.parity)
     built = time.perf_counter() - t0
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = simulate(trace, two_regions(args.nodes))
-    replay, cpu = time.perf_counter() - t0, time.process_time() - c0
+    scenario = two_regions(args.nodes, jitter=not args.no_jitter)
     print(f"trace: {args.steps} steps x {args.nodes} nodes, per step two concurrent async all_reduces "
           f"of {args.mbytes:g} MB (all ranks, and the rank's {'parity' if args.parity else 'region'} "
-          f"of {args.nodes // 2}), built in {built:.2f} s")
-    print(f"replay: {result.events} events in {replay:.2f} s ({cpu:.2f} s CPU) "
-          f"= {replay / args.steps * 1e3:.3f} ms per step")
+          f"of {args.nodes // 2}), built in {built:.2f} s; compute {'without' if args.no_jitter else 'with'} jitter")
+    runs = {}
+    for memo in (True, False):
+        t0, c0 = time.perf_counter(), time.process_time()
+        runs[memo] = simulate(trace, scenario, memo=memo)
+        replay, cpu = time.perf_counter() - t0, time.process_time() - c0
+        stats = runs[memo].stats.get("memo", {})
+        how = (f"with the memo ({stats.get('played_back', 0)} of {args.steps} steps played back, hit rate "
+               f"{stats.get('hit_rate', 0.0):.1%})" if memo else "every step replayed (memo=False)")
+        print(f"replay, {how}: {runs[memo].events} events in {replay:.2f} s ({cpu:.2f} s CPU) "
+              f"= {replay / args.steps * 1e3:.3f} ms per step")
+    result, full = runs[True], runs[False]
+    same = (result.wall_clock_s, result.step_end_times, result.per_node, result.collectives) == (
+        full.wall_clock_s, full.step_end_times, full.per_node, full.collectives)
+    print(f"the same ticks, per-node times and spans both ways: {'yes' if same else 'NO'}")
     print(f"simulated wall-clock {result.wall_clock_s:.1f} s, "
           f"step {result.wall_clock_s / max(1, result.num_steps):.4f} s, "
           f"utilization {result.utilization:.1%}")
@@ -254,6 +267,8 @@ def main(argv: list[str]) -> int:
                              "(flows share links)")
     parser.add_argument("--parity", action="store_true",
                         help="with --overlap: the second all-reduce on even/odd ranks (both cross the shared link)")
+    parser.add_argument("--no-jitter", action="store_true",
+                        help="with --overlap: compute without jitter (the per-rank offsets stay): steps repeat")
     parser.add_argument("--reference-steps", type=int, default=100,
                         help="with --overlap: steps replayed side by side on the event path alone "
                              "(default 100; 0 skips)")

@@ -13,6 +13,7 @@ replay's parts share), ``engine`` (the replay) with its mixins ``eventpath`` (ph
 flows), ``handover`` (between the fast path and the event path), ``messages`` (when a point-to-point message goes:
 gloo's rendezvous, a sender's release, any-source receives), ``queries`` (what the online clock
 asks) and ``outcome`` (the result), ``replay`` (``simulate``, a whole trace or several jobs),
+``memo`` (a step that repeats one replayed is played back),
 ``store`` (puts and gets as messages to a store rank),
 ``diagnose`` (why a replay cannot finish), ``result``, ``spread`` (the stochastic range),
 ``confidence`` (the range from the model's measured errors), ``spans`` (the kinds of a node's

@@ -75,7 +75,7 @@ from exonet.netsim.agenda import CLAIM, SCALE, START, TICK, Agenda, seconds, tic
 from exonet.netsim.collectives import algorithm_names
 from exonet.netsim.compute import FAILED, ComputeModel
 from exonet.netsim.eventpath import EventPath
-from exonet.netsim.fastpath import Planner
+from exonet.netsim.fastpath import Plan, Planner
 from exonet.netsim.flows import SHARING, FluidNetwork
 from exonet.netsim.handover import Handover
 from exonet.netsim.messages import Messages
@@ -189,18 +189,22 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, Messages,
         plain compute speed), only rank 0 is replayed and the others mirror it: the same
         numbers, n times fewer events (an ``estimate`` of 64 nodes is one rank's work).
         """
+        for rk in self.replayed_ranks(trace):
+            rk.queue.extend(trace.events[rk.rank])
+
+    def replayed_ranks(self, trace: Trace) -> list[RankState]:
+        """The ranks whose events of ``trace`` are replayed: rank 0 alone where the others mirror it (their input
+        is then closed), else every rank."""
         if trace.num_ranks != len(self._ranks):
             raise ScenarioError(
                 f"simulate: the trace has {trace.num_ranks} ranks but the scenario was resolved for {len(self._ranks)}"
             )
         if self._mirrorable(trace):
             self._mirror = True
-            self._ranks[0].queue.extend(trace.events[0])
             for rk in self._ranks[1:]:
                 rk.open = False
-            return
-        for rk, events in zip(self._ranks, trace.events):
-            rk.queue.extend(events)
+            return self._ranks[:1]
+        return self._ranks
 
     def _mirrorable(self, trace: Trace) -> bool:
         """Whether every rank's replay is rank 0's: identical events and compute, and world collectives only."""
@@ -479,10 +483,7 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, Messages,
             return
         c.start = t
         plan = c.plan = self._planner.plan(c.op, c.members, c.nbytes, self._halved(t, c.members))
-        wire = self._wire
-        for r, sent in plan.sent:
-            wire[r] += sent
-        self._carried[plan] = self._carried.get(plan, 0) + 1
+        self._carry(plan)
         if not plan.phases:
             self._end(t, c)
         elif self._fast and self._handover.lone is None and not self._active:
@@ -498,6 +499,17 @@ class Simulation(ClockQueries, Outcomes, Outages, EventPath, Handover, Messages,
                     self._take_over(t, self._handover.lone)
             self._active[c] = None
             self._begin_phase(t, c, 0)
+
+    def _carry(self, plan: Plan) -> None:
+        """A collective starts on ``plan``: its members' wire bytes and the links' loads count it."""
+        wire = self._wire
+        for r, sent in plan.sent:
+            wire[r] += sent
+        self._carried[plan] = self._carried.get(plan, 0) + 1
+
+    def _add_busy(self, busy: np.ndarray) -> None:
+        """Add the links' busy seconds of a fast-path part of a collective."""
+        self._busy += busy
 
     @property
     def lossy(self) -> bool:

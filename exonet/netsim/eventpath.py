@@ -62,7 +62,14 @@ class EventPath(SimState):
         self._net_changed(t)
 
     def _drain(self, t: int) -> None:
-        """Let the flows in transit drain at their current rates up to tick ``t``."""
+        """Let the flows in transit drain at their current rates up to tick ``t``.
+
+        An empty network's clock restarts at ``t``: nothing drained meanwhile, so what follows does not depend on
+        how long it sat idle (the rounding tolerance of its next update is that of a fresh clock), and a replay
+        is the same shifted in time (exonet.netsim.memo relies on it)."""
+        if not self._net.batches:
+            self._net_epoch = t
+            self._net.rebase()
         self._net.advance(seconds(t - self._net_epoch))
 
     def _net_changed(self, t: int) -> None:

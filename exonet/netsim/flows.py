@@ -201,6 +201,7 @@ class FluidNetwork:
         self._rates = _allocations(self._capacity, sharing)
         self.now = 0.0
         self.busy_s = np.zeros(len(capacity) + 1)  # per link id (then the padding): seconds a flow moved on it
+        self.tape: list[tuple[np.ndarray, float]] | None = None  # when a list: each addition to busy_s, in order
         self._moving: np.ndarray | None = None  # the links a flow moves on at current rates (None: not yet known)
         self._key: tuple | None = None  # the allocation's key in force (None: none yet, or paused rows)
         self._movings: dict[tuple, np.ndarray] = {}  # allocation key -> its moving links (rates follow from the key)
@@ -229,6 +230,8 @@ class FluidNetwork:
                             self._movings[self._key] = moving
                     self._moving = moving
                 self.busy_s[self._moving] += dt
+                if self.tape is not None:
+                    self.tape.append((self._moving, dt))
             self.now = t
 
     def _moving_links(self) -> np.ndarray:

@@ -54,7 +54,7 @@ class Handover(SimState):
         self._handover.resting.pop(c, None)
         c.token += 1
         tau = max(seconds(t - origin), plan.offsets[first])
-        self._busy += self._planner.busy(plan, tau) - self._planner.busy(plan, plan.offsets[first])
+        self._add_busy(self._planner.busy(plan, tau) - self._planner.busy(plan, plan.offsets[first]))
         p, p_start, done, rest = self._planner.state_at(plan, tau, c)
         c.phase = c.taken = p
         c.pending = len(plan.phases[p])
@@ -169,6 +169,6 @@ class Handover(SimState):
         if c.token == token:
             plan, first = c.plan, self._handover.resting[c][1]
             assert plan is not None and plan.offsets is not None  # timed when it came to rest
-            self._busy += self._planner.busy(plan) - self._planner.busy(plan, plan.offsets[first])
+            self._add_busy(self._planner.busy(plan) - self._planner.busy(plan, plan.offsets[first]))
             del self._handover.resting[c], self._active[c]
             self._end(t, c)

@@ -41,12 +41,12 @@ class ReplayBar:
         self._total = 0  # events of every replay attached so far
         self._bar: Any = None  # the tqdm bar, once drawn
 
-    def attach(self, sim: Simulation) -> None:
-        """Count ``sim``'s replay, fed and not yet run, after the ones before it."""
+    def attach(self, sim: Simulation, events: int | None = None) -> None:
+        """Count ``sim``'s replay after the ones before it: its ``events``, or (None) those fed and not yet run."""
         if self._sim is not None:
             self._before = self._total
         self._sim = sim
-        self._total += sim.replayed + sim.queued
+        self._total += sim.replayed + sim.queued if events is None else events
         if self._bar is not None:
             self._bar.total = self._total
         sim.watch(self._look, EVERY)

@@ -18,6 +18,7 @@ from typing import Any
 from exonet.errors import ScenarioError
 from exonet.netsim.engine import Simulation
 from exonet.netsim.failures import warn_default_restart
+from exonet.netsim.memo import Memo
 from exonet.netsim.progress import ReplayBar, wanted
 from exonet.netsim.result import SimResult
 from exonet.netsim.spread import with_range
@@ -28,7 +29,7 @@ from exonet.trace import Collective, Compute, Event, Trace
 
 def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, *, history: Sequence[Any] | None = None,
              fast_path: bool = True, placement: Sequence[Any] | None = None,
-             given_compute: bool = True, progress: bool | None = None) -> SimResult:
+             given_compute: bool = True, progress: bool | None = None, memo: bool = True) -> SimResult:
     """Replay ``trace`` in ``scenario`` and return the simulated outcome.
 
     Args:
@@ -45,6 +46,8 @@ def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, 
             given, each job starting on a new host when the scenario has hosts.
         progress: draw a progress bar on stderr for a replay that runs over ``DELAY_S`` (2 s) of wall-clock
             time (exonet.netsim.progress); None (the default) draws one only when stderr is a terminal.
+        memo: feed one trace in steps and play back each step that repeats one already replayed (exact;
+            exonet.netsim.memo); False replays every step, to cross-check.
 
     With several traces the result covers the whole network (``wall_clock_s``: when the last job
     ended; ``per_node`` by global rank) and adds ``jobs`` (each job's own SimResult, its ranks as
@@ -75,10 +78,16 @@ def simulate(trace: Trace | Sequence[Trace], scenario: Resolved | ScenarioLike, 
 
             def replay(resolved: Resolved) -> tuple[SimResult, bool]:
                 sim = Simulation(resolved, fast_path=fast_path, name=name, rewind=not trace.meta.get("elastic", False))
-                sim.feed_trace(trace)
+                if not memo or not Memo.applies(sim):
+                    sim.feed_trace(trace)
+                    if bar is not None:
+                        bar.attach(sim)
+                    return sim.result(history), sim.lossy
+                steps = Memo(sim, trace)
                 if bar is not None:
-                    bar.attach(sim)
-                return sim.result(history), sim.lossy
+                    bar.attach(sim, steps.events)
+                steps.run()
+                return dataclasses.replace(sim.result(history), stats={"memo": steps.stats()}), sim.lossy
 
             first, lossy = replay(resolved)
             result = _cautioned(with_range(first, resolved, lossy, lambda r: replay(r)[0]), caution)

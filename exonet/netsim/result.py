@@ -158,6 +158,9 @@ class SimResult:
     # regime ("library", "phase", "lossy", "lossy-streams"; see confidence.py)
     expected_range: tuple[float, float] = (0.0, 0.0)
     regime: str = ""
+    # how the replay went: {"memo": {"steps", "played_back", "hit_rate", "boundaries"}} where it was fed in steps
+    # (exonet.netsim.memo: steps that repeat one already replayed are played back, exactly)
+    stats: dict[str, Any] = field(default_factory=dict)
     cost: float = 0.0  # dollars of egress (see Attributes)
     stages: int = 0  # a pipeline's stages (ranks q·S + s; ``exonet.runtime.pipeline``), 0 for whole-model nodes
 
