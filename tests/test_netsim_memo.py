@@ -148,3 +148,24 @@ def test_a_lossy_replay_and_its_range_play_back_exactly():
                                              "queue": "2 ms"}}
     result = both(ddp_trace(20, 4, 20_000_000, buckets=2), scenario)
     assert result.wall_clock_range[0] <= result.wall_clock_s <= result.wall_clock_range[1]
+
+
+def test_a_message_received_steps_after_it_was_sent_is_replayed_exactly():
+    """Rank 0 sends at step 10 and rank 1 receives at step 12 (under gloo the message waits for the receive):
+    steps with a message are replayed, and those around them, which do not touch it, play back."""
+    t = diloco_like(40, 1, nodes=2)
+    moved = Trace(num_nodes=2)
+    for r, events in enumerate(t.events):
+        step = 0
+        for e in events:
+            moved.events[r].append(e)
+            if type(e).__name__ == "Step":
+                step += 1
+                if (r, step) == (0, 10):
+                    sent = moved.add_collective(0, "send", 3_000_000, group=(0, 1), async_op=True)
+                elif (r, step) == (1, 12):
+                    moved.add_collective(1, "recv", 3_000_000, group=(0, 1))
+    moved.add_wait(0, sent)
+    for scenario in (WAN, {**WAN, "network": {**WAN["network"], "backend": "gloo"}}):
+        result = both(moved, scenario)
+        assert 20 <= played(result) <= 36
