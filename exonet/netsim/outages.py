@@ -201,7 +201,7 @@ class Outages(SimState):
             if origin + ticks(plan.offsets[-1]) <= t:
                 return  # it ends now: its end event is due at this very time
             self._handover.resting.pop(c, None)
-            self._busy += (self._planner.busy(plan, max(seconds(t - origin), plan.offsets[first]))
+            self._add_busy(self._planner.busy(plan, max(seconds(t - origin), plan.offsets[first]))
                            - self._planner.busy(plan, plan.offsets[first]))
             if self._handover.lone is c:
                 self._handover.lone = None
