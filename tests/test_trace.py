@@ -114,3 +114,17 @@ def test_validate_matches_each_pairs_sends_with_its_receives_not_as_a_collective
     t.add_collective(0, "send", 8, group=(0, 1))
     with pytest.raises(TraceError, match=r"rank 0 sends 2 messages to rank 1, which receives 1"):
         t.validate()
+
+
+def test_scans_count_each_run_of_equal_ranks_once_and_answer_as_rank_by_rank() -> None:
+    """An estimate gives every rank rank 0's events: the payload, the store check and the next ids scan one run of
+    equal ranks once, and give what a rank-by-rank scan gives, servers and unequal ranks included."""
+    first = built().events[0]
+    other = [Compute(1.0, 1.0), Collective(0, "all_reduce", 7), Collective(5, "send", 5, (1, 4)), Step()]
+    rows = [first, list(first), list(first), other, list(first), [Collective(9, "all_reduce", 11), Step()]]
+    t = Trace(num_nodes=5, meta={"servers": 1}, events=rows)
+    assert [n for _, n in t.row_runs()] == [3, 1, 1, 1]
+    assert [n for _, n in t.row_runs(1, 5)] == [2, 1, 1]
+    assert t.payload_per_trainer() == sum(t.payload_bytes(r) for r in range(5)) / 5 == (4 * 2020 + 12) / 5
+    assert t.payload_per_server() == t.payload_bytes(5) == 11
+    assert [t.add_collective(r, "broadcast", 1) for r in range(6)] == [4, 4, 4, 6, 4, 10]

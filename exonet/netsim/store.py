@@ -21,7 +21,7 @@ from exonet.trace import STORE_OPS, Collective, Event, Step, Trace, Wait
 
 
 def uses_store(trace: Trace) -> bool:
-    return any(isinstance(e, Collective) and e.op in STORE_OPS for events in trace.events for e in events)
+    return any(isinstance(e, Collective) and e.op in STORE_OPS for events, _ in trace.row_runs() for e in events)
 
 
 def with_store(trace: Trace) -> Trace:

@@ -92,9 +92,23 @@ class Trace:
         self.events = events or [[] for _ in range(num_ranks)]
         if len(self.events) != num_ranks:
             raise ValueError(f"Trace: events has {len(self.events)} rank lists, expected num_ranks={num_ranks}")
-        self._next_cid = [
-            1 + max((e.cid for e in evs if isinstance(e, Collective)), default=-1) for evs in self.events
-        ]
+        self._next_cid = [cid for row, n in self.row_runs()
+                          for cid in [1 + max((e.cid for e in row if isinstance(e, Collective)), default=-1)] * n]
+
+    def row_runs(self, start: int = 0, stop: int | None = None) -> list[tuple[list[Event], int]]:
+        """The event lists of ranks ``start`` to ``stop`` (default: all) as runs of equal lists: (list, how many
+        ranks in a row).
+
+        Every rank of an estimate holds rank 0's events (the same objects, so comparing two lists costs one C
+        loop of identity checks), and a scan over the runs costs one rank's events, not n ranks'.
+        """
+        runs: list[tuple[list[Event], int]] = []
+        for row in self.events[start:stop]:
+            if runs and (row is runs[-1][0] or row == runs[-1][0]):
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((row, 1))
+        return runs
 
     @property
     def num_nodes(self) -> int:
@@ -177,7 +191,14 @@ class Trace:
 
     def payload_bytes(self, rank: int) -> int:
         """Total payload bytes ``rank`` passed to collectives and sends."""
-        return sum(e.nbytes for e in self._rank(rank) if isinstance(e, Collective) and self._sends(e))
+        return self._payload(self._rank(rank))
+
+    def _payload(self, events: list[Event]) -> int:
+        return sum(e.nbytes for e in events if isinstance(e, Collective) and self._sends(e))
+
+    def _payload_of_ranks(self, start: int, stop: int) -> int:
+        """Payload bytes of ranks ``start`` to ``stop`` together, each run of equal ranks counted once."""
+        return sum(n * self._payload(row) for row, n in self.row_runs(start, stop))
 
     def payload_per_trainer(self) -> float:
         """Payload bytes per training rank: the mean over the ranks before the servers (``meta["servers"]``).
@@ -185,12 +206,12 @@ class Trace:
         The one "payload per node" that compare, ``exonet estimate`` and the projection report.
         """
         trainers = self.num_nodes
-        return sum(self.payload_bytes(r) for r in range(trainers)) / trainers
+        return self._payload_of_ranks(0, trainers) / trainers
 
     def payload_per_server(self) -> float | None:
         """Payload bytes per serving rank (the last ``meta["servers"]``); None without servers."""
         servers = self.meta.get("servers", 0)
-        return sum(self.payload_bytes(r) for r in range(self.num_nodes, self.num_ranks)) / servers if servers else None
+        return self._payload_of_ranks(self.num_nodes, self.num_ranks) / servers if servers else None
 
     def _sends(self, e: Collective) -> bool:
         """Whether the payload of ``e`` goes to another node: not a receive, nor a group of one (a K = 1
