@@ -223,3 +223,19 @@ def test_an_estimate_under_failures_reports_goodput_and_the_time_lost(capsys, tm
     assert "goodput" not in cli_json(capsys, *args, "--scenario", "datacenter")["scenarios"][0]
     assert main(["estimate", *args, "--scenario", str(failing)]) == 0
     assert "failures, goodput" in capsys.readouterr().out
+
+
+def test_flatten_on_the_meta_device_makes_the_buffer_torch_cat_would() -> None:
+    """An estimate's strategies flatten meta tensors; the shortcut gives torch.cat's shape and dtype, and tensors of
+    several dtypes (or with data) still go through torch.cat, which promotes them."""
+    import torch
+
+    from exonet.strategies.base import flatten
+
+    parts = [torch.empty(3, 4, device="meta", dtype=torch.bfloat16),
+             torch.empty(5, device="meta", dtype=torch.bfloat16)]
+    flat, cat = flatten(parts), torch.cat([p.reshape(-1) for p in parts])
+    assert (flat.shape, flat.dtype, flat.is_meta) == (cat.shape, cat.dtype, True) == ((17,), torch.bfloat16, True)
+    mixed = [parts[0], torch.empty(2, device="meta", dtype=torch.float32)]
+    assert (flatten(mixed).shape, flatten(mixed).dtype) == ((14,), torch.float32)
+    assert flatten([torch.ones(2), torch.zeros(1)]).tolist() == [1.0, 1.0, 0.0]
