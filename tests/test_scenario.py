@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -404,6 +405,14 @@ NON_FINITE = [
     ("failures.mtbf", NET + '[failures]\nmtbf = "1e300 h"\n', "too long to be a time"),
     ("failures.repair", NET + '[failures]\nmtbf = "1 h"\nrepair = "1e300 h"\n', "too long to be a time"),
     ("failures.restart", NET + '[failures]\nmtbf = "1 h"\nrestart = "1e300 h"\n', "too long to be a time"),
+    # found by a review of issue 39's inputs: a queue or window that holds nothing made a rate vanish in simulate
+    # (OverflowError, ZeroDivisionError, or max() of nothing), under every backend
+    ("network.queue", NET + 'latency = "10 ms"\nqueue = "1e-300 s"\n', "holds nothing"),
+    ("network.queue", NET + 'latency = "10 ms"\nqueue = "1e-300 B"\n', "holds nothing"),
+    ("network.queue", NET + 'latency = "10 ms"\nqueue = "5e-324 B"\n', "holds nothing"),
+    ("network.tcp_window", NET + 'latency = "10 ms"\ntcp_window = "5e-324 B"\n', "less than one byte"),
+    ("network.tcp_window", NET + 'latency = "10 ms"\nbackend = "nccl"\ntcp_window = "1e-300 B"\n',
+     "less than one byte"),
 ]
 
 
@@ -427,6 +436,19 @@ def test_a_tiny_efficiency_is_a_scenario_error_not_an_overflow_in_simulate() -> 
         trace.add_step(rank)
     with pytest.raises(ScenarioError, match=r"network.efficiency: 1.1e-308 is out of range"):
         simulate(trace, {"name": "x", "network": {"bandwidth": "1 Gbit/s", "efficiency": 1.1e-308}})
+
+
+@pytest.mark.parametrize("backend", [None, "nccl", "gloo"])
+def test_the_smallest_queue_and_window_replay_to_a_finite_time(backend: str | None) -> None:
+    trace = Trace(num_nodes=2)
+    for rank in range(2):
+        trace.add_collective(rank, "all_reduce", 2**20)
+        trace.add_step(rank)
+    net = {"bandwidth": "1 Gbit/s", "latency": "10 ms", **({"backend": backend} if backend else {})}
+    free = simulate(trace, {"name": "x", "network": net}).wall_clock_s
+    for least in ({"queue": "1 us"}, {"queue": "1 B"}, {"tcp_window": "1 B"}):
+        slow = simulate(trace, {"name": "x", "network": {**net, **least}}).wall_clock_s
+        assert math.isfinite(slow) and slow > free, (least, slow, free)
 
 
 def test_a_payload_past_one_pebibyte_is_refused_when_traced() -> None:

@@ -156,16 +156,36 @@ _time: Check = units.parse_time
 _window: Check = partial(units.parse_size, allow_zero=False)
 
 
+def _tcp_window(value: Any, where: str) -> float:
+    """A TCP window: at least one byte, since a window carries whole bytes (less would make a flow's rate vanish)."""
+    size = _window(value, where)
+    if size < 1:
+        raise ScenarioError(f"{where}: {value!r} is less than one byte; a TCP window carries whole bytes "
+                            f'(Linux\'s default is 4 MiB, e.g. "4 MiB")')
+    return size
+
+
+QUEUE_MIN = {"bytes": 1.0, "s": 1e-6}  # one byte; one microsecond, the unit tc takes a queue's latency in
+
+
 def _queue(value: Any, where: str) -> tuple[float, str]:
-    """A bottleneck queue: bytes ("345 KB") or a time at the link's rate ("50 ms"), as (value, "bytes" | "s")."""
+    """A bottleneck queue: bytes ("345 KB") or a time at the link's rate ("50 ms"), as (value, "bytes" | "s").
+
+    At least one byte or one microsecond: a shorter queue holds nothing, and the model's recovery term would make a
+    transfer through it take forever (a rate that vanishes)."""
     hint = ""
     if isinstance(value, str):
         for parse, unit in ((units.parse_size, "bytes"), (units.parse_time, "s")):
             try:
-                return parse(value, where, allow_zero=False), unit
+                queue = parse(value, where, allow_zero=False)
             except ScenarioError as err:
                 found = str(err).find(" (did you mean")
                 hint = hint or (str(err)[found:].split(";")[0] if found >= 0 else "")
+                continue
+            if queue < QUEUE_MIN[unit]:
+                raise ScenarioError(f'{where}: {value!r} holds nothing; a queue is at least "1 B" or "1 us" '
+                                    f'(a tbf queue is typically its rate x 50 ms, e.g. "50 ms")')
+            return queue, unit
     raise ScenarioError(f'{where}: expected a positive size such as "345 KB" or a time at the link rate such as '
                         f'"50 ms", got {value!r}{hint}')
 
@@ -234,7 +254,7 @@ def _array(spec: Mapping[str, Check], label: str) -> Check:
 _ALGORITHMS = {op: _enum(choices) for op, choices in ALGORITHMS.items()}
 NETWORK = {
     "collective": _enum(tuple(FAMILIES)), "bandwidth": _rate, "uplink": _rate, "downlink": _rate, "latency": _time,
-    "sharing": _enum(SHARING), "efficiency": _number(1e-3, 1, closed=True), "tcp_window": _window,
+    "sharing": _enum(SHARING), "efficiency": _number(1e-3, 1, closed=True), "tcp_window": _tcp_window,
     "group_concurrency": _at_most(1024, "collectives of one group in flight at once"),
     "algorithms": _table(_ALGORITHMS, "[network.algorithms]"),
     "mss": _number(64, 1e9, closed=True), "header_bytes": _number(0, 1e6, closed=True), "message_overhead": _time,
