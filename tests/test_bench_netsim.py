@@ -14,11 +14,14 @@ def test_bench_reports_events_per_second(capsys):
 
 
 def test_overlap_bench_reports_side_by_side_and_fits(capsys):
-    args = ["--overlap", "--steps", "4", "--nodes", "8", "--mbytes", "1", "--reference-steps", "2", "--fit"]
+    args = ["--overlap", "--steps", "4", "--nodes", "8", "--mbytes", "1", "--reference-steps", "2", "--fit",
+            "--fit-nodes", "32"]
     assert netsim.main(args) == 0
     out = capsys.readouterr().out
     assert "ms per step" in out and "event path alone" in out
     assert "n^" in out and "steps^" in out
+    assert "fit (CPU, with the memo), 5 steps: n=16" in out and "n=32" in out and "n=64" not in out
+    assert "fit (CPU, every step replayed), 8 nodes" in out
 
 
 def test_the_overlap_trace_matches_its_description():

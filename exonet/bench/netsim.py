@@ -121,7 +121,8 @@ def overlap_trace(steps: int, nodes: int, nbytes: int, seed: int = 0, parity: bo
     return Trace(nodes, {"bench": "netsim-overlap"}, events)
 
 
-def replay_seconds(steps: int, nodes: int, nbytes: int, fast_path: bool = True, parity: bool = False) -> float:
+def replay_seconds(steps: int, nodes: int, nbytes: int, fast_path: bool = True, parity: bool = False,
+                   jitter: bool = True, memo: bool = True) -> float:
     """CPU seconds to replay the overlapped trace (building it not included).
 
     The replay is single-threaded, so on an idle machine this is its wall time, and on a
@@ -129,7 +130,7 @@ def replay_seconds(steps: int, nodes: int, nbytes: int, fast_path: bool = True, 
     """
     trace = overlap_trace(steps, nodes, nbytes, parity=parity)
     t0 = time.process_time()
-    simulate(trace, two_regions(nodes), fast_path=fast_path)
+    simulate(trace, two_regions(nodes, jitter=jitter), fast_path=fast_path, memo=memo)
     return time.process_time() - t0
 
 
@@ -171,15 +172,25 @@ def overlap(args: argparse.Namespace) -> int:
         print(f"side by side on the first {r} steps (CPU): {here / r * 1e3:.3f} ms per step as run, "
               f"{alone / r * 1e3:.3f} ms on the event path alone (fast_path=False): {alone / here:.1f}x")
     if args.fit:
-        fit_steps, most = max(5, args.steps // 50), max(40, args.steps // 4)
-        nodes, counts = [16, 32, 64, 128, 256], [most // 8, most // 4, most // 2, most]
-        by_n = [replay_seconds(fit_steps, n, nbytes) for n in nodes]
-        by_steps = [replay_seconds(k, args.nodes, nbytes) for k in counts]
-        print(f"fit (CPU), {fit_steps} steps: " + ", ".join(f"n={n} {t:.2f} s" for n, t in zip(nodes, by_n))
-              + f" -> time grows as n^{exponent(nodes, by_n):.2f}")
-        print(f"fit (CPU), {args.nodes} nodes: " + ", ".join(f"{k} steps {t:.2f} s" for k, t in zip(counts, by_steps))
-              + f" -> time grows as steps^{exponent(counts, by_steps):.2f}")
+        fit(args, nbytes)
     return 0
+
+
+def fit(args: argparse.Namespace, nbytes: int) -> None:
+    """How the replay's CPU time grows in nodes (16 up to ``--fit-nodes``) and in steps, with the memo and without."""
+    fit_steps, most = max(5, args.steps // 50), max(40, args.steps // 4)
+    nodes = [n for n in (16, 32, 64, 128, 256, 512, 1024) if n <= args.fit_nodes]
+    counts = [most // 8, most // 4, most // 2, most]
+    kind = dict(parity=args.parity, jitter=not args.no_jitter)
+    for memo in (True, False):
+        how = "with the memo" if memo else "every step replayed"
+        by_n = [replay_seconds(fit_steps, n, nbytes, memo=memo, **kind) for n in nodes]
+        by_steps = [replay_seconds(k, args.nodes, nbytes, memo=memo, **kind) for k in counts]
+        print(f"fit (CPU, {how}), {fit_steps} steps: " + ", ".join(f"n={n} {t:.2f} s" for n, t in zip(nodes, by_n))
+              + f" -> time grows as n^{exponent(nodes, by_n):.2f}")
+        print(f"fit (CPU, {how}), {args.nodes} nodes: "
+              + ", ".join(f"{k} steps {t:.2f} s" for k, t in zip(counts, by_steps))
+              + f" -> time grows as steps^{exponent(counts, by_steps):.2f}")
 
 
 def estimate_case(hosts: int = 128, devices: int = 8, strategy: str = "ddp", steps: int = 100,
@@ -273,7 +284,9 @@ def main(argv: list[str]) -> int:
                         help="with --overlap: steps replayed side by side on the event path alone "
                              "(default 100; 0 skips)")
     parser.add_argument("--fit", action="store_true",
-                        help="with --overlap: fit the growth exponents in nodes and in steps")
+                        help="with --overlap: fit the growth exponents in nodes and in steps, with the memo and "
+                             "without")
+    parser.add_argument("--fit-nodes", type=int, default=1024, help="with --fit: the most nodes fitted (default 1024)")
     parser.add_argument("--estimate", action="store_true",
                         help="the hierarchical estimate: 1B bf16 on --hosts x --devices, cross-region, --steps steps")
     parser.add_argument("--hosts", type=int, default=128, help="with --estimate: hosts (default 128)")
