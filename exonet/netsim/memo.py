@@ -58,6 +58,7 @@ class Spans:
 _LIMIT = 1 << 16  # keys remembered, tapes kept: a cycle longer than this is replayed whole
 _MISSES = 16  # misses (see Memo._futile) before the memo may give up
 _SIGNATURES = 2  # steps recorded from one key (more, and its steps vary: the sync point of jittered compute)
+_CHUNK = 64  # links whose busy seconds a played-back step adds at once (64 × a step's additions: a few MB)
 _UNSEEN = 1024  # boundaries without a key met twice before it gives up: a cycle of up to 500 steps is found
 
 
@@ -74,9 +75,7 @@ class Tape:
     spans: list[Spans]  # per rank: what its ``_spend`` calls made of its timeline and its totals
     started: list[Plan]  # the plans collectives started on, in order (their wire bytes)
     busy: list[np.ndarray]  # additions to the fast path's busy seconds, in order
-    # additions to the fluid network's busy seconds, one row each, in order (0 on the links it left alone: x + 0.0 is x,
-    # so adding the rows in order, each link on its own, is adding the full replay's terms in its order)
-    net_busy: np.ndarray | None
+    net_busy: list[tuple[np.ndarray, np.ndarray]]  # the fluid network's busy seconds added, by links alike (_by_links)
     ended: list[Instance]  # the collectives that ended, in order
     queue_steps: dict[tuple[int, ...], int]  # collectives each queue (group) took
     async_ended: list[list[int]]  # per rank: the index into ``ended`` of each async collective it issued, in order
@@ -304,7 +303,7 @@ class Memo:
         self.tapes.setdefault(here[1], {})[signature] = Tape(
             key=here[1], end_key=after[1], signature=signature, step=step, base=base, shift=after[0] - base,
             spans=[_spans(calls, start) for calls, start in zip(by_rank, here[1][0])], started=started, busy=busy,
-            net_busy=_rows(net_busy, len(sim._net.busy_s)), ended=ended, queue_steps=queue_steps,
+            net_busy=_by_links(net_busy, len(sim._net.busy_s)), ended=ended, queue_steps=queue_steps,
             async_ended=[[position[id(rk.async_ops[cid])] for cid in cids] for rk, cids in zip(ranks, ids)],
             counters=[(rk.lost - lost, rk.aborted - aborted, rk.trained[0] - kept,
                        {q: n - counts.get(q, 0) for q, n in rk.counts.items() if n != counts.get(q, 0)})
@@ -346,11 +345,15 @@ class Memo:
             sim._carry(plan)
         for vector in tape.busy:
             sim._add_busy(vector)
-        if tape.net_busy is not None:
-            rows = tape.net_busy.copy()
-            rows[0] += sim._net.busy_s
-            np.add.accumulate(rows, axis=0, out=rows)
-            sim._net.busy_s[:] = rows[-1]
+        busy_s = sim._net.busy_s
+        for links, terms in tape.net_busy:
+            sums = np.empty_like(terms)
+            width = terms.shape[1]
+            for k in range(0, len(links), width):  # a chunk's rows stay in cache
+                chunk = links[k:k + width]
+                terms[0, :len(chunk)] = busy_s[chunk]
+                np.add.accumulate(terms[:, :len(chunk)], axis=0, out=sums[:, :len(chunk)])
+                busy_s[chunk] = sums[-1, :len(chunk)]
         copies = [_shifted(c, base - tape.base, (step - tape.step) * tape.queue_steps[c.key[0]]) for c in tape.ended]
         sim._ended.extend(copies)
         for rk, cids, positions in zip(ranks, ids, tape.async_ended):
@@ -408,14 +411,34 @@ def _spans(spent: list[tuple[int, int, int]], start: tuple) -> Spans:
     return Spans(extend_to, ticks, bytes(kinds), (totals[COMPUTE], totals[COMM], totals[IDLE]))
 
 
-def _rows(additions: list[tuple[np.ndarray, float]] | None, links: int) -> np.ndarray | None:
-    """The additions ``busy_s[moving] += dt`` as rows of a matrix, ``dt`` where ``moving`` (None: there were none)."""
+def _by_links(additions: list[tuple[np.ndarray, float]] | None, links: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The additions ``busy_s[moving] += dt`` (``moving`` a mask over the links), grouped by links alike:
+    (links, terms), where those links each got the same additions, which ``terms`` holds in order in its rows
+    1.., in as many identical columns as a chunk of links (``_CHUNK``) takes, below a row set on play.
+
+    Two links got the same additions when every distinct mask holds both or neither, and a step has a few masks
+    (one per set of phases in transit), so a ring's links fall in a few groups. Adding a group's rows down its
+    columns (``np.add.accumulate``) adds each link's terms in the full replay's order: its sums are the replay's."""
     if not additions:
-        return None
-    rows = np.zeros((len(additions), links))
-    for row, (moving, dt) in zip(rows, additions):
-        row[moving] = dt
-    return rows
+        return []
+    index: dict[bytes, int] = {}
+    masks: list[np.ndarray] = []
+    which = np.empty(len(additions), dtype=np.intp)
+    for i, (moving, _) in enumerate(additions):
+        which[i] = index.setdefault(moving.tobytes(), len(masks))
+        if which[i] == len(masks):
+            masks.append(moving)
+    dts = np.array([dt for _, dt in additions])
+    patterns, group_of = np.unique(np.array(masks).T, axis=0, return_inverse=True)
+    out = []
+    for g, pattern in enumerate(patterns):
+        if pattern.any():
+            members = np.flatnonzero(group_of.reshape(-1) == g)
+            got = dts[pattern[which]]
+            terms = np.empty((1 + len(got), min(_CHUNK, len(members))))
+            terms[1:] = got[:, None]
+            out.append((members, terms))
+    return out
 
 
 def _shifted(c: Instance, delta: int, later: int) -> Instance:
