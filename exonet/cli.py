@@ -220,6 +220,8 @@ def _estimate(args: argparse.Namespace) -> int:
                     "payload_bytes_per_node": est.trace.payload_per_trainer(), "scenarios": []}
     if args.hosts is not None:
         report["hosts"] = args.hosts
+    if est.trace.meta.get("servers"):
+        report["servers"] = est.trace.meta["servers"]
     if est.profile is not None:
         report["profile"] = est.profile
     for name, scenario in scenarios.items():
@@ -278,8 +280,10 @@ def _print_estimate(args: argparse.Namespace, report: dict) -> None:
                   f"{format_dollars(row['cost_usd_per_1000_steps'])} per 1,000 steps")
         levels = row["wire_bytes_per_level"]
         if levels["inter_region"] or levels["in_host"]:
-            print("  wire bytes per node: " + ", ".join(f"{name.replace('_', '-')} {format_bytes(value)}"
-                                                       for name, value in levels.items()))
+            # each level's links carry the servers' sends too (theirs to the trainers): the total, per trainer
+            whose = " (the servers' sends included)" if report.get("servers") else ""
+            print(f"  wire bytes per node{whose}: " + ", ".join(f"{name.replace('_', '-')} {format_bytes(value)}"
+                                                                for name, value in levels.items()))
         low, high = row["wall_clock_range"]
         if high > low:
             print(f"  range (p10-p90): {format_time(low)} to {format_time(high)}: losses in an overflowing queue")

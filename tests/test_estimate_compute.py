@@ -90,6 +90,11 @@ def test_payload_and_wire_per_trainer_have_one_definition(monkeypatch):
     assert Trace(1).payload_per_server() is None
     sim = simulate_estimate(estimate("async_diloco:H=2", **SMALL, scenario="datacenter"), "datacenter")
     assert sim.trainers == 2 and sim.wire_per_trainer() == pytest.approx(sum(sim.wire_bytes[:2]) / 2)
+    # the summary counts the server apart and says its sends are in the per-trainer levels (they are: cross-region)
+    text = simulate_estimate(estimate("async_diloco:H=2", **SMALL, scenario="cross-region"), "cross-region").summary()
+    assert ": 2 nodes and 1 server, " in text
+    assert [line.split()[0] for line in text.splitlines() if line.endswith("  server")] == ["2"]
+    assert "wire bytes per trainer (the servers' sends included): inter-region" in text
 
     from exonet.strategies import DDPStrategy
     from exonet.study.projection import Scale, project

@@ -284,7 +284,9 @@ class SimResult:
     def summary(self) -> str:
         """A readable table: the run, then one row per node."""
         head = (
-            f"scenario {self.scenario_name or '(unnamed)'}: {len(self.per_node)} nodes, {self.num_steps} steps, "
+            f"scenario {self.scenario_name or '(unnamed)'}: {self.trainers} nodes"
+            f"{f' and {self.servers} server' + ('s' if self.servers > 1 else '') if self.servers else ''}, "
+            f"{self.num_steps} steps, "
             f"simulated wall-clock {_duration(self.wall_clock_s)}, compute utilization {self.utilization:.1%}"
         )
         low, high = self.wall_clock_range
@@ -302,10 +304,11 @@ class SimResult:
         rows = [f"{'node':>5} {'compute s':>12} {'comm s':>12} {'idle s':>12} {'wire MB':>12}"]
         for node, sent in zip(self.per_node, self.wire_bytes):
             rows.append(f"{node.rank:>5} {node.compute_s:>12.3f} {node.comm_s:>12.3f} {node.idle_s:>12.3f} "
-                        f"{sent / 1e6:>12.3f}")
+                        f"{sent / 1e6:>12.3f}" + ("  server" if node.rank >= self.trainers else ""))
         levels = self.wire_by_level()
         if levels["inter_region"] or levels["in_host"]:
-            rows.append("wire bytes per trainer: " + ", ".join(
+            whose = " (the servers' sends included)" if self.servers else ""
+            rows.append(f"wire bytes per trainer{whose}: " + ", ".join(
                 f"{name.replace('_', '-')} {value / 1e6:.3f} MB" for name, value in levels.items()))
         top = self.busiest_links(1)
         if top and top[0].bytes > 0:
