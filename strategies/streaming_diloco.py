@@ -98,8 +98,11 @@ def fragment_bounds(sizes: Sequence[int], num_fragments: int) -> list[range]:
 def check_schedule(H: int, num_fragments: int, delay_steps: int) -> None:
     """Validate a fragment schedule's arguments, each named: H >= 1, 1 <= F <= H, 0 <= τ <= H."""
     check_int("H", H, low=1)
-    check_int("num_fragments", num_fragments, low=1, high=H)
-    check_int("delay_steps", delay_steps, low=0, high=H)
+    check_int("num_fragments", num_fragments, low=1)
+    check_int("delay_steps", delay_steps, low=0)
+    for name, value in (("num_fragments", num_fragments), ("delay_steps", delay_steps)):
+        if value > H:  # the bound is another argument: say which, since a default may be what broke it
+            raise ValueError(f"{name} must be <= H = {H} (each fragment syncs once every H steps), got {value}")
 
 
 def cut_fragments(params: list[torch.Tensor],

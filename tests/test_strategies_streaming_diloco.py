@@ -80,8 +80,10 @@ def test_padded_length_splits_into_whole_blocks_per_node():
 
 @pytest.mark.parametrize("kwargs, name, error", [
     ({"H": 0}, "H", ValueError), ({"num_fragments": 0}, "num_fragments", ValueError),
-    ({"H": 4, "num_fragments": 5}, "num_fragments", ValueError), ({"delay_steps": -1}, "delay_steps", ValueError),
-    ({"H": 4, "delay_steps": 5}, "delay_steps", ValueError), ({"quantize_bits": 2}, "quantize_bits", ValueError),
+    ({"H": 4, "num_fragments": 5}, r"num_fragments must be <= H = 4 .*got 5", ValueError),
+    ({"delay_steps": -1}, "delay_steps", ValueError),
+    ({"H": 4, "delay_steps": 5}, r"delay_steps must be <= H = 4 .*got 5", ValueError),
+    ({"quantize_bits": 2}, "quantize_bits", ValueError),
     ({"quantize_bits": True}, "quantize_bits", ValueError), ({"merge_alpha": 1.5}, "merge_alpha", ValueError),
     ({"optim_spec": "nope"}, "optim_spec", ValueError), ({"outer_optim_spec": "nope"}, "outer_optim_spec", ValueError),
     ({"H": 2.5}, "H", TypeError),
