@@ -620,3 +620,6 @@ def test_scenarios_names_the_backend_the_nic_and_what_runs_each_op(capsys) -> No
     gloo = Scenario.from_dict({"name": "g", "network": {"bandwidth": "1 Gbit/s", "backend": "gloo"}}).describe()
     assert "backend     gloo over TCP sockets, 1 connection per pair (default)" in gloo
     assert "barrier: dissemination" in gloo and "collective  " not in gloo
+    direct = Scenario.load("cross-region").replace(algorithms={"all_reduce": "direct"}).describe()
+    assert ("instead, all_reduce: exonet's phase direct (set in [network.algorithms]) on nccl's sockets, "
+            "not nccl's own") in direct

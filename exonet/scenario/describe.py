@@ -72,9 +72,9 @@ def _collective_lines(family: str, p: Mapping[str, Any], nccl: NcclSpec | None, 
         algos = {**FAMILIES[family], **overrides}
         return [f"  collective  {family}: {', '.join(f'{op}={algo}' for op, algo in algos.items())}"]
     lines = _nccl_lines(net, nccl, "hosts" in p, said) if nccl is not None else _gloo_lines(net, "hosts" in p, said)
-    for op, algo in overrides.items():
-        lines.append(f"              {op}: exonet's phase {algo} ({said} in [network.algorithms]) on {family}'s "
-                     "sockets")
+    for op, algo in overrides.items():  # the lines above name the backend's; this op runs the phase model's instead
+        lines.append(f"              instead, {op}: exonet's phase {algo} ({said} in [network.algorithms]) on "
+                     f"{family}'s sockets, not {family}'s own")
     return lines
 
 
