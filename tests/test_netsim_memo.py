@@ -63,15 +63,25 @@ def test_ddp_buckets_play_back_exactly(buckets, identical):
                        two_regions(8, jitter=False))) >= 36
 
 
+def test_jittered_compute_is_fed_whole_at_once_to_the_same_result():
+    """Compute that differs in every step of the probe: no step can repeat another, so nothing is fed in steps."""
+    result = both(overlap_trace(20, 8, 50_000_000, parity=True), two_regions(8))
+    assert result.stats["memo"] == {"steps": 0, "played_back": 0, "hit_rate": 0.0, "boundaries": 0, "missed": 0}
+    steady = both(overlap_trace(20, 8, 50_000_000, parity=True), two_regions(8, jitter=False))
+    assert played(steady) > 0  # the same trace without jitter: the probe lets it through
+
+
 def test_jittered_compute_plays_back_nothing_and_changes_nothing(monkeypatch):
     """Keys that never come back: after ``_UNSEEN`` boundaries the rest is fed whole, to the same result."""
     monkeypatch.setattr(memo_module, "_UNSEEN", 8)
+    monkeypatch.setattr(memo_module, "_PROBE", 0)  # the probe would feed it whole at once
     result = both(overlap_trace(20, 8, 50_000_000, parity=True), two_regions(8))
     assert played(result) == 0 and result.stats["memo"]["boundaries"] == 8
 
 
-def test_jitter_after_a_sync_point_gives_up_after_its_misses():
+def test_jitter_after_a_sync_point_gives_up_after_its_misses(monkeypatch):
     """Blocking DDP levels the ranks at every step, so the key comes back, but the jittered step never does."""
+    monkeypatch.setattr(memo_module, "_PROBE", 0)  # the probe would feed it whole at once
     result = both(ddp_trace(60, 4, 1_000_000), two_regions(4))
     assert played(result) == 0 and result.stats["memo"]["missed"] == memo_module._MISSES
 

@@ -22,8 +22,10 @@ Exact, not approximate: the result is the full replay's, tick for tick and bit f
   shifted, in its order, so even float sums are added as the full replay adds them; the replay is then at
   the tape's end key, where the next step may be played back too.
 
-Where compute varies per step (jitter, measured times), the keys do not repeat, or their steps do
-not; the memo then gives up and feeds the rest whole (``Memo._futile``). ``SimResult.stats["memo"]``
+Where compute varies per step (jitter, measured times), no step's events are another's: when the first rank's
+compute differs in every one of its first 64 steps the trace is fed whole at once (``Memo._varies``), and
+where keys or steps still fail to repeat the memo gives up and feeds the rest whole (``Memo._futile``).
+``SimResult.stats["memo"]``
 says how many steps were played back. Only a replay without outages, failures, per-step gates and
 timed compute windows is fed in steps, and a step with point-to-point messages is always replayed.
 """
@@ -59,6 +61,7 @@ _LIMIT = 1 << 16  # keys remembered, tapes kept: a cycle longer than this is rep
 _MISSES = 16  # misses (see Memo._futile) before the memo may give up
 _SIGNATURES = 2  # steps recorded from one key (more, and its steps vary: the sync point of jittered compute)
 _CHUNK = 64  # links whose busy seconds a played-back step adds at once (64 × a step's additions: a few MB)
+_PROBE = 64  # steps whose compute is looked at before feeding in steps: all different, and none will repeat
 _UNSEEN = 1024  # boundaries without a key met twice before it gives up: a cycle of up to 500 steps is found
 
 
@@ -93,8 +96,8 @@ class Memo:
         self.sim = sim
         self.trace = trace
         self.ranks = sim.replayed_ranks(trace)
-        self.bounds = [[i + 1 for i, e in enumerate(trace.events[rk.rank]) if type(e) is Step] for rk in self.ranks]
-        self.steps = len(self.bounds[0])
+        self.bounds: list[list[int]] = []  # per rank replayed: the index after each of its steps (set by ``fits``)
+        self.steps = 0  # steps fed one at a time (0: the trace is fed whole)
         self.played = 0  # steps played back
         self.checked = 0  # quiescent boundaries whose key was looked at
         self.missed = 0  # boundaries with tapes for their key, none for their step's events
@@ -115,8 +118,32 @@ class Memo:
                 and not any(rk.queue for rk in sim._ranks))
 
     def fits(self) -> bool:
-        """Whether every rank replayed has the same number of steps (else the trace is fed whole)."""
-        return len({len(b) for b in self.bounds}) == 1 and self.steps > 2
+        """Whether a step may repeat another and every rank replayed has the same number of steps (else the trace is
+        fed whole); it finds the steps' bounds."""
+        if self._varies():
+            return False
+        self.bounds = [[i + 1 for i, e in enumerate(self.trace.events[rk.rank]) if type(e) is Step]
+                       for rk in self.ranks]
+        return len({len(b) for b in self.bounds}) == 1 and len(self.bounds[0]) > 2
+
+    def _varies(self) -> bool:
+        """Whether the first rank computes for other times in each of its first ``_PROBE`` steps (a trace timed by its
+        measured CPU seconds), so that no step's events are another's and feeding in steps would only cost.
+
+        It reads no further than those steps, and ``work`` draws a rank's jitter by step, whoever asks first, so
+        looking ahead changes nothing."""
+        cm, rank = self.sim._cm, self.ranks[0].rank
+        works: set[tuple[int, ...]] = set()
+        step, spans = 0, []
+        for e in self.trace.events[rank]:
+            if type(e) is Compute:
+                spans.append(round(cm.work(rank, step, e) * SCALE))
+            elif type(e) is Step:
+                works.add(tuple(spans))
+                step, spans = step + 1, []
+                if step >= _PROBE:
+                    break
+        return step > 1 and len(works) == step
 
     def run(self) -> None:
         """Feed the whole trace, step by step, playing back what repeats; the caller then takes ``sim.result``."""
@@ -124,8 +151,8 @@ class Memo:
         if not self.fits():
             for rk in self.ranks:
                 rk.queue.extend(self.trace.events[rk.rank])
-            self.steps = 0
             return
+        self.steps = len(self.bounds[0])
         step = 0
         while step < self.steps and not self._futile():
             here = self._key()
