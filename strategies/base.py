@@ -474,10 +474,12 @@ def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """One contiguous 1-D buffer holding every tensor (one collective instead of one per tensor).
 
     An estimate's tensors are on the meta device, where ``torch.cat`` runs its Python reference (about 150 µs a
-    call, most of a 1,024-node estimate's strategy run): there only the shape and dtype exist, so it makes them.
+    call, most of a 1,024-node estimate's strategy run): there only the shape and dtype exist, so it makes them,
+    unless autograd would record the cat (then torch.cat, whose result requires grad).
     """
     parts = [t.reshape(-1) for t in tensors]
-    if parts and all(p.is_meta and p.dtype == parts[0].dtype for p in parts):
+    recorded = torch.is_grad_enabled() and any(p.requires_grad for p in parts)
+    if parts and not recorded and all(p.is_meta and p.dtype == parts[0].dtype for p in parts):
         return torch.empty(sum(p.numel() for p in parts), dtype=parts[0].dtype, device="meta")
     return torch.cat(parts)
 

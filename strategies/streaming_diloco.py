@@ -100,9 +100,11 @@ def check_schedule(H: int, num_fragments: int, delay_steps: int) -> None:
     check_int("H", H, low=1)
     check_int("num_fragments", num_fragments, low=1)
     check_int("delay_steps", delay_steps, low=0)
+    why = {"num_fragments": "each fragment syncs once every H steps",
+           "delay_steps": "a fragment's sync lands before its next one starts"}
     for name, value in (("num_fragments", num_fragments), ("delay_steps", delay_steps)):
         if value > H:  # the bound is another argument: say which, since a default may be what broke it
-            raise ValueError(f"{name} must be <= H = {H} (each fragment syncs once every H steps), got {value}")
+            raise ValueError(f"{name} must be <= H = {H} ({why[name]}), got {value}")
 
 
 def cut_fragments(params: list[torch.Tensor],

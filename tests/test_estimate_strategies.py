@@ -199,6 +199,10 @@ def test_cli_times_each_scenario_on_its_own_device_and_counts_trainers_only(caps
     served = cli_json(capsys, *step, "--strategy", "async_diloco:H=10")
     row = served["scenarios"][0]
     assert row["wire_bytes_per_node"] == served["payload_bytes_per_node"] > 0  # a trainer sends what it passes in
+    assert served["servers"] == 1 and "servers" not in cli_json(capsys, *step, "--strategy", "ddp")
+    assert main(["estimate", *step[:-4], "--scenario", "cross-region", "--step-time", "1",
+                 "--strategy", "async_diloco:H=10"]) == 0
+    assert "wire bytes per node (the servers' sends included): inter-region" in capsys.readouterr().out
     late = cli_json(capsys, *step, "--strategy", "diloco:H=5,deadline_s=2")["scenarios"][0]  # every round is late
     assert late["goodput"] == 0.0 and late["lost_s"]["lost_work"] > 0 and late["utilization"] > 0.99
     hosts = tmp_path / "hosts8.toml"
@@ -239,3 +243,5 @@ def test_flatten_on_the_meta_device_makes_the_buffer_torch_cat_would() -> None:
     mixed = [parts[0], torch.empty(2, device="meta", dtype=torch.float32)]
     assert (flatten(mixed).shape, flatten(mixed).dtype) == ((14,), torch.float32)
     assert flatten([torch.ones(2), torch.zeros(1)]).tolist() == [1.0, 1.0, 0.0]
+    learned = [torch.empty(2, device="meta", requires_grad=True)]  # autograd records the cat: torch.cat's answer
+    assert flatten(learned).requires_grad and not flatten([learned[0].detach()]).requires_grad

@@ -128,3 +128,6 @@ def test_scans_count_each_run_of_equal_ranks_once_and_answer_as_rank_by_rank() -
     assert t.payload_per_trainer() == sum(t.payload_bytes(r) for r in range(5)) / 5 == (4 * 2020 + 12) / 5
     assert t.payload_per_server() == t.payload_bytes(5) == 11
     assert [t.add_collective(r, "broadcast", 1) for r in range(6)] == [4, 4, 4, 6, 4, 10]
+    copies = Trace(num_nodes=3, events=[built().events[0] for _ in range(3)])  # equal events, not the same objects
+    assert [n for _, n in copies.row_runs()] == [1, 1, 1]
+    assert copies.payload_per_trainer() == copies.payload_bytes(0) == 2020

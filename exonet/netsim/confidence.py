@@ -14,9 +14,9 @@ replay takes the p10 and p90 of the ratios of its own regime (``bands.json``, wr
   besides its bytes (fill, notices, windows) decides, and where gloo's back-to-back calls overlap one call's
   tail with the next call's start, which the model does not;
 - ``phase``: exonet's phase model, nothing overflowing (the same cases without their library, and the
-  shaped links that lose nothing: 1.00 to 1.49, the phase model pays no library's pipelining);
-- ``lossy``: a queue overflows with one stream per transfer (0.96 to 1.12);
-- ``lossy-streams``: several streams share an overflowing queue (0.97 to 2.49: timeouts and resends
+  shaped links that lose nothing: 1.01 to 1.65, the phase model pays no library's pipelining);
+- ``lossy``: a queue overflows with one stream per transfer (0.98 to 1.12);
+- ``lossy-streams``: several streams share an overflowing queue (0.84 to 2.19: timeouts and resends
   the fluid model does not have).
 
 The ratios are of communication-bound cases, so the band scales the part of the wall-clock that is not

@@ -23,7 +23,8 @@ Exact, not approximate: the result is the full replay's, tick for tick and bit f
   the tape's end key, where the next step may be played back too.
 
 Where compute varies per step (jitter, measured times), no step's events are another's: when the first rank's
-compute differs in every one of its first 64 steps the trace is fed whole at once (``Memo._varies``), and
+compute differs in every one of its first 64 steps no step is expected to repeat, and the trace is fed whole at
+once (``Memo._varies``), and
 where keys or steps still fail to repeat the memo gives up and feeds the rest whole (``Memo._futile``).
 ``SimResult.stats["memo"]``
 says how many steps were played back. Only a replay without outages, failures, per-step gates and
@@ -61,7 +62,7 @@ _LIMIT = 1 << 16  # keys remembered, tapes kept: a cycle longer than this is rep
 _MISSES = 16  # misses (see Memo._futile) before the memo may give up
 _SIGNATURES = 2  # steps recorded from one key (more, and its steps vary: the sync point of jittered compute)
 _CHUNK = 64  # links whose busy seconds a played-back step adds at once (64 × a step's additions: a few MB)
-_PROBE = 64  # steps whose compute is looked at before feeding in steps: all different, and none will repeat
+_PROBE = 64  # steps whose compute is looked at first: all different, and no step is expected to repeat
 _UNSEEN = 1024  # boundaries without a key met twice before it gives up: a cycle of up to 500 steps is found
 
 
@@ -128,7 +129,9 @@ class Memo:
 
     def _varies(self) -> bool:
         """Whether the first rank computes for other times in each of its first ``_PROBE`` steps (a trace timed by its
-        measured CPU seconds), so that no step's events are another's and feeding in steps would only cost.
+        measured CPU seconds), so that no step is expected to repeat another and feeding in steps would only cost.
+        The result is the same either way; a trace whose steps repeat only later (a cycle longer than the probe)
+        is then replayed whole, which is slower, not different.
 
         It reads no further than those steps, and ``work`` draws a rank's jitter by step, whoever asks first, so
         looking ahead changes nothing."""
@@ -330,7 +333,7 @@ class Memo:
         self.tapes.setdefault(here[1], {})[signature] = Tape(
             key=here[1], end_key=after[1], signature=signature, step=step, base=base, shift=after[0] - base,
             spans=[_spans(calls, start) for calls, start in zip(by_rank, here[1][0])], started=started, busy=busy,
-            net_busy=_by_links(net_busy, len(sim._net.busy_s)), ended=ended, queue_steps=queue_steps,
+            net_busy=_by_links(net_busy), ended=ended, queue_steps=queue_steps,
             async_ended=[[position[id(rk.async_ops[cid])] for cid in cids] for rk, cids in zip(ranks, ids)],
             counters=[(rk.lost - lost, rk.aborted - aborted, rk.trained[0] - kept,
                        {q: n - counts.get(q, 0) for q, n in rk.counts.items() if n != counts.get(q, 0)})
@@ -438,7 +441,7 @@ def _spans(spent: list[tuple[int, int, int]], start: tuple) -> Spans:
     return Spans(extend_to, ticks, bytes(kinds), (totals[COMPUTE], totals[COMM], totals[IDLE]))
 
 
-def _by_links(additions: list[tuple[np.ndarray, float]] | None, links: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _by_links(additions: list[tuple[np.ndarray, float]] | None) -> list[tuple[np.ndarray, np.ndarray]]:
     """The additions ``busy_s[moving] += dt`` (``moving`` a mask over the links), grouped by links alike:
     (links, terms), where those links each got the same additions, which ``terms`` holds in order in its rows
     1.., in as many identical columns as a chunk of links (``_CHUNK``) takes, below a row set on play.
@@ -452,6 +455,7 @@ def _by_links(additions: list[tuple[np.ndarray, float]] | None, links: int) -> l
     masks: list[np.ndarray] = []
     which = np.empty(len(additions), dtype=np.intp)
     for i, (moving, _) in enumerate(additions):
+        assert moving.dtype == bool  # FluidNetwork's masks over its links (an index array would group wrongly)
         which[i] = index.setdefault(moving.tobytes(), len(masks))
         if which[i] == len(masks):
             masks.append(moving)

@@ -161,7 +161,7 @@ def _tcp_window(value: Any, where: str) -> float:
     size = _window(value, where)
     if size < 1:
         raise ScenarioError(f"{where}: {value!r} is less than one byte; a TCP window carries whole bytes "
-                            f'(Linux\'s default is 4 MiB, e.g. "4 MiB")')
+                            f'(Linux\'s default is 2.8 MiB, e.g. "2.8 MiB")')
     return size
 
 
@@ -171,8 +171,9 @@ QUEUE_MIN = {"bytes": 1.0, "s": 1e-6}  # one byte; one microsecond, the unit tc 
 def _queue(value: Any, where: str) -> tuple[float, str]:
     """A bottleneck queue: bytes ("345 KB") or a time at the link's rate ("50 ms"), as (value, "bytes" | "s").
 
-    At least one byte or one microsecond: a shorter queue holds nothing, and the model's recovery term would make a
-    transfer through it take forever (a rate that vanishes)."""
+    At least one byte or one microsecond, which keeps the model's recovery term finite (below them a transfer's
+    rate vanished and the replay failed). A time holds rate × time bytes, so a microsecond on a very slow link
+    holds less than a packet: accepted, and as slow as such a queue is."""
     hint = ""
     if isinstance(value, str):
         for parse, unit in ((units.parse_size, "bytes"), (units.parse_time, "s")):

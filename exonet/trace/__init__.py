@@ -99,13 +99,17 @@ class Trace:
         """The event lists of ranks ``start`` to ``stop`` (default: all) as runs of equal lists: (list, how many
         ranks in a row).
 
-        Every rank of an estimate holds rank 0's events (the same objects, so comparing two lists costs one C
-        loop of identity checks), and a scan over the runs costs one rank's events, not n ranks'.
+        Every rank of an estimate holds rank 0's events (the same objects), and a scan over the runs costs one
+        rank's events, not n ranks'. Lists whose ends are the same objects are compared whole (a C loop that finds
+        shared objects equal without calling their ``__eq__``); others, such as a loaded trace's per-rank copies
+        of equal events, are runs of their own, which costs a scan what it cost before.
         """
         runs: list[tuple[list[Event], int]] = []
         for row in self.events[start:stop]:
-            if runs and (row is runs[-1][0] or row == runs[-1][0]):
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            last = runs[-1][0] if runs else None
+            if last is not None and (row is last or (len(row) == len(last) and row and row[0] is last[0]
+                                                     and row[-1] is last[-1] and row == last)):
+                runs[-1] = (last, runs[-1][1] + 1)
             else:
                 runs.append((row, 1))
         return runs
