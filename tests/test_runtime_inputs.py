@@ -1,7 +1,7 @@
 """Bad input gets a clear error naming the argument, field or file and what was expected.
 
-Scenario files are covered in tests/test_scenario.py; strategy-specific hyperparameters
-beside each strategy. Here: fit, LocalTrainer, the Strategy base, OptimSpec, Trace, and
+Scenario files are covered in tests/test_scenario.py and tests/test_scenario_inputs.py; strategy-specific
+hyperparameters beside each strategy. Here: fit, LocalTrainer, the Strategy base, OptimSpec, Trace, and
 run-directory artifacts.
 """
 

@@ -22,13 +22,11 @@ Exact, not approximate: the result is the full replay's, tick for tick and bit f
   shifted, in its order, so even float sums are added as the full replay adds them; the replay is then at
   the tape's end key, where the next step may be played back too.
 
-Where compute varies per step (jitter, measured times), no step's events are another's: when the first rank's
-compute differs in every one of its first 64 steps no step is expected to repeat, and the trace is fed whole at
-once (``Memo._varies``), and
-where keys or steps still fail to repeat the memo gives up and feeds the rest whole (``Memo._futile``).
-``SimResult.stats["memo"]``
-says how many steps were played back. Only a replay without outages, failures, per-step gates and
-timed compute windows is fed in steps, and a step with point-to-point messages is always replayed.
+Where compute varies per step (jitter, measured times), steps are not expected to repeat: when the first
+rank's compute differs in every one of its first 64 steps the trace is fed whole at once (``Memo._varies``),
+and where keys or steps still fail to repeat the memo gives up and feeds the rest whole (``Memo._futile``).
+``SimResult.stats["memo"]`` says how many steps were played back. Only a replay without outages, failures,
+per-step gates and timed compute windows is fed in steps, and a step with point-to-point messages is always replayed.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ from exonet.netsim.state import Instance, RankState
 from exonet.trace import P2P_OPS, Collective, Compute, Step, Trace, Wait
 
 if TYPE_CHECKING:
+    from exonet.netsim.compute import ComputeModel
     from exonet.netsim.engine import Simulation
 
 Key = tuple[int, tuple]  # (the earliest cursor, the state relative to it)
@@ -140,7 +139,7 @@ class Memo:
         step, spans = 0, []
         for e in self.trace.events[rank]:
             if type(e) is Compute:
-                spans.append(round(cm.work(rank, step, e) * SCALE))
+                spans.append(_work_ticks(cm, rank, step, e))
             elif type(e) is Step:
                 works.add(tuple(spans))
                 step, spans = step + 1, []
@@ -237,7 +236,7 @@ class Memo:
                 kind = type(e)
                 item: Any
                 if kind is Compute:
-                    item = round(cm.work(rk.rank, step, e) * SCALE)
+                    item = _work_ticks(cm, rk.rank, step, e)
                 elif kind is Collective:
                     if e.op in P2P_OPS:
                         return None, ids
@@ -416,6 +415,11 @@ class Memo:
             sim._group_end[members] = t + base
         if after["taken_at"] is not None:
             sim._handover.taken_at = after["taken_at"] + base
+
+
+def _work_ticks(cm: ComputeModel, rank: int, step: int, span: Compute) -> int:
+    """The ticks of compute ``span`` at ``step`` on ``rank``, as a step's signature holds them."""
+    return round(cm.work(rank, step, span) * SCALE)
 
 
 def _spans(spent: list[tuple[int, int, int]], start: tuple) -> Spans:
