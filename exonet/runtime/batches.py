@@ -7,10 +7,10 @@ datasets with them before it starts any node, and a resumed node recomputes its 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from exonet.seeding import shared_generator
 
@@ -88,6 +88,26 @@ def epoch_order(n: int, rank: int, num_nodes: int, seed: int, epoch: int, shuffl
     if not shuffle:
         return torch.arange(n, dtype=small)
     return torch.randperm(n, generator=shared_generator(seed, "data", rank, epoch), dtype=small)
+
+
+def gathered_batches(ds: Any, order: torch.Tensor, batch_size: int) -> Iterator[list[torch.Tensor]] | None:
+    """A ``TensorDataset``'s batches in ``order`` (the last partial one dropped), each tensor's rows taken by one
+    index; None for any other dataset.
+
+    DataLoader fetches a batch one sample at a time and stacks them (about 100 us for 32 rows, a fifth of
+    a small model's step); one index per tensor gives the same values in the same list that its default
+    collate makes, and draws nothing from any generator.
+    """
+    if type(ds) is not TensorDataset:
+        return None
+    order = order.long()
+
+    def batches() -> Iterator[list[torch.Tensor]]:
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            rows = order[start:start + batch_size]
+            yield [t[rows] for t in ds.tensors]
+
+    return batches()
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

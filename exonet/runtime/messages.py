@@ -2,15 +2,18 @@
 
 Nodes report on their pipe (never through collectives); under the online clock the parent
 answers on each node's control pipe. A send is complete once it returns, so a node killed
-right after a report has still delivered it. Records are slotted dataclasses: cheap to build
-and pickle, and a reader names fields instead of tuple positions. A node's messages are final:
-handlers dispatch on ``type(msg) is X``, which a type checker narrows only for final classes.
+right after a report has still delivered it; but step reports that come quicker than every
+``Outbox.EVERY_S`` wait to go together (``Steps``), and any other report sends them first.
+Records are slotted dataclasses: cheap to build and pickle, and a reader names fields instead
+of tuple positions. A node's messages are final: handlers dispatch on ``type(msg) is X``,
+which a type checker narrows only for final classes.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, final
+from typing import Any, Callable, final
 
 from exonet.trace import Event
 
@@ -91,7 +94,50 @@ class Query:
     question: tuple
 
 
+@final
+@dataclass(slots=True)
+class Steps:
+    """Step reports that went together (``Outbox``), in order."""
+
+    rank: int
+    steps: list[StepDone]
+
+
 NodeMessage = StepDone | Evaluated | Checkpointed | NodeDone | NodeError | Events | Query
+
+
+class Outbox:
+    """A node's reports to the parent, where nothing waits on each step's (no online clock).
+
+    Each report wakes the parent, which costs the node 30-150 us on two cores: a sixth of a small
+    model's step. So step reports that come quicker than every ``EVERY_S`` are held and go
+    together; a slower run still sends each step as it ends. Any other report (a checkpoint's, an
+    evaluation, the end, an error) sends those held first, so the parent reads each node's reports
+    in order. A node killed meanwhile loses at most ``EVERY_S`` of its losses, never a checkpoint's.
+    """
+
+    EVERY_S = 0.05
+
+    def __init__(self, send: Callable[[NodeMessage | Steps], None], now: Callable[[], float] = time.monotonic) -> None:
+        self._send, self._now = send, now
+        self._held: list[StepDone] = []
+        self._sent_at = now()
+
+    def __call__(self, msg: NodeMessage) -> None:
+        if type(msg) is StepDone and msg.marks is None:  # a first step's start-up marks go at once
+            self._held.append(msg)
+            if self._now() - self._sent_at >= self.EVERY_S:
+                self.flush()
+            return
+        self.flush()
+        self._send(msg)
+
+    def flush(self) -> None:
+        """Send the step reports held."""
+        held, self._held = self._held, []
+        if held:
+            self._send(held[0] if len(held) == 1 else Steps(held[0].rank, held))
+        self._sent_at = self._now()
 
 
 # ---------------------------------------------------------------- parent -> node (the online clock)

@@ -30,6 +30,7 @@ from exonet.communicator import Communicator
 from exonet.runtime.batches import (
     batch_rows,
     epoch_order,
+    gathered_batches,
     is_factory,
     resolve_dataset,
     split_batch,
@@ -39,7 +40,7 @@ from exonet.runtime.batches import (
 from exonet.runtime.checkpoint import load_node, save_node, wait_for_room
 from exonet.runtime.clock_link import ClockLink
 from exonet.runtime.dist_calls import routed
-from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, StepDone
+from exonet.runtime.messages import Checkpointed, Evaluated, NodeDone, NodeError, NodeMessage, Outbox, StepDone
 from exonet.runtime.object_store import open_objects
 from exonet.runtime.rendezvous import join_store
 from exonet.runtime.watchdog import Heartbeat
@@ -172,16 +173,22 @@ class TrainNode:
                              f"(batch_size={cfg.batch_size}); a factory must give every rank at least one batch")
         epoch, skip = divmod(start_step, per_epoch)
         while True:
-            rest = order(epoch)[skip * cfg.batch_size:]
-            ints = chain.from_iterable(part.tolist() for part in rest.split(4096))  # the sampler yields ints
-            # ds: any map-style object (see _val_loader)
-            loader: DataLoader[Any] = DataLoader(ds, batch_size=cfg.batch_size, sampler=ints,  # type: ignore[arg-type]
-                                                 drop_last=True,
-                                                 generator=shared_generator(cfg.seed, "loader", rank, epoch),
-                                                 **cfg.dataloader_kwargs)
-            for batch in loader:
+            for batch in self._epoch_batches(ds, order(epoch)[skip * cfg.batch_size:], rank, epoch):
                 yield to_device(batch, self.device)
             epoch, skip = epoch + 1, 0
+
+    def _epoch_batches(self, ds: Any, order: torch.Tensor, rank: int, epoch: int) -> Iterator[Any]:
+        """The batches of samples ``order`` of ``ds`` (shard ``rank``'s, in ``epoch``), as a DataLoader deals them."""
+        cfg = self.cfg
+        gathered = None if cfg.dataloader_kwargs else gathered_batches(ds, order, cfg.batch_size)
+        if gathered is not None:
+            return gathered
+        ints = chain.from_iterable(part.tolist() for part in order.split(4096))  # the sampler yields ints
+        # ds: any map-style object (see _val_loader)
+        generator = shared_generator(cfg.seed, "loader", rank, epoch)
+        loader: DataLoader[Any] = DataLoader(ds, batch_size=cfg.batch_size, sampler=ints,  # type: ignore[arg-type]
+                                             drop_last=True, generator=generator, **cfg.dataloader_kwargs)
+        return iter(loader)
 
     # ----------------------------------------------------------------- loop
     def run(self) -> None:
@@ -530,6 +537,7 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
         threading.Thread(target=_watch_parent, args=(cfg.parent_pid,), daemon=True).start()
     torch.set_num_threads(cfg.threads)
     code = 0
+    send: Callable[[NodeMessage], None] = pipe.send
     try:
         from exonet.runtime.transport import Unloadable
 
@@ -549,11 +557,13 @@ def node_main(rank: int, cfg: NodeConfig, model_bytes: Any, train_data: Any, val
         clock = None if control is None else ClockLink(control, pipe.send, rank, heartbeat.blocked,
                                                        gated=cfg.max_sim_time_s is not None,
                                                        announces=strategy.asynchronous)
-        node = (node_class or TrainNode)(rank, cfg, model, train_data, val_data, strategy, pipe.send, heartbeat, clock,
+        if clock is None:  # the online clock decides each step from its report: those go at once
+            send = Outbox(pipe.send)
+        node = (node_class or TrainNode)(rank, cfg, model, train_data, val_data, strategy, send, heartbeat, clock,
                                          marks)
         node.run()
     except BaseException:
-        pipe.send(NodeError(rank, traceback.format_exc(), time.monotonic()))
+        send(NodeError(rank, traceback.format_exc(), time.monotonic()))
         code = 1
     finally:
         if dist.is_initialized():

@@ -65,6 +65,7 @@ from exonet.runtime.messages import (
     NodeMessage,
     Query,
     StepDecision,
+    Steps,
 )
 from exonet.runtime.node import NodeConfig, node_main
 from exonet.runtime.pipeline import node_type
@@ -187,7 +188,7 @@ class Supervisor:
         """Ranks whose pipe holds a message (or end-of-file)."""
         return [self.pipes.index(r) for r in wait_for([r for r in self.pipes if not r.closed], timeout=timeout)]
 
-    def _next(self, rank: int) -> NodeMessage | None:
+    def _next(self, rank: int) -> NodeMessage | Steps | None:
         """One message from ``rank``'s pipe; None at end-of-file (the node exited), closing the pipe."""
         try:
             return self.pipes[rank].recv()
@@ -200,9 +201,12 @@ class Supervisor:
         if msg is not None:
             self._handle(msg)
 
-    def _handle(self, msg: NodeMessage) -> None:
+    def _handle(self, msg: NodeMessage | Steps) -> None:
         rank = msg.rank
-        if type(msg) is Checkpointed:
+        if type(msg) is Steps:
+            for step in msg.steps:
+                self._handle(step)
+        elif type(msg) is Checkpointed:
             if self.book is not None and self.book.report(rank, msg.step):
                 watch = self.record.watch
                 self.book.commit(msg.step, *self.record.snapshot(msg.step), watch.references if watch else None)
