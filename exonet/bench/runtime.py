@@ -6,10 +6,13 @@ The floor has nothing else: no tracing, no loss reporting, no evaluation. Times
 include process start-up, as a user waits for it.
 
 ``--startup`` times where a first fit's start-up goes instead: each run a fresh Python process that imports
-exonet, builds the bench MLP and runs one fit, reading ``FitResult.startup`` (seconds from ``fit``'s call to
-each part: imports, checks, nodes started, then the last node forked, joined, loaded, set up, first step).
+exonet, builds the bench MLP and runs one fit (DDP, or ``--strategy diloco``: H = 100), reading
+``FitResult.startup`` (seconds from ``fit``'s call to each part: imports, checks, nodes started, then the last
+node forked, joined, loaded, set up, first step), then when ``fit`` returned and when the process exited (its
+interpreter's teardown, torch's included: what a script's user waits for).
 
-    python -m exonet.bench runtime [--nodes 4] [--steps 200] [--repeat 1] [--startup] [--no-warm-up]
+    python -m exonet.bench runtime [--nodes 4] [--steps 200] [--repeat 1] [--startup] [--strategy diloco]
+        [--no-warm-up]
 """
 
 from __future__ import annotations
@@ -81,40 +84,54 @@ def run_exonet(k: int, steps: int, batch: int) -> float:
 
 
 # A first fit in a fresh process, as a script or a notebook's first cell runs it; prints its parts as JSON.
+# A first fit in a fresh process, as a script or a notebook's first cell runs it; prints its parts as JSON, with
+# seconds since the process was started (``START``, the parent's clock: CLOCK_MONOTONIC is one clock system-wide).
 _FIRST_FIT = """
 import json, os, sys, time
-t0 = time.monotonic()
+t0 = {start!r}
 import exonet
 from exonet import LocalTrainer
-from exonet.strategies import DDPStrategy, OptimSpec
+from exonet.strategies import {strategy}Strategy, OptimSpec
 from exonet.toy import bench_mlp, synthetic_classification
 imported = time.monotonic()
 trainer = LocalTrainer(bench_mlp(), synthetic_classification(4096))
-strategy = DDPStrategy(OptimSpec("adamw", lr=1e-3))
+strategy = {strategy}Strategy(OptimSpec("adamw", lr=1e-3){args})
 built = time.monotonic()
 result = trainer.fit(strategy, num_nodes={nodes}, max_steps={steps}, batch_size=32, device="cpu", progress=False)
 print(json.dumps({{"import exonet": imported - t0, "model and strategy": built - t0,
                   **{{part: built - t0 + s for part, s in result.startup.items()}},
                   "fit returned": time.monotonic() - t0}}))
 """
+STRATEGIES = {"ddp": ("DDP", ""), "diloco": ("DiLoCo", ", H=100")}
 
 
-def first_fit(k: int, steps: int, warm_up: bool) -> dict[str, float]:
-    """Seconds from a fresh process's start to each part of its first fit (``_FIRST_FIT``); ``warm_up`` False
-    turns the default warm-up off (``EXONET_WARM_UP=0``)."""
-    code = _FIRST_FIT.format(nodes=k, steps=steps)
+def first_fit(k: int, steps: int, warm_up: bool, strategy: str = "ddp") -> dict[str, float]:
+    """Seconds from a fresh process's start to each part of its first fit (``_FIRST_FIT``) and to its exit;
+    ``warm_up`` False turns the default warm-up off (``EXONET_WARM_UP=0``)."""
+    name, args = STRATEGIES[strategy]
     env = {**os.environ, "EXONET_WARM_UP": "1" if warm_up else "0"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    start = time.monotonic()
+    code = _FIRST_FIT.format(start=start, strategy=name, args=args, nodes=k, steps=steps)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    proc.wait()  # it prints a line (and any warnings): far less than a pipe holds
+    exited = time.monotonic() - start
+    # The node server, which holds a copy of the pipe, exits after the process: the next run starts once it has.
+    printed = proc.communicate()[0]
+    if proc.returncode != 0:
+        raise RuntimeError(f"the first fit's process exited with {proc.returncode}:\n{printed[-4000:]}")
+    parts = next(line for line in reversed(printed.splitlines()) if line.startswith("{"))  # warnings may follow
+    return {**json.loads(parts), "process exited": exited}
 
 
-def startup(k: int, steps: int, repeat: int, warm_up: bool) -> dict[str, Any]:
+def startup(k: int, steps: int, repeat: int, warm_up: bool, strategy: str = "ddp") -> dict[str, Any]:
     """Print the median of each part over ``repeat`` fresh processes, and return them with every run."""
-    runs = [first_fit(k, steps, warm_up) for _ in range(repeat)]
+    runs = [first_fit(k, steps, warm_up, strategy) for _ in range(repeat)]
     parts = {part: statistics.median(run[part] for run in runs) for part in runs[0]}
     how = "" if warm_up else ", no warm-up (EXONET_WARM_UP=0)"
-    print(f"start-up of a first fit: K={k}, {steps} steps, bench MLP, DDP, gloo{how}; median of {repeat} fresh "
-          "processes, seconds since the process started")
+    name, args = STRATEGIES[strategy]
+    print(f"start-up of a first fit: K={k}, {steps} steps, bench MLP, {name}{args.replace(',', '')}, gloo{how}; "
+          f"median of {repeat} fresh processes, seconds since the process started")
     previous = 0.0
     for part, at in parts.items():
         print(f"  {part:<16} {at:6.2f} s  (+{at - previous:.2f})")
@@ -135,9 +152,11 @@ def main(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--startup", action="store_true", help="time each part of a first fit's start-up instead")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="with --startup: EXONET_WARM_UP=0 (the server starts at the first fit)")
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="ddp",
+                        help="with --startup: the strategy fitted (diloco: H = 100)")
     args = parser.parse_args(argv)
     if args.startup:
-        return startup(args.nodes, args.steps, args.repeat, not args.no_warm_up)
+        return startup(args.nodes, args.steps, args.repeat, not args.no_warm_up, args.strategy)
     if args.only:
         run = run_exonet if args.only == "exonet" else run_floor
         seconds = run(args.nodes, args.steps, args.batch)
