@@ -122,3 +122,28 @@ def test_estimate_checks_the_scenario_before_it_builds_a_trace(tmp_path, monkeyp
     assert "hosted" in capsys.readouterr().err
     with pytest.raises(ValueError, match="hosted"):
         estimate("ddp", params=1e6, num_nodes=3, max_steps=2, step_time=1.0, scenario=Scenario.load(path))
+
+
+@pytest.mark.parametrize("spec", ["ddp:bucket_cap_mb=1", "diloco:H=2", "demo"])
+def test_on_another_device_an_estimate_is_the_one_made_there_without_running_the_strategy(spec, monkeypatch):
+    """A projection prices one strategy on three presets' devices: ``on_device`` re-times rank 0's recorded spans
+    (every node its own share of tokens) instead of running the strategy on meta tensors again."""
+    kw = dict(SMALL, num_nodes=3, tokens_per_step=[1000, 500, 1000])
+    first = estimate(spec, **kw)
+    before = simulate_estimate(first, "cross-region")
+    monkeypatch.setattr(exonet.estimate, "run_rank", lambda *a, **k: pytest.fail("the strategy ran again"))
+    moved = first.on_device(312, 0.3).on_device(165, 0.3)  # and on again, from the moved one
+    monkeypatch.undo()
+    want = estimate(spec, **dict(kw, tflops=165, mfu=0.3))
+    assert moved.step_time_s == want.step_time_s and moved.assumptions == want.assumptions
+    assert moved.trace.meta == want.trace.meta
+    assert moved.trace.events == want.trace.events
+    got, made = simulate_estimate(moved, "cross-region"), simulate_estimate(want, "cross-region")
+    assert got.wall_clock_s == made.wall_clock_s and got.per_node == made.per_node
+    again = simulate_estimate(first, "cross-region")  # the estimate it came from is as it was
+    assert again.wall_clock_s == before.wall_clock_s and first.trace.meta["compute"]["tflops"] == 989
+
+
+def test_an_estimate_given_its_step_time_cannot_be_moved_to_another_device():
+    with pytest.raises(ValueError, match="on_device: this estimate cannot be re-timed.*step_time="):
+        estimate("ddp", params=1e6, layers=2, num_nodes=2, max_steps=2, step_time=0.1).on_device(312, 0.4)

@@ -42,12 +42,13 @@ import ast
 import inspect
 import math
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from exonet.arguments import renamed
-from exonet.estimate.compute import node_tokens, step_compute
+from exonet.estimate.compute import StepCompute, node_tokens, step_compute
 from exonet.estimate.meta import run_online, run_rank
 from exonet.estimate.models import DEFAULT_LAYERS, DTYPES, LayerStack, check_stack, given_model
 from exonet.estimate.pipeline import PipelineSpec, pipelined
@@ -180,6 +181,7 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
     assert step_time is not None  # given (checked by _compute), or measured by the profile
     computes = [compute if ratio == 1 else compute.scaled(ratio) for ratio in ratios]
     rerun = None
+    first: list = []
     if strategy.asynchronous:
         if scenario is None:
             raise ValueError(f"estimate: {type(strategy).__name__} decides who syncs when by simulated time; give "
@@ -194,18 +196,71 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
             per_rank = [coalesced(first)] + [
                 run_rank(strategy, make_model, r, nodes, steps, computes[r], merge=True)[0] for r in range(1, nodes)]
         else:  # every rank rank 0's events (re-timed by its own compute): the replay mirrors them at no cost
-            per_rank = [first] + [list(first) if computes[r] is compute
-                                  else [compute.swap_for(computes[r]).get(id(e), e) for e in first]
-                                  for r in range(1, nodes)]
+            per_rank = _mirrored(first, compute, computes)
         trace = Trace(nodes, meta={"estimate": True, "strategy": type(strategy).__name__, "params": real_params,
                                    "steps": steps}, events=per_rank)
-    # the compute it was given travels with the trace: simulate times it so on any scenario (exonet.netsim.replay)
-    timed = tflops is not None and profile is None
+    run = uses_groups, rerun is not None
+    result = _stated(trace, real_params, dtype, described, step_time, tflops, mfu, device, tokens_per_step, ratios,
+                     profiled, run)
+    result.rerun = rerun
+    if not uses_groups and profiled is None and tokens_per_step is not None:
+        result.retime = _OnDevice(first, compute, net, flops, steps, nodes, tokens_per_step, ratios, dict(trace.meta),
+                                  (real_params, dtype, described, run))
+    return result
+
+
+@dataclass
+class _OnDevice:
+    """An estimate whose nodes all behave like rank 0, on another device (``Estimate.on_device``): rank 0's events
+    as recorded once, each compute span swapped for the same span at that device's speed, so the strategy does not
+    run again; the result is the estimate ``estimate(..., tflops=, mfu=)`` makes, span for span."""
+
+    first: list
+    compute: StepCompute
+    net: Any
+    flops: float
+    steps: int
+    nodes: int
+    tokens_per_step: float
+    ratios: list[float]
+    meta: dict[str, Any]
+    stated: tuple[int, str, str, tuple[bool, bool]]  # real_params, dtype, described, run (as ``_stated`` takes them)
+
+    def __call__(self, tflops: float, mfu: float) -> Estimate:
+        step_time, _, _, _ = _compute(self.flops, self.steps, None, self.tokens_per_step, tflops, mfu, None,
+                                      self.nodes)
+        other = step_compute(self.net, step_time, self.flops, None, None, None, tflops, mfu)[0]
+        swap = self.compute.swap_for(other)
+        computes = [other if q == 1 else other.scaled(q) for q in self.ratios]
+        trace = Trace(self.nodes, meta=dict(self.meta),
+                      events=_mirrored([swap.get(id(e), e) for e in self.first], other, computes))
+        real_params, dtype, described, run = self.stated
+        result = _stated(trace, real_params, dtype, described, step_time, tflops, mfu, "", self.tokens_per_step,
+                         self.ratios, None, run)
+        result.retime = self
+        return result
+
+
+def _mirrored(first: list, compute: StepCompute, computes: list[StepCompute]) -> list[list]:
+    """Every rank's events when each behaves like rank 0 (``first``): rank r's own spans (``computes[r]``) in place
+    of ``compute``'s; the same list objects where they are the same, so the replay mirrors them at no cost."""
+    return [first] + [list(first) if computes[r] is compute
+                      else [compute.swap_for(computes[r]).get(id(e), e) for e in first]
+                      for r in range(1, len(computes))]
+
+
+def _stated(trace: Trace, real_params: int, dtype: str, described: str, step_time: float, tflops: float | None,
+            mfu: float | None, device: str, tokens_per_step: float | None, ratios: list[float],
+            profiled: dict[str, Any] | None, run: tuple[bool, bool]) -> Estimate:
+    """The estimate of ``trace``: the compute it was given in its meta (which ``simulate`` times it by, on any
+    scenario), and the assumptions printed with it. ``run``: (every rank run separately, on the online clock)."""
+    timed = tflops is not None and profiled is None
     trace.meta["compute"] = {"step_time_s": step_time, "tflops": tflops if timed else None,
                              "mfu": mfu if timed else None}
     if tokens_per_step is not None:  # what each node-step trains (exonet.study.tokens)
         trace.meta["tokens_per_step"] = [tokens_per_step * q for q in ratios]
     every = "on every node" if set(ratios) == {1.0} else f"on node 0, node r's times its tokens ({ratios[-1]:.3g} last)"
+    separately, online = run
     assumptions = [
         f"model: {real_params:,} parameters ({dtype}): {described}",
         (f"compute: {step_time:.4g} s per step {every}"
@@ -218,11 +273,11 @@ def estimate(strategy: Strategy | str, *, params: float | None = None, num_nodes
         "compute inside strategy.step() (e.g. transforms, quantisation) is not counted; a scenario's [compute] "
         "device is replaced by this compute (its per-node speeds and jitter still apply)",
         ("every rank (and server) is run on the online clock in the scenario (the strategy reacts to simulated time)"
-         if rerun is not None
-         else "every rank is run separately (the strategy uses subgroups or messages)" if uses_groups
+         if online
+         else "every rank is run separately (the strategy uses subgroups or messages)" if separately
          else "every node behaves like rank 0"),
     ]
-    return Estimate(trace, real_params, step_time, assumptions, rerun, profiled)
+    return Estimate(trace, real_params, step_time, assumptions, profile=profiled)
 
 
 def _profile_device(step_time: float | None, model: Any, tflops: float | None, mfu: float | None,

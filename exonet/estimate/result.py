@@ -26,6 +26,20 @@ class Estimate:
     assumptions: list[str]
     rerun: Callable[[Any], Trace] | None = field(default=None, repr=False)
     profile: dict | None = None  # a profiled estimate's step, the MFU it implies and the FLOPs-based figure
+    retime: Callable[[float, float], Estimate] | None = field(default=None, repr=False)  # see on_device
+
+    def on_device(self, tflops: float, mfu: float) -> Estimate:
+        """The same run with its compute at ``tflops`` × ``mfu``, without running the strategy again: what
+        ``estimate(..., tflops=tflops, mfu=mfu)`` gives, for an estimate made from ``tokens_per_step`` whose nodes
+        all behave like rank 0 (a projection prices one run on each scenario's device this way).
+
+        Raises:
+            ValueError: the estimate was given its step time, measured by a profile, or ran its ranks separately.
+        """
+        if self.retime is None:
+            raise ValueError("Estimate.on_device: this estimate cannot be re-timed (it was given step_time= or a "
+                             "profile, or its ranks ran separately); call estimate() with tflops= and mfu=")
+        return self.retime(tflops, mfu)
 
     def trace_in(self, scenario: ScenarioLike) -> Trace:
         """The trace to replay in ``scenario`` (re-run on the online clock when the strategy needs it)."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exonet.estimate import estimate, simulate_estimate
+from exonet.estimate import Estimate, estimate, simulate_estimate
 from exonet.scenario import Scenario
 from exonet.strategies.base import Strategy
 from exonet.units import format_bytes, format_time, plural
@@ -72,11 +72,16 @@ def project(strategies: Mapping[str, Strategy], scenarios: Sequence[Scenario | s
     """
     factor = scale.per_steps / scale.steps
     rows = []
+    made: dict[str, Estimate] = {}  # each strategy runs once on meta tensors; other devices re-time its spans
     for scenario in map(Scenario.coerce, scenarios):
         tflops, mfu = scenario_device(scenario, nodes)
         for name, strategy in strategies.items():
-            est = estimate(copy.deepcopy(strategy), params=scale.params, num_nodes=nodes, max_steps=scale.steps,
-                           tokens_per_step=scale.tokens_per_node_step, tflops=tflops, mfu=mfu, dtype=scale.dtype)
+            if name in made and made[name].retime is not None:
+                est = made[name].on_device(tflops, mfu)
+            else:
+                est = made[name] = estimate(copy.deepcopy(strategy), params=scale.params, num_nodes=nodes,
+                                            max_steps=scale.steps, tokens_per_step=scale.tokens_per_node_step,
+                                            tflops=tflops, mfu=mfu, dtype=scale.dtype)
             sim = simulate_estimate(est, scenario)
             rows.append({
                 "run": name, "scenario": scenario.name, "utilization": sim.utilization,
