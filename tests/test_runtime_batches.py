@@ -31,12 +31,23 @@ def test_gathered_batches_are_the_loaders_own(batch_size):
             assert a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous() and torch.equal(a, b)
 
 
+def test_a_channels_last_image_comes_contiguous_as_the_loaders_stack_makes_it():
+    images = torch.randn(6, 3, 4, 5).to(memory_format=torch.channels_last)
+    ds = TensorDataset(images, torch.arange(6))
+    order = torch.tensor([5, 0, 3, 1], dtype=torch.int32)
+    for mine, theirs in zip(gathered_batches(ds, order, 2) or [], _loader_batches(ds, order, 2), strict=True):
+        assert mine[0].stride() == theirs[0].stride() == mine[0].contiguous().stride()
+        assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
+
+
 def test_any_other_dataset_is_left_to_the_loader():
     class Rows(TensorDataset):  # a subclass may fetch its own way
         pass
 
     assert gathered_batches(Rows(torch.zeros(4)), torch.arange(4), 2) is None
     assert gathered_batches([(0,), (1,)], torch.arange(2), 1) is None
+    sparse = TensorDataset(torch.eye(4).to_sparse(), torch.arange(4))  # DataLoader's error says to pass collate_fn
+    assert gathered_batches(sparse, torch.arange(4), 2) is None
 
 
 def test_a_fit_trains_the_same_whether_batches_are_gathered_or_loaded():

@@ -19,28 +19,28 @@ def step(n: int, marks: dict | None = None) -> StepDone:
     return StepDone(3, n, 0.5, [], marks)
 
 
-def test_quick_steps_wait_and_go_together_in_order():
+def steps_every(seconds: float, count: int) -> tuple[list, Outbox]:
+    """An outbox fed ``count`` step reports ``seconds`` apart: what it sent, and the box."""
     sent: list = []
     clock = Clock()
     box = Outbox(sent.append, clock)
-    for n in range(4):
-        clock.now += 0.011
+    for n in range(count):
+        clock.now += seconds
         box(step(n))
+    return sent, box
+
+
+def test_quick_steps_wait_and_go_together_in_order():
+    sent, box = steps_every(0.011, 4)
     assert sent == []  # 44 ms since the box opened: all four held
-    clock.now += 0.011
-    box(step(4))
-    assert sent == [Steps(3, [step(n) for n in range(5)])]
+    sent, box = steps_every(0.011, 5)
+    assert sent == [Steps(3, [step(n) for n in range(5)])]  # 55 ms: the fifth sends them all
     box(step(5))
     assert len(sent) == 1  # held again, until the next 50 ms have passed
 
 
 def test_slow_steps_go_one_by_one_as_they_end():
-    sent: list = []
-    clock = Clock()
-    box = Outbox(sent.append, clock)
-    for n in range(3):
-        clock.now += 0.06
-        box(step(n))
+    sent, _ = steps_every(0.06, 3)
     assert sent == [step(0), step(1), step(2)]
 
 

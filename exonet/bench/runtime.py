@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, cast
 
@@ -83,7 +84,6 @@ def run_exonet(k: int, steps: int, batch: int) -> float:
     return time.perf_counter() - t0
 
 
-# A first fit in a fresh process, as a script or a notebook's first cell runs it; prints its parts as JSON.
 # A first fit in a fresh process, as a script or a notebook's first cell runs it; prints its parts as JSON, with
 # seconds since the process was started (``START``, the parent's clock: CLOCK_MONOTONIC is one clock system-wide).
 _FIRST_FIT = """
@@ -114,10 +114,17 @@ def first_fit(k: int, steps: int, warm_up: bool, strategy: str = "ddp") -> dict[
     code = _FIRST_FIT.format(start=start, strategy=name, args=args, nodes=k, steps=steps)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
-    proc.wait()  # it prints a line (and any warnings): far less than a pipe holds
+    assert proc.stdout is not None  # stdout=PIPE
+    out = proc.stdout
+    chunks: list[str] = []
+    # Read as it comes (a failing fit may print more than a pipe holds) until the end of the file, which comes
+    # when the node server, holding a copy of the pipe, has exited after the process: the next run starts then.
+    reader = threading.Thread(target=lambda: chunks.append(out.read()), daemon=True)
+    reader.start()
+    proc.wait()
     exited = time.monotonic() - start
-    # The node server, which holds a copy of the pipe, exits after the process: the next run starts once it has.
-    printed = proc.communicate()[0]
+    reader.join()
+    printed = "".join(chunks)
     if proc.returncode != 0:
         raise RuntimeError(f"the first fit's process exited with {proc.returncode}:\n{printed[-4000:]}")
     parts = next(line for line in reversed(printed.splitlines()) if line.startswith("{"))  # warnings may follow

@@ -34,11 +34,13 @@ class Estimate:
         all behave like rank 0 (a projection prices one run on each scenario's device this way).
 
         Raises:
-            ValueError: the estimate was given its step time, measured by a profile, or ran its ranks separately.
+            ValueError: the estimate was given its step time, measured by a profile, ran its ranks separately, or
+                is of a model in stages (``pipeline=``).
         """
         if self.retime is None:
             raise ValueError("Estimate.on_device: this estimate cannot be re-timed (it was given step_time= or a "
-                             "profile, or its ranks ran separately); call estimate() with tflops= and mfu=")
+                             "profile, its ranks ran separately, or its model is in stages); call estimate() with "
+                             "tflops= and mfu=")
         return self.retime(tflops, mfu)
 
     def trace_in(self, scenario: ScenarioLike) -> Trace:

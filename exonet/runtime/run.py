@@ -1,7 +1,7 @@
 """Run supervision: start the node processes, collect what they report, stop them all on failure.
 
 This is the parent's side of a fit. Nodes report on one pipe each (never collectives), in the
-records of exonet.runtime.messages: StepDone (a step's loss and trace events), Evaluated,
+records of exonet.runtime.messages: StepDone (a step's loss and trace events; quick ones together, as Steps), Evaluated,
 Checkpointed, NodeDone (trailing events and, on one rank, the final model), NodeError (the
 node raised), and under the online clock Events and Query; the parent answers on each
 node's control pipe with StepDecision and Answer.
