@@ -11,7 +11,8 @@ with ``boundary`` (codecs for what crosses between stages), ``watchdog`` (progre
 online simulated clock), ``clock_link`` (a node's side of it), ``forkserver`` (the server nodes are forked from),
 ``rendezvous`` (a store on loopback only), ``signals`` (SIGTERM and SIGHUP save like Ctrl-C), ``runlock`` (one fit per
 run directory) and ``torchrun`` (the same fit under an external launcher). What a fit hands back and writes on the
-side: ``fit_result`` (FitResult, the door to simulation), ``gymlog`` (the older gym's CSV logs), ``wandb_log``
+side: ``finish`` (a finished fit's result, run directory and simulation), ``fit_result`` (FitResult, the door to
+simulation), ``gymlog`` (the older gym's CSV logs), ``wandb_log``
 (Weights & Biases), ``storage`` (a run directory copied to S3). Beside them: ``testing`` (models and strategies that
 fail or stall on purpose, importable by nodes) and ``reference`` (the ``fit`` arguments table the runtime README
 holds, generated from the code).

@@ -17,9 +17,6 @@ directory is the fit's alone while it runs (exonet.runtime.runlock).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import io
 import json
 import logging
 import math
@@ -52,6 +49,7 @@ from exonet.rundir import (
 )
 from exonet.runtime.checkpoint import CheckpointBook, Resume, load_latest
 from exonet.runtime.clock import SimClock, received_event
+from exonet.runtime.finish import finish_run
 from exonet.runtime.fit_config import FitPlan
 from exonet.runtime.fit_result import FitResult
 from exonet.runtime.forkserver import context
@@ -77,7 +75,6 @@ from exonet.runtime.transport import ByValue, NodeProcess, check_picklable, pick
 from exonet.runtime.watchdog import BLOCKED, SLOTS, Watchdog
 from exonet.scenario import Scenario
 from exonet.strategies.base import Strategy
-from exonet.units import format_time
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +377,7 @@ def launch(job: Job, plan: FitPlan) -> FitResult:
             run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
             job = replace(job, cfg=replace(cfg, object_store=f"{plan.object_store.rstrip('/')}/exonet-{run_id}"))
         record, real_time = train_under_torchrun(job, meta, plan.progress and is_zero, logger)
-        return _finish(job, config, record, run_path, real_time, chosen, plan.upload_to, run_name=plan.run_name)
+        return finish_run(job, config, record, run_path, real_time, chosen, plan.upload_to, run_name=plan.run_name)
     with stop_signals():  # SIGTERM and SIGHUP stop the run as Ctrl-C does; then the process ends by that signal
         return _launch_here(job, plan, config, label, meta, wandb_at)
 
@@ -426,7 +423,7 @@ def _launch_here(job: Job, plan: FitPlan, config: dict[str, Any], label: str, me
         if resume is not None and watch is not None:
             watch.restore(resume.references)
         real_time = _supervise(sup, job, model_bytes, run_path, book, held)
-        return _finish(job, config, sup.record, run_path, real_time, scenario, plan.upload_to, clock, plan.run_name,
+        return finish_run(job, config, sup.record, run_path, real_time, scenario, plan.upload_to, clock, plan.run_name,
                        lock)
     finally:
         if objects is not None:
@@ -482,107 +479,6 @@ def _wandb(at: dict[str, Any], config: dict[str, Any], run_path: Path | None) ->
 
     return WandbLogger(at["project"], config, name=at["name"], dir=str(run_path) if run_path is not None else None,
                        x_axis=at["x_axis"])
-
-
-def _finish(job: Job, config: dict[str, Any], record: RunRecord, run_path: Path | None,
-            real_time: float, scenario: Scenario | None, upload_to: str | None, clock: SimClock | None = None,
-            run_name: str | None = None, lock: RunLock | None = None) -> FitResult:
-    """The FitResult of a finished run; its run directory, upload, simulation and wandb summary.
-
-    With a scenario, the history gains ``sim_time_s`` (each step's simulated end) and every
-    evaluation its ``sim_time_s``; a clocked run's simulation is the online clock's own. A write
-    that fails (a full disk) does not lose the trained model: the result comes back with the error
-    in ``save_error`` and a warning naming the file. ``lock`` (the run directory's) is released
-    once the directory is written, before the upload copies it.
-    """
-    model = copy.deepcopy(job.model)
-    if record.state is not None:
-        model.load_state_dict(torch.load(io.BytesIO(record.state), weights_only=True))
-    result = FitResult(model=model, history=record.history, trace=record.trace(), config=config, real_time_s=real_time,
-                       startup=record.startup())
-    try:
-        with deferred():  # a signal now waits for the run directory to be whole
-            _gym_logs(result, config, run_path, run_name)
-            if run_path is not None:
-                result.run_dir = write_run(run_path, result.history, result.trace, True, real_time)
-    except OSError as exc:
-        result.save_error = exc
-        warnings.warn(f"fit: the finished run could not be saved: {exc}; the returned FitResult holds the model, "
-                      "history and trace (its save_error is this error)", stacklevel=5)
-    if lock is not None:
-        lock.release()
-    if result.run_dir is not None and upload_to is not None:
-        from exonet.runtime.storage import upload_run
-
-        upload_run(result.run_dir, upload_to)
-    if scenario is not None:
-        decided = clock if clock is not None and clock.decides else None  # the clock that decided the run
-        if decided:  # (simulate() reads a pipeline's stages off the trace; the clock's own replay is told them)
-            sim = decided.result(record.history["train_loss"])
-            pipeline = config["pipeline"]
-            result.sim = sim if pipeline is None else dataclasses.replace(sim, stages=pipeline["stages"])
-        else:
-            result.sim = result.simulate(scenario)
-        ends = result.sim.step_end_times
-        result.history["sim_time_s"] = list(ends)
-        if decided and not decided.synchronous:  # rank 0 evaluated its own model, at its own steps
-            ends = decided.sim.rank_step_ends(0)
-        for entry in result.history["eval"]:  # a server's evaluations carry their own (exonet.runtime.node)
-            if "sim_time_s" not in entry:
-                entry["sim_time_s"] = ends[entry["step"] - 1] if 0 < entry["step"] <= len(ends) else 0.0
-        result.sim_wall_clock_s = result.sim.wall_clock_s
-        _final_eval_at_end(result.history["eval"], result.sim.wall_clock_s)
-        if decided and decided.gated:
-            _say_who_stopped_early(decided, result.trace, config["num_nodes"], config["max_steps"])
-        log.info("simulated wall-clock in %s: %.3f s (real run: %.3f s)", scenario.name, result.sim.wall_clock_s,
-                 real_time)
-        if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":  # one voice under torchrun
-            print(f"exonet: real {format_time(real_time)} on this machine; simulated "
-                  f"{format_time(result.sim.wall_clock_s)} in scenario {scenario.name!r}")
-    if record.logger is not None:
-        if result.sim is not None:
-            record.logger.log_simulation(result.sim)
-        record.logger.finish()
-    return result
-
-
-def _final_eval_at_end(evals: list[dict[str, Any]], wall_clock_s: float) -> None:
-    """A server's last evaluation is of the final model: it holds until the run ends, so give the curve that point.
-
-    The server's model changes only with an update, and the run ends after its last one (the
-    trainers receive the parameters, or stop at the budget); the entry added, ``final``, carries
-    the last evaluation's loss at the run's final simulated time.
-    """
-    served = [e for e in evals if "updates" in e]
-    if not served:
-        return
-    last = max(served, key=lambda e: e["updates"])
-    if last.get("sim_time_s", 0.0) < wall_clock_s:
-        evals.append({**last, "sim_time_s": wall_clock_s, "final": True})
-
-
-def _say_who_stopped_early(clock: SimClock, trace: Any, trainers: int, max_steps: int) -> None:
-    """Warn, naming the rank, its step and simulated time, for a trainer that stopped before the time budget."""
-    for rank in range(trainers):
-        ends = clock.sim.rank_step_ends(rank)
-        if ends and ends[-1] < clock.limit_s and trace.num_steps(rank) >= max_steps:
-            warnings.warn(f"fit: rank {rank} stopped at step {len(ends)}, at {ends[-1]:.3f} s simulated, before the "
-                          f"max_sim_time_s budget of {clock.limit_s:g} s: it reached max_steps={max_steps} "
-                          "(from max_steps or num_epochs; give only max_sim_time_s to train until the budget)",
-                          stacklevel=6)
-
-
-def _gym_logs(result: FitResult, config: dict[str, Any], run_path: Path | None, run_name: str | None) -> None:
-    """The older gym's train.csv and validation.csv: in the run directory, and, with a run_name, where the gym wrote
-    them whatever ``save_dir`` says (``logs/<run_name>/``), so that a gym script's plotting code finds them."""
-    from exonet.runtime.gymlog import GYM_LOG_DIR, replicas, write_gym_csv
-
-    folders = [run_path] if run_path is not None else []
-    if run_name is not None:
-        folders.append(Path(GYM_LOG_DIR) / run_name)
-    if not dist.is_torchelastic_launched() or os.environ.get("RANK") == "0":
-        for folder in folders:
-            write_gym_csv(folder, result.history, config["batch_size"] * replicas(config))
 
 
 def run_config(strategy: Strategy, cfg: NodeConfig, model: torch.nn.Module,
